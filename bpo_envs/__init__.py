@@ -1,0 +1,47 @@
+"""Snapshottable Gymnasium environments for LLM-agent RL.
+
+``import bpo_envs`` registers ``BPO-WebShop-v0``, ``BPO-ALFWorld-v0``, ``BPO-SWEBench-v0`` and
+``BPO-TreeMDP-v0`` (``gym.make("bpo_envs:BPO-TreeMDP-v0")`` works too). Every env can
+``snapshot()`` and ``restore()`` its full state mid-episode; :func:`snapshot` and
+:func:`restore` see through wrappers; :func:`check_snapshot` checks the contract.
+"""
+
+from bpo_envs.checker import SnapshotCheckError, SnapshotReport, check_snapshot
+from bpo_envs.core import (
+    ResetNeeded,
+    Snapshot,
+    SnapshotEnv,
+    SnapshotError,
+    SnapshotKindError,
+    SnapshotReleasedError,
+    SnapshotSupport,
+    restore,
+    snapshot,
+)
+from bpo_envs.registration import ENV_IDS, register_envs
+from bpo_envs.replay import ReplayDivergenceError, ReplaySnapshot
+from bpo_envs.text import TEXT_CHARSET, to_observation
+from bpo_envs.tree_mdp import TreeMDPEnv
+
+register_envs()
+
+__all__ = [
+    "ENV_IDS",
+    "ReplayDivergenceError",
+    "ReplaySnapshot",
+    "ResetNeeded",
+    "Snapshot",
+    "SnapshotCheckError",
+    "SnapshotEnv",
+    "SnapshotError",
+    "SnapshotKindError",
+    "SnapshotReleasedError",
+    "SnapshotReport",
+    "SnapshotSupport",
+    "TEXT_CHARSET",
+    "TreeMDPEnv",
+    "check_snapshot",
+    "restore",
+    "snapshot",
+    "to_observation",
+]

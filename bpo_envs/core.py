@@ -1,0 +1,386 @@
+"""The snapshot contract: :class:`Snapshot`, the snapshottable env base and wrapper-aware helpers.
+
+Contract (DESIGN.md §2): after ``env.restore(s)``, any action sequence yields exactly the
+observations, rewards, flags and ``info`` that the env produced (or would produce) from the
+moment ``s`` was taken. A snapshot stays valid across later steps, other restores and resets,
+until :meth:`Snapshot.release` (or garbage collection). :meth:`Snapshot.portable` gives bytes
+that another process holding an env of the same kind can restore from.
+
+Snapshots are restorable into *any* instance of the same env kind (same class and config) in
+the process, not only the one that took them: the rollout engine forks siblings onto whichever
+env of its pool is free.
+"""
+
+from __future__ import annotations
+
+import pickle
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space, to_observation
+
+PORTABLE_FORMAT = "bpo-snapshot/1"
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot cannot be taken or restored."""
+
+
+class SnapshotReleasedError(SnapshotError):
+    """The snapshot was released and its state freed."""
+
+
+class SnapshotKindError(SnapshotError):
+    """The snapshot was taken from an env of another kind (class or configuration)."""
+
+
+class ResetNeeded(RuntimeError):
+    """``step()`` was called before ``reset()`` or after the episode ended."""
+
+
+class Snapshot:
+    """A handle on one saved env state.
+
+    ``state`` is backend-specific and opaque to callers. ``kind`` names the env class and
+    configuration the state belongs to. The snapshot keeps only a weak reference to the env that
+    took it (its *origin*), used for :meth:`portable` and by the engine to prefer restoring onto
+    the env that already holds the state.
+    """
+
+    __slots__ = ("_state", "_kind", "_owner", "_released", "__weakref__")
+
+    def __init__(self, owner: SnapshotSupport, kind: Hashable, state: Any) -> None:
+        self._owner = weakref.ref(owner)
+        self._kind = kind
+        self._state = state
+        self._released = False
+
+    @property
+    def kind(self) -> Hashable:
+        return self._kind
+
+    @property
+    def state(self) -> Any:
+        if self._released:
+            raise SnapshotReleasedError("this snapshot was released; take a new one")
+        return self._state
+
+    @property
+    def origin(self) -> SnapshotSupport | None:
+        """The env that took this snapshot, while it is alive."""
+        return self._owner()
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Free the state now (idempotent). Restoring a released snapshot raises."""
+        if self._released:
+            return
+        owner = self._owner()
+        if owner is not None:
+            owner._release_state(self._state)
+        self._released = True
+        self._state = None
+
+    def portable(self) -> bytes:
+        """Bytes that ``restore`` accepts in another process (pickle: trust only your own)."""
+        owner = self._owner()
+        if owner is None:
+            raise SnapshotError("the env that took this snapshot is gone; portable() needs it")
+        payload = {
+            "format": PORTABLE_FORMAT,
+            "kind": self._kind,
+            "state": owner._portable_state(self.state),
+        }
+        return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    def __repr__(self) -> str:
+        status = "released" if self._released else "live"
+        return f"Snapshot(kind={self._kind!r}, {status})"
+
+
+class SnapshotSupport:
+    """Mixin with the ``snapshot()`` / ``restore()`` plumbing; subclasses supply the state.
+
+    Subclasses implement ``_capture() -> state`` and ``_apply(state)``, and may override
+    ``_snapshot_kind``, ``_portable_state``/``_from_portable`` (when the native state is not
+    picklable) and ``_release_state`` (to free backend resources).
+    """
+
+    def _snapshot_kind(self) -> Hashable:
+        return type(self).__qualname__
+
+    def _capture(self) -> Any:
+        raise NotImplementedError
+
+    def _apply(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def _portable_state(self, state: Any) -> Any:
+        return state
+
+    def _from_portable(self, obj: Any) -> Any:
+        return obj
+
+    def _release_state(self, state: Any) -> None:
+        return None
+
+    def snapshot(self) -> Snapshot:
+        """Save the full current state (see the module docstring for the contract)."""
+        return Snapshot(self, self._snapshot_kind(), self._capture())
+
+    def restore(self, snapshot: Snapshot | bytes) -> None:
+        """Return to the state saved in ``snapshot`` (a :class:`Snapshot` or ``portable()`` bytes)."""
+        if isinstance(snapshot, (bytes, bytearray, memoryview)):
+            try:
+                payload = pickle.loads(bytes(snapshot))
+            except Exception as exc:
+                raise SnapshotError(f"not a portable snapshot: {exc}") from exc
+            if not isinstance(payload, dict) or payload.get("format") != PORTABLE_FORMAT:
+                raise SnapshotError("not a portable snapshot (unknown format)")
+            self._check_kind(payload["kind"])
+            self._apply(self._from_portable(payload["state"]))
+            return
+        if not isinstance(snapshot, Snapshot):
+            raise TypeError(
+                f"restore() takes a Snapshot or portable bytes, not {type(snapshot).__name__}"
+            )
+        self._check_kind(snapshot.kind)
+        self._apply(snapshot.state)
+
+    def _check_kind(self, kind: Hashable) -> None:
+        if kind != self._snapshot_kind():
+            raise SnapshotKindError(
+                f"snapshot of kind {kind!r} cannot be restored into {self._snapshot_kind()!r}"
+            )
+
+
+class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
+    """Base class of every BPO env: text in, text out, task selection, step limit, snapshots.
+
+    Subclasses implement the task logic:
+
+    * ``task_ids() -> Sequence`` — every task this env can pose, in a fixed order.
+    * ``_reset_task(task_id) -> (obs, info)`` — start the episode of that task.
+    * ``_step(action) -> (obs, reward, terminated, info)`` — one agent step; set
+      ``info["invalid_action"] = True`` (and say why in ``obs``) for an action it cannot run,
+      ``info["won"]`` when the task is solved, ``info["admissible_actions"]`` where known.
+    * ``_get_state()`` / ``_set_state(state)`` — the task state (copied, never aliased).
+    * ``expert_actions() -> list[str]`` — actions that solve the task from the current state.
+
+    The base owns ``task_id``, the step counter and step limit, the done flag, the last
+    observation and the env's ``np_random`` state, and puts all of them in every snapshot.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        *,
+        max_episode_steps: int,
+        render_mode: str | None = None,
+        observation_max_length: int = OBSERVATION_MAX_LENGTH,
+        action_max_length: int = ACTION_MAX_LENGTH,
+    ) -> None:
+        super().__init__()
+        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int | np.integer):
+            raise ValueError(f"max_episode_steps must be a positive int, got {max_episode_steps!r}")
+        if max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        self.max_episode_steps = int(max_episode_steps)
+        self.render_mode = render_mode
+        self.observation_max_length = observation_max_length
+        self.observation_space = text_space(observation_max_length)
+        self.action_space = text_space(action_max_length)
+        self._task_id: Any = None
+        self._elapsed_steps = 0
+        self._done = True
+        self._started = False
+        self._last_obs = ""
+
+    # ---- to implement --------------------------------------------------------------------
+    def task_ids(self) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def _reset_task(self, task_id: Any) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _get_state(self) -> Any:
+        raise NotImplementedError
+
+    def _set_state(self, state: Any) -> None:
+        raise NotImplementedError
+
+    def expert_actions(self) -> list[str]:
+        """Actions that solve the current task from the current state."""
+        raise NotImplementedError
+
+    # ---- public API ----------------------------------------------------------------------
+    @property
+    def task_id(self) -> Any:
+        return self._task_id
+
+    @property
+    def elapsed_steps(self) -> int:
+        return self._elapsed_steps
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode: ``options={"task_id": t}`` picks the task, else ``seed`` does."""
+        super().reset(seed=seed)
+        options = options or {}
+        unknown = set(options) - {"task_id"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; supported: ['task_id']")
+        if "task_id" in options:
+            task_id = self._resolve_task(options["task_id"])
+        else:
+            ids = self.task_ids()
+            if not ids:
+                raise ValueError(f"{type(self).__name__} has no tasks")
+            task_id = ids[int(self.np_random.integers(len(ids)))]
+        obs, info = self._reset_task(task_id)
+        self._task_id = task_id
+        self._elapsed_steps = 0
+        self._done = False
+        self._started = True
+        self._last_obs = to_observation(obs, self.observation_max_length)
+        return self._last_obs, self._finish_info(info)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._started:
+            raise ResetNeeded("call reset() before step()")
+        if self._done:
+            raise ResetNeeded("the episode has ended; call reset() (or restore a snapshot)")
+        if isinstance(action, (bytes, bytearray)):
+            action = bytes(action).decode("utf-8", errors="replace")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        obs, reward, terminated, info = self._step(action)
+        self._elapsed_steps += 1
+        terminated = bool(terminated)
+        truncated = (not terminated) and self._elapsed_steps >= self.max_episode_steps
+        self._done = terminated or truncated
+        self._last_obs = to_observation(obs, self.observation_max_length)
+        return self._last_obs, float(reward), terminated, truncated, self._finish_info(info)
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._last_obs
+        return None
+
+    # ---- snapshot plumbing ---------------------------------------------------------------
+    def _capture(self) -> Any:
+        if not self._started:
+            raise SnapshotError("call reset() before snapshot()")
+        return (
+            self._task_id,
+            self._elapsed_steps,
+            self._done,
+            self._last_obs,
+            self.np_random.bit_generator.state,
+            self._get_state(),
+        )
+
+    def _apply(self, state: Any) -> None:
+        task_id, elapsed, done, last_obs, rng_state, inner = state
+        self._set_state(inner)
+        self._task_id = task_id
+        self._elapsed_steps = elapsed
+        self._done = done
+        self._last_obs = last_obs
+        self.np_random.bit_generator.state = rng_state
+        self._started = True
+
+    def _portable_state(self, state: Any) -> Any:
+        *base, inner = state
+        return (*base, self._portable_task_state(inner))
+
+    def _from_portable(self, obj: Any) -> Any:
+        *base, inner = obj
+        return (*base, self._task_state_from_portable(inner))
+
+    def _release_state(self, state: Any) -> None:
+        if state is not None:
+            self._release_task_state(state[-1])
+
+    def _portable_task_state(self, inner: Any) -> Any:
+        return inner
+
+    def _task_state_from_portable(self, obj: Any) -> Any:
+        return obj
+
+    def _release_task_state(self, inner: Any) -> None:
+        return None
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _resolve_task(self, task_id: Any) -> Any:
+        ids = self.task_ids()
+        if task_id in ids:
+            return task_id
+        # accept the string form of a non-string id (CLI users type "3")
+        for candidate in ids:
+            if str(candidate) == str(task_id):
+                return candidate
+        preview = ", ".join(map(repr, list(ids)[:5]))
+        raise ValueError(
+            f"unknown task_id {task_id!r} for {type(self).__name__} "
+            f"({len(ids)} tasks, e.g. {preview})"
+        )
+
+    def _finish_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        info = dict(info)
+        info["task_id"] = self._task_id
+        info["won"] = bool(info.get("won", False))
+        return info
+
+
+def _snapshot_owner(env: gym.Env) -> SnapshotSupport:
+    current: Any = env
+    while True:
+        if isinstance(current, SnapshotSupport):
+            return current
+        inner = getattr(type(current), "snapshot", None)
+        if callable(inner) and callable(getattr(type(current), "restore", None)):
+            return current
+        if isinstance(current, gym.Wrapper):
+            current = current.env
+            continue
+        raise TypeError(
+            f"{type(env).__name__} has no snapshot support; wrap the env in "
+            "bpo_envs.ReplaySnapshot to snapshot by reset + replay"
+        )
+
+
+def snapshot(env: gym.Env) -> Snapshot:
+    """Snapshot ``env``, seeing through Gymnasium wrappers to the first layer that supports it.
+
+    Wrappers above that layer keep their own state (e.g. episode statistics), which the
+    snapshot does not capture.
+    """
+    return _snapshot_owner(env).snapshot()
+
+
+def restore(env: gym.Env, snap: Snapshot | bytes) -> None:
+    """Restore ``snap`` into ``env``, seeing through wrappers (see :func:`snapshot`)."""
+    _snapshot_owner(env).restore(snap)

@@ -1,0 +1,199 @@
+"""``BPO-TreeMDP-v0``: a random deterministic tree MDP with an exactly computable policy gradient.
+
+Every episode lasts exactly ``depth`` valid steps; the admissible actions are ``a0 .. a{A-1}``
+everywhere; the observation names the node by its path from the root; the reward, in [0, 1]
+and fixed by ``seed``, comes at the leaf. Invalid actions leave the node unchanged (they still
+count towards ``max_episode_steps``, default ``2 * depth``).
+
+Two reward structures:
+
+* ``decisive_levels=None`` (random): ``R(leaf) = u(leaf)``, one uniform draw per leaf.
+* ``decisive_levels=(l1, l2, ...)`` (agent-like): ``R = sum_l w_l u_l(prefix_l) / sum_l w_l``
+  with one uniform draw per (level, prefix), ``w_l = 1`` at decisive levels and
+  ``routine_weight`` (default 0.05) elsewhere, so the action moves the return a lot at a few
+  levels and barely at the others, as in agent episodes.
+
+``won`` is ``R >= win_threshold`` (default 0.5). ``n_tasks`` independent trees share the env;
+the task id (an int) is part of every observation.
+
+``expected_return(log_probs)`` enumerates the tree: with a differentiable ``log_probs(obs,
+actions)`` it gives the exact expected return, whose gradient is the ground truth for estimator
+tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from bpo_envs.core import SnapshotEnv
+
+LogProbFn = Callable[[str, Sequence[str]], Any]
+
+
+def _uniform(*key: int) -> float:
+    """A uniform draw in [0, 1) fixed by ``key`` (the same in every process)."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+class TreeMDPEnv(SnapshotEnv):
+    """A depth-``depth`` tree with ``n_actions`` actions per node; reward at the leaf."""
+
+    def __init__(
+        self,
+        depth: int = 4,
+        n_actions: int = 3,
+        seed: int = 0,
+        *,
+        decisive_levels: Sequence[int] | None = None,
+        routine_weight: float = 0.05,
+        n_tasks: int = 1,
+        win_threshold: float = 0.5,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        for name, value, low in (("depth", depth, 1), ("n_actions", n_actions, 2), ("n_tasks", n_tasks, 1)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if decisive_levels is not None:
+            decisive_levels = tuple(int(level) for level in decisive_levels)
+            bad = [level for level in decisive_levels if not 0 <= level < depth]
+            if bad or not decisive_levels:
+                raise ValueError(
+                    f"decisive_levels must be non-empty levels in [0, {depth}), got {decisive_levels}"
+                )
+        if not 0.0 <= routine_weight <= 1.0:
+            raise ValueError(f"routine_weight must be in [0, 1], got {routine_weight}")
+        super().__init__(
+            max_episode_steps=2 * depth if max_episode_steps is None else max_episode_steps,
+            render_mode=render_mode,
+        )
+        self.depth = int(depth)
+        self.n_actions = int(n_actions)
+        self.seed_value = int(seed)
+        self.decisive_levels = decisive_levels
+        self.routine_weight = float(routine_weight)
+        self.n_tasks = int(n_tasks)
+        self.win_threshold = float(win_threshold)
+        self.actions: tuple[str, ...] = tuple(f"a{i}" for i in range(self.n_actions))
+        self._action_index = {a: i for i, a in enumerate(self.actions)}
+        self._path: tuple[int, ...] = ()
+        self._best = lru_cache(maxsize=None)(self._best_from)
+
+    # ---- tree ----------------------------------------------------------------------------
+    def task_ids(self) -> list[int]:
+        return list(range(self.n_tasks))
+
+    def observation_of(self, task: int, path: Sequence[int]) -> str:
+        """The observation at a node (the key a tabular policy learns under)."""
+        name = "/".join(["root", *(self.actions[i] for i in path)])
+        if len(path) == self.depth:
+            return f"tree {task} leaf {name}: reward {self.reward_of(task, path):.4f}"
+        return (
+            f"tree {task} node {name} (depth {len(path)} of {self.depth}). "
+            f"Actions: {', '.join(self.actions)}"
+        )
+
+    def reward_of(self, task: int, path: Sequence[int]) -> float:
+        """The leaf reward of ``path`` (a tuple of ``depth`` action indices)."""
+        path = tuple(path)
+        if len(path) != self.depth:
+            raise ValueError(f"a leaf path has {self.depth} actions, got {len(path)}")
+        if self.decisive_levels is None:
+            return _uniform(self.seed_value, task, self.depth, self.n_actions, *path)
+        total = weight = 0.0
+        for level in range(self.depth):
+            w = 1.0 if level in self.decisive_levels else self.routine_weight
+            total += w * _uniform(self.seed_value, task, level, self.n_actions, *path[: level + 1])
+            weight += w
+        return total / weight
+
+    def leaves(self, task: int = 0) -> list[tuple[int, ...]]:
+        """Every leaf path of tree ``task`` (``n_actions ** depth`` of them)."""
+        return [tuple(p) for p in np.ndindex(*([self.n_actions] * self.depth))]
+
+    def _best_from(self, task: int, path: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+        if len(path) == self.depth:
+            return self.reward_of(task, path), ()
+        best = max(
+            ((self._best(task, (*path, a))[0], a) for a in range(self.n_actions)),
+            key=lambda x: x[0],
+        )
+        return best[0], (best[1], *self._best(task, (*path, best[1]))[1])
+
+    def expected_return(self, log_probs: LogProbFn, task: int = 0) -> Any:
+        """``J = sum_leaf pi(leaf) R(leaf)`` by enumeration, with ``log_probs(obs, actions)``.
+
+        ``log_probs`` returns log-probabilities over ``actions`` (a tensor or array); with a
+        differentiable one the result is differentiable and its gradient is exact.
+        """
+
+        def value(path: tuple[int, ...]) -> Any:
+            if len(path) == self.depth:
+                return self.reward_of(task, path)
+            logp = log_probs(self.observation_of(task, path), self.actions)
+            probs = logp.exp() if hasattr(logp, "exp") else np.exp(logp)
+            return sum(probs[a] * value((*path, a)) for a in range(self.n_actions))
+
+        return value(())
+
+    # ---- SnapshotEnv ---------------------------------------------------------------------
+    def _snapshot_kind(self) -> Any:
+        return (
+            "TreeMDP",
+            self.depth,
+            self.n_actions,
+            self.seed_value,
+            self.decisive_levels,
+            self.routine_weight,
+            self.n_tasks,
+            self.win_threshold,
+        )
+
+    def _info(self) -> dict[str, Any]:
+        at_leaf = len(self._path) == self.depth
+        return {
+            "admissible_actions": [] if at_leaf else list(self.actions),
+            "depth": len(self._path),
+        }
+
+    def _reset_task(self, task_id: int) -> tuple[str, dict[str, Any]]:
+        self._path = ()
+        return self.observation_of(task_id, self._path), self._info()
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        index = self._action_index.get(action.strip().lower())
+        if index is None:
+            obs = (
+                f"Invalid action {action[:80]!r}: choose one of {', '.join(self.actions)}. "
+                + self.observation_of(self.task_id, self._path)
+            )
+            info = self._info()
+            info["invalid_action"] = True
+            return obs, 0.0, False, info
+        self._path = (*self._path, index)
+        info = self._info()
+        if len(self._path) < self.depth:
+            return self.observation_of(self.task_id, self._path), 0.0, False, info
+        reward = self.reward_of(self.task_id, self._path)
+        info["won"] = reward >= self.win_threshold
+        return self.observation_of(self.task_id, self._path), reward, True, info
+
+    def _get_state(self) -> tuple[int, ...]:
+        return self._path
+
+    def _set_state(self, state: tuple[int, ...]) -> None:
+        self._path = state
+
+    def expert_actions(self) -> list[str]:
+        """The path from the current node to the best leaf below it."""
+        _, rest = self._best(self.task_id, self._path)
+        return [self.actions[a] for a in rest]
+
+    def sample_action(self, rng: np.random.Generator) -> str:
+        return self.actions[int(rng.integers(self.n_actions))]
