@@ -1,0 +1,26 @@
+"""Branching Policy Optimization and the shared rollout machinery (engine, trees, meter, loss)."""
+
+from bpo_algos.algorithm import Algorithm, Batch
+from bpo_algos.bpo import BPO
+from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
+from bpo_algos.engine import EnvPool, RolloutEngine
+from bpo_algos.policy import Action, Context, Policy, TabularPolicy
+from bpo_algos.tree import Edge, Node, RolloutTree
+
+__all__ = [
+    "BPO",
+    "COMPUTE_UNITS",
+    "Action",
+    "Algorithm",
+    "Batch",
+    "Budget",
+    "ComputeMeter",
+    "Context",
+    "Edge",
+    "EnvPool",
+    "Node",
+    "Policy",
+    "RolloutEngine",
+    "RolloutTree",
+    "TabularPolicy",
+]

@@ -1,0 +1,210 @@
+"""``Algorithm``: collect rollout trees through the shared engine, then a shared loss.
+
+An algorithm is a topology (where trees branch) plus an advantage estimator; collection,
+compute metering, weights (rule 3) and the loss are the same code for BPO, GRPO and RLOO, so a
+comparison at matched compute differs only in what the algorithms are meant to differ in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from bpo_algos.compute import Budget, ComputeMeter
+from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
+from bpo_algos.losses import AGGREGATIONS, policy_loss
+from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
+from bpo_algos.tree import Edge, RolloutTree
+
+
+@dataclass
+class Batch:
+    """The trees of one collection, their compute, and the flattened steps for the loss."""
+
+    algorithm: str
+    trees: list[RolloutTree]
+    compute: ComputeMeter
+    entropies: list[float] = field(default_factory=list)
+    """Decision entropies computed during collection (for adaptive thresholds and logs)."""
+    steps: list[Edge] = field(default_factory=list)
+    tree_index: list[int] = field(default_factory=list)
+    ref_logprobs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            for i, tree in enumerate(self.trees):
+                for edge in tree.edges():
+                    self.steps.append(edge)
+                    self.tree_index.append(i)
+
+    @property
+    def n_trees(self) -> int:
+        return len(self.trees)
+
+    def success_rate(self) -> float:
+        """Mean over trees of the weighted success (unbiased for the collecting policy)."""
+        return float(np.mean([t.success_rate() for t in self.trees])) if self.trees else 0.0
+
+    def mean_return(self) -> float:
+        return float(np.mean([t.mean_return() for t in self.trees])) if self.trees else 0.0
+
+    def weights(self) -> torch.Tensor:
+        return torch.tensor([e.weight for e in self.steps], dtype=torch.float32)
+
+    def advantages(self) -> torch.Tensor:
+        return torch.tensor([e.advantage for e in self.steps], dtype=torch.float32)
+
+    def old_logprobs(self) -> torch.Tensor:
+        return pad_token_rows([torch.tensor(e.action.logprobs, dtype=torch.float32) for e in self.steps])
+
+    def mask(self) -> torch.Tensor:
+        return action_mask(self.steps)
+
+    def sampled_entropy(self) -> float:
+        """Mean ``-log pi(a|h)`` of the sampled actions: a Monte Carlo estimate of the entropy."""
+        if not self.steps:
+            return 0.0
+        return float(np.mean([-e.action.logprob for e in self.steps]))
+
+
+def _check_positive_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+class Algorithm:
+    """Base class: topology + advantage estimator; shared collection and loss.
+
+    Args:
+        clip_eps: PPO clip range (low side; also the high side unless ``clip_eps_high``).
+        clip_eps_high: high side of the clip range (DAPO's clip-higher), default ``clip_eps``.
+        kl_coef: weight of the k3 KL to the reference policy (0 = no KL, no reference pass).
+        aggregation: ``token-mean`` (default), ``seq-mean-token-mean`` or ``step-sum``.
+        max_parallel_trees: trees in flight at once (default: the env pool size).
+        seed: seeds the engine's reset seeds.
+    """
+
+    name = "algorithm"
+
+    def __init__(
+        self,
+        *,
+        clip_eps: float = 0.2,
+        clip_eps_high: float | None = None,
+        kl_coef: float = 0.0,
+        aggregation: str = "token-mean",
+        max_parallel_trees: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not 0 < clip_eps < 1:
+            raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
+        if clip_eps_high is not None and not clip_eps_high > 0:
+            raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
+        if kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if max_parallel_trees is not None:
+            _check_positive_int("max_parallel_trees", max_parallel_trees, 1)
+        self.clip_eps = clip_eps
+        self.clip_eps_high = clip_eps_high
+        self.kl_coef = kl_coef
+        self.aggregation = aggregation
+        self.max_parallel_trees = max_parallel_trees
+        self._rng = np.random.default_rng(seed)
+        self.last_loss_stats: dict[str, float] = {}
+
+    # ---- topology (the engine calls these) ---------------------------------------------
+    root_branches: int = 1
+
+    def wants_entropy(self, path: PathState) -> bool:
+        return False
+
+    def fork_count(self, path: PathState, entropy: float | None) -> int:
+        return 1
+
+    # ---- estimator -----------------------------------------------------------------------
+    def compute_advantages(self, tree: RolloutTree) -> None:
+        raise NotImplementedError
+
+    def end_batch(self, batch: Batch) -> None:
+        """Hook after a batch is collected (adaptive state uses only earlier batches)."""
+
+    # ---- collect / loss ------------------------------------------------------------------
+    def collect(
+        self,
+        policy: Policy,
+        env_fns: Sequence[EnvFn] | EnvPool,
+        tasks: Sequence[Any],
+        budget: Budget | dict[str, Any] | tuple[str, float] | None = None,
+    ) -> Batch:
+        """Build one tree per task (tasks cycled while ``budget`` remains) and score the steps."""
+        budget = Budget.parse(budget)
+        pool = env_fns if isinstance(env_fns, EnvPool) else EnvPool(env_fns)
+        try:
+            engine = RolloutEngine(
+                pool,
+                max_parallel_trees=self.max_parallel_trees,
+                seed=int(self._rng.integers(2**31 - 1)),
+            )
+            result = engine.run(policy, self, tasks, budget)
+        finally:
+            if not isinstance(env_fns, EnvPool):
+                pool.close()
+        for tree in result.trees:
+            self.compute_advantages(tree)
+        batch = Batch(self.name, result.trees, result.compute, result.entropies)
+        if self.kl_coef:
+            with torch.no_grad():
+                batch.ref_logprobs = policy.reference_token_logprobs(batch.steps)
+        self.end_batch(batch)
+        return batch
+
+    def loss(self, policy: Policy, batch: Batch) -> torch.Tensor:
+        """Clipped surrogate (+ k3 KL) over ``batch``, aggregated as configured."""
+        if not batch.steps:
+            raise ValueError("empty batch: nothing to learn from")
+        logp = policy.token_logprobs(batch.steps)
+        old = batch.old_logprobs()
+        mask = batch.mask()
+        width = max(logp.shape[1], old.shape[1], mask.shape[1])
+        logp, old, mask = (torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in (logp, old, mask))
+        ref = batch.ref_logprobs
+        if ref is not None:
+            ref = torch.nn.functional.pad(ref, (0, width - ref.shape[1]))
+        loss, stats = policy_loss(
+            logp,
+            old,
+            batch.advantages(),
+            batch.weights(),
+            mask,
+            n_trees=batch.n_trees,
+            aggregation=self.aggregation,
+            clip_low=self.clip_eps,
+            clip_high=self.clip_eps_high,
+            ref_logp=ref,
+            kl_coef=self.kl_coef,
+        )
+        self.last_loss_stats = stats
+        return loss
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state["rng"]
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments, for logs."""
+        return {
+            "clip_eps": self.clip_eps,
+            "clip_eps_high": self.clip_eps_high,
+            "kl_coef": self.kl_coef,
+            "aggregation": self.aggregation,
+        }

@@ -1,0 +1,128 @@
+"""Branching Policy Optimization (BPO).
+
+One tree per task. The root branches into ``K0`` backbones (i.i.d. first actions). Along each
+backbone, at a decision point whose decision entropy exceeds the threshold, the env is
+snapshotted and ``K`` i.i.d. actions are sampled there: the backbone continues with the first,
+the other ``K - 1`` are forked from the snapshot and rolled to the end. At most ``M`` branch
+points per path; forked siblings branch again only while their nesting level is below
+``max_depth``.
+
+Unbiasedness (DESIGN.md rules 1-4):
+
+1. The branch decision at ``h`` uses only ``H(pi(.|h))``, computed before any action is
+   sampled at ``h``, the path's own branch count (part of ``h``) and a threshold fixed from
+   *earlier* batches (``entropy_quantile`` of the decision entropies seen in the previous
+   ``threshold_window`` batches; ``0`` before the first batch: branch wherever the policy is not
+   deterministic).
+2. Siblings are i.i.d. samples, never deduplicated.
+3. Weights: a step's weight is ``prod 1/K_b`` over the branch nodes above it (root: ``1/K0``).
+4. Advantage: ``A_t = G_k(t) - mean_{j != k} G_j`` from the nearest branch node
+   (:func:`bpo_algos.advantages.bpo_advantages`).
+
+So ``sum_t w_t A_t grad log pi(a_t | h_t)``, averaged over trees, is an unbiased estimate of
+the policy gradient of the expected return.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from bpo_algos.advantages import bpo_advantages
+from bpo_algos.algorithm import Algorithm, Batch, _check_positive_int
+from bpo_algos.engine import PathState
+from bpo_algos.tree import RolloutTree
+
+
+class BPO(Algorithm):
+    """Branching Policy Optimization.
+
+    Args:
+        backbones: ``K0 >= 2`` backbones from the root (so backbone steps have siblings too).
+        branch_factor: ``K >= 2`` i.i.d. actions at each branch point (the backbone's own
+            action is one of them).
+        entropy_threshold: branch where the decision entropy exceeds this (nats); None = adapt.
+        entropy_quantile: with an adaptive threshold, the quantile of earlier batches'
+            decision entropies used as the threshold.
+        max_branch_points: ``M``, branch points per path.
+        max_depth: nesting levels of branching (1 = forked siblings do not branch again).
+        threshold_window: earlier batches whose entropies set the adaptive threshold.
+        **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
+    """
+
+    name = "bpo"
+
+    def __init__(
+        self,
+        backbones: int = 2,
+        branch_factor: int = 4,
+        entropy_threshold: float | None = None,
+        entropy_quantile: float = 0.8,
+        max_branch_points: int = 1,
+        max_depth: int = 1,
+        threshold_window: int = 2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.backbones = _check_positive_int("backbones", backbones, 2)
+        self.siblings = _check_positive_int("branch_factor", branch_factor, 2)
+        if entropy_threshold is not None and not (
+            isinstance(entropy_threshold, int | float) and np.isfinite(entropy_threshold) and entropy_threshold >= 0
+        ):
+            raise ValueError(f"entropy_threshold must be None or a finite number >= 0, got {entropy_threshold!r}")
+        if not 0.0 <= entropy_quantile <= 1.0:
+            raise ValueError(f"entropy_quantile must be in [0, 1], got {entropy_quantile}")
+        self.max_branch_points = _check_positive_int("max_branch_points", max_branch_points, 0)
+        self.max_depth = _check_positive_int("max_depth", max_depth, 1)
+        self.threshold_window = _check_positive_int("threshold_window", threshold_window, 1)
+        self.entropy_threshold = entropy_threshold
+        self.entropy_quantile = float(entropy_quantile)
+        self._history: deque[list[float]] = deque(maxlen=self.threshold_window)
+        self.threshold = 0.0 if entropy_threshold is None else float(entropy_threshold)
+        """The threshold in force for the next batch."""
+
+    @property
+    def root_branches(self) -> int:  # type: ignore[override]
+        return self.backbones
+
+    def wants_entropy(self, path: PathState) -> bool:
+        # entropies are also recorded past the M-th branch point (for the adaptive threshold)
+        return path.level < self.max_depth and self.max_branch_points > 0
+
+    def fork_count(self, path: PathState, entropy: float | None) -> int:
+        if path.level >= self.max_depth or path.branch_points >= self.max_branch_points:
+            return 1
+        if entropy is None or not entropy > self.threshold:
+            return 1
+        return self.siblings
+
+    def compute_advantages(self, tree: RolloutTree) -> None:
+        bpo_advantages(tree)
+
+    def end_batch(self, batch: Batch) -> None:
+        if self.entropy_threshold is not None or not batch.entropies:
+            return
+        self._history.append(list(batch.entropies))
+        pooled = np.concatenate([np.asarray(h) for h in self._history])
+        self.threshold = float(np.quantile(pooled, self.entropy_quantile))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "threshold": self.threshold, "history": list(self._history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.threshold = state["threshold"]
+        self._history = deque(state["history"], maxlen=self.threshold_window)
+
+    def config(self) -> dict[str, Any]:
+        return {
+            **super().config(),
+            "backbones": self.backbones,
+            "branch_factor": self.siblings,
+            "entropy_threshold": self.entropy_threshold,
+            "entropy_quantile": self.entropy_quantile,
+            "max_branch_points": self.max_branch_points,
+            "max_depth": self.max_depth,
+        }

@@ -1,0 +1,107 @@
+"""The compute meter and per-batch budgets.
+
+Every algorithm collects through the same engine, which counts the same things, so a comparison
+can fix one unit for all algorithms and report the others (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+COMPUTE_UNITS: tuple[str, ...] = (
+    "env_steps",
+    "restores",
+    "snapshots",
+    "leaves",
+    "gen_tokens",
+    "prefill_tokens",
+    "policy_calls",
+    "seconds",
+)
+
+
+@dataclass
+class ComputeMeter:
+    """What a tree or batch cost.
+
+    Attributes:
+        env_steps: ``env.step`` calls (replays done by a ReplaySnapshot restore not included).
+        restores: snapshot restores (each fork onto an env costs one).
+        snapshots: snapshots taken (branch points and the root).
+        leaves: finished episodes (terminated or truncated paths).
+        gen_tokens: tokens of sampled actions (a tabular action is one token).
+        prefill_tokens: prompt tokens the policy processed (counted once per context when a
+            policy shares the prefix among the samples of that context).
+        policy_calls: batched calls to ``sample`` / ``decision_entropy``.
+        seconds: wall-clock seconds.
+        resets: ``env.reset`` calls (one per tree root).
+    """
+
+    env_steps: int = 0
+    restores: int = 0
+    snapshots: int = 0
+    leaves: int = 0
+    gen_tokens: int = 0
+    prefill_tokens: int = 0
+    policy_calls: int = 0
+    seconds: float = 0.0
+    resets: int = 0
+
+    def __add__(self, other: ComputeMeter) -> ComputeMeter:
+        return ComputeMeter(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def __sub__(self, other: ComputeMeter) -> ComputeMeter:
+        return ComputeMeter(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+
+    def add(self, other: ComputeMeter) -> None:
+        """In-place ``self += other``."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def copy(self) -> ComputeMeter:
+        return ComputeMeter(**asdict(self))
+
+    def get(self, unit: str) -> float:
+        if unit not in COMPUTE_UNITS and unit != "resets":
+            raise ValueError(f"unknown compute unit {unit!r}; one of {COMPUTE_UNITS}")
+        return getattr(self, unit)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A per-batch budget: collection starts no new tree once ``amount`` of ``unit`` is spent.
+
+    A tree in progress is always finished (cutting it would bias the estimate), so a batch can
+    overshoot by up to the cost of the trees in flight; the engine reports what was used.
+    """
+
+    unit: str
+    amount: float
+
+    def __post_init__(self) -> None:
+        if self.unit not in COMPUTE_UNITS:
+            raise ValueError(f"budget unit must be one of {COMPUTE_UNITS}, got {self.unit!r}")
+        if isinstance(self.amount, bool) or not isinstance(self.amount, int | float) or not self.amount > 0:
+            raise ValueError(f"budget amount must be a positive number, got {self.amount!r}")
+
+    def exhausted(self, meter: ComputeMeter) -> bool:
+        return meter.get(self.unit) >= self.amount
+
+    @classmethod
+    def parse(cls, value: Budget | dict[str, Any] | tuple[str, float] | None) -> Budget | None:
+        """Accept a Budget, ``{"unit": u, "amount": a}``, ``(u, a)``, ``{u: a}`` or None."""
+        if value is None or isinstance(value, Budget):
+            return value
+        if isinstance(value, dict):
+            if set(value) == {"unit", "amount"}:
+                return cls(value["unit"], value["amount"])
+            if len(value) == 1:
+                ((unit, amount),) = value.items()
+                return cls(unit, amount)
+        if isinstance(value, tuple) and len(value) == 2:
+            return cls(*value)
+        raise ValueError(f"budget must be a Budget, (unit, amount) or {{unit: amount}}, got {value!r}")

@@ -1,0 +1,88 @@
+"""The policy loss shared by every algorithm: clipped surrogate, optional k3 KL, aggregation.
+
+Per token ``t`` of step ``s`` (weight ``w_s`` from rule 3, advantage ``A_s``)::
+
+    ratio = exp(logp - old_logp)
+    l_t   = -min(ratio * A_s, clip(ratio, 1 - eps_low, 1 + eps_high) * A_s)
+            + kl_coef * k3(logp, ref_logp),   k3 = exp(ref - logp) - (ref - logp) - 1
+
+Aggregations (``m`` is the action-token mask, ``T`` the number of trees):
+
+* ``token-mean``: ``sum_{s,t} w_s m l / sum_{s,t} w_s m``
+* ``seq-mean-token-mean``: ``sum_s w_s mean_t(l) / sum_s w_s``
+* ``step-sum``: ``(1/T) sum_s w_s sum_t l`` — at ratio 1, no KL, ``backward()`` gives minus the
+  algorithm's policy-gradient estimate ``(1/T) sum_s w_s A_s grad log pi(a_s | h_s)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "step-sum")
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref), per token (non-negative, unbiased)."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def clipped_surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO loss ``-min(r A, clip(r) A)`` and the 0/1 clipped indicator."""
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages[:, None]
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, (clipped < unclipped).float()
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, mode: str, n_trees: int) -> torch.Tensor:
+    """Reduce ``[n_steps, n_tokens]`` per-token losses to a scalar (see module docstring)."""
+    w = weights[:, None]
+    if mode == "token-mean":
+        return (per_token * mask * w).sum() / (mask * w).sum().clamp_min(1e-12)
+    if mode == "seq-mean-token-mean":
+        per_step = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        return (per_step * weights).sum() / weights.sum().clamp_min(1e-12)
+    if mode == "step-sum":
+        return (per_token * mask * w).sum() / max(n_trees, 1)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    n_trees: int,
+    aggregation: str = "token-mean",
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The full loss and its diagnostics (clip fraction, KL, approx. KL to the old policy)."""
+    per_token, clipped = clipped_surrogate(
+        logp, old_logp, advantages, clip_low, clip_low if clip_high is None else clip_high
+    )
+    stats: dict[str, float] = {}
+    if kl_coef:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs")
+        kl = k3_kl(logp, ref_logp)
+        per_token = per_token + kl_coef * kl
+        stats["kl_ref"] = float((kl * mask).sum() / mask.sum().clamp_min(1.0))
+    loss = aggregate(per_token, mask, weights, aggregation, n_trees)
+    denom = mask.sum().clamp_min(1.0)
+    stats["clip_frac"] = float((clipped * mask).sum() / denom)
+    stats["approx_kl_old"] = float((((old_logp - logp).detach()) * mask).sum() / denom)
+    return loss, stats

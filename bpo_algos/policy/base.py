@@ -1,0 +1,151 @@
+"""The ``Policy`` protocol: what the rollout engine and the losses need from a policy.
+
+A *context* is one decision point (history ``h``) as the engine sees it; an :class:`Action` is
+one sample from the policy there, with the token ids and per-token log-probabilities of the
+sampled text. Every policy (tabular, transformers, vLLM) implements the same three methods:
+
+* ``sample(contexts, n)`` — ``n`` i.i.d. samples per context (never deduplicated);
+* ``decision_entropy(contexts)`` — the entropy of the policy's distribution at each context,
+  computed without sampling (DESIGN.md rule 1: exact over the admissible actions, or of the
+  first action token);
+* ``token_logprobs(steps)`` — differentiable per-token log-probs of recorded actions, a
+  ``[n_steps, max_action_tokens]`` tensor padded with zeros past each action's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from bpo_algos.compute import ComputeMeter
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One past (observation, action) pair of a path."""
+
+    observation: str
+    action: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """One decision point: what the agent knows before acting.
+
+    Attributes:
+        task_id: the env's task id.
+        observation: the current observation.
+        admissible_actions: the env's admissible actions here, or None when it has none.
+        history: the (observation, action) pairs before this one on this path, oldest first.
+        initial_observation: the reset observation (it carries the task for most envs).
+    """
+
+    task_id: Any
+    observation: str
+    admissible_actions: tuple[str, ...] | None
+    history: tuple[Turn, ...] = ()
+    initial_observation: str = ""
+
+    def child(self, action: str, observation: str, admissible: Sequence[str] | None) -> Context:
+        """The context after taking ``action`` here and seeing ``observation``."""
+        return Context(
+            task_id=self.task_id,
+            observation=observation,
+            admissible_actions=tuple(admissible) if admissible is not None else None,
+            history=(*self.history, Turn(self.observation, action)),
+            initial_observation=self.initial_observation,
+        )
+
+
+@dataclass(frozen=True)
+class Action:
+    """One sampled action.
+
+    Attributes:
+        text: what the policy generated (the raw completion for an LLM).
+        token_ids: ids of the generated tokens (a tabular action is one token: its index).
+        logprobs: per-token log-probabilities under the sampling policy ("old" log-probs).
+        env_action: the string sent to ``env.step``; defaults to ``text``. An LLM policy whose
+            output does not parse sends the raw text, and the env answers with an invalid
+            action observation (bad model output is an observation, never a crash).
+        prompt_token_ids: the prompt the action was generated from.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    env_action: str | None = None
+    prompt_token_ids: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def command(self) -> str:
+        return self.text if self.env_action is None else self.env_action
+
+    @property
+    def logprob(self) -> float:
+        """Log-probability of the whole action (sum over tokens)."""
+        return float(sum(self.logprobs))
+
+
+class StepLike(Protocol):
+    """What ``token_logprobs`` reads of a recorded step (a tree edge satisfies it)."""
+
+    context: Context
+    action: Action
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """The binding policy interface (DESIGN.md §3)."""
+
+    meter: ComputeMeter
+
+    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]: ...
+
+    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]: ...
+
+    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor: ...
+
+
+class PolicyBase:
+    """Shared plumbing: the usage meter, seeding and optional reference log-probs.
+
+    Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` in ``self.meter``;
+    the engine reads the difference around each call.
+    """
+
+    def __init__(self) -> None:
+        self.meter = ComputeMeter()
+
+    def seed(self, seed: int) -> None:
+        """Seed the policy's sampling randomness."""
+        raise NotImplementedError
+
+    def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        """Per-token log-probs under the reference policy (for the k3 KL), no gradient."""
+        raise NotImplementedError(f"{type(self).__name__} has no reference policy")
+
+    def rng_state(self) -> Any:
+        """The sampling RNG state, for checkpoints."""
+        raise NotImplementedError
+
+    def set_rng_state(self, state: Any) -> None:
+        raise NotImplementedError
+
+
+def pad_token_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Stack 1-D per-step tensors into ``[n, max_len]``, zero-padded (keeps gradients)."""
+    if not rows:
+        return torch.zeros(0, 0)
+    width = max(int(r.shape[0]) for r in rows)
+    return torch.stack([torch.nn.functional.pad(r, (0, width - int(r.shape[0]))) for r in rows])
+
+
+def action_mask(steps: Sequence[StepLike], width: int | None = None) -> torch.Tensor:
+    """``[n, max_len]`` float mask of real (non-padding) action tokens."""
+    lengths = torch.tensor([len(s.action.token_ids) for s in steps], dtype=torch.long)
+    width = int(lengths.max()) if width is None and len(steps) else (width or 0)
+    return (torch.arange(width)[None, :] < lengths[:, None]).float()

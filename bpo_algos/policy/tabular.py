@@ -1,0 +1,157 @@
+"""``TabularPolicy``: a softmax table keyed by observation string (for TreeMDP and tests).
+
+``pi(a | obs) = softmax(theta[obs] / temperature)[a]`` over the admissible actions of ``obs``,
+in the order the env lists them. An entry of zero logits appears the first time an observation
+is seen; entries live in an ``nn.ParameterDict`` in insertion order, so ``parameters()`` has a
+stable order and an optimizer can pick up new entries (see ``Trainer``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike
+
+
+def _key(observation: str) -> str:
+    # ParameterDict keys cannot contain "."; a digest keeps them short and stable.
+    return "o" + hashlib.blake2b(observation.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+
+
+class TabularPolicy(PolicyBase, nn.Module):
+    """A softmax table over admissible actions, one entry per observation."""
+
+    def __init__(self, temperature: float = 1.0, seed: int = 0) -> None:
+        PolicyBase.__init__(self)
+        nn.Module.__init__(self)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+        self.table = nn.ParameterDict()
+        self._rng = np.random.default_rng(seed)
+        self._reference: dict[str, torch.Tensor] | None = None
+
+    # ---- table ---------------------------------------------------------------------------
+    def logits(self, observation: str, n_actions: int) -> nn.Parameter:
+        """The entry for ``observation`` (created as zeros on first sight)."""
+        key = _key(observation)
+        entry = self.table[key] if key in self.table else None
+        if entry is None:
+            entry = nn.Parameter(torch.zeros(n_actions))
+            self.table[key] = entry
+        elif entry.shape[0] != n_actions:
+            raise ValueError(
+                f"observation {observation[:60]!r} was seen with {entry.shape[0]} actions, "
+                f"now with {n_actions}"
+            )
+        return entry
+
+    def set_logits(self, observation: str, logits: Sequence[float]) -> None:
+        """Set the entry for ``observation`` (used to build fixed policies)."""
+        values = torch.as_tensor(list(logits), dtype=torch.float32)
+        with torch.no_grad():
+            self.logits(observation, values.shape[0]).copy_(values)
+
+    @classmethod
+    def from_logits(cls, table: Mapping[str, Sequence[float]], **kwargs: Any) -> TabularPolicy:
+        policy = cls(**kwargs)
+        for observation, logits in table.items():
+            policy.set_logits(observation, logits)
+        return policy
+
+    def log_probs(self, observation: str, actions: Sequence[str]) -> torch.Tensor:
+        """Differentiable log-probabilities over ``actions`` (the admissible list of ``obs``)."""
+        if not actions:
+            raise ValueError(f"no admissible actions at {observation[:60]!r}: a tabular policy needs them")
+        return torch.log_softmax(self.logits(observation, len(actions)) / self.temperature, dim=-1)
+
+    # ---- Policy --------------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def rng_state(self) -> Any:
+        return self._rng.bit_generator.state
+
+    def set_rng_state(self, state: Any) -> None:
+        self._rng.bit_generator.state = state
+
+    def _probs(self, context: Context) -> tuple[np.ndarray, tuple[str, ...]]:
+        actions = context.admissible_actions
+        if not actions:
+            raise ValueError(
+                f"TabularPolicy needs admissible actions; none at {context.observation[:60]!r}"
+            )
+        with torch.no_grad():
+            logp = self.log_probs(context.observation, actions).double().numpy()
+        return logp, actions
+
+    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
+        """``n`` i.i.d. samples per context; token id = index in the admissible list."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        out: list[list[Action]] = []
+        for context in contexts:
+            logp, actions = self._probs(context)
+            probs = np.exp(logp)
+            picks = self._rng.choice(len(actions), size=n, p=probs / probs.sum())
+            prompt = (int(_key(context.observation)[1:9], 16),)
+            out.append(
+                [Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks]
+            )
+            self.meter.gen_tokens += n
+            self.meter.prefill_tokens += 1
+        self.meter.policy_calls += 1
+        return out
+
+    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
+        """Exact entropy ``-sum_a pi(a|h) log pi(a|h)`` over the admissible actions."""
+        out = []
+        for context in contexts:
+            logp, _ = self._probs(context)
+            out.append(float(-(np.exp(logp) * logp).sum()))
+            self.meter.prefill_tokens += 1
+        self.meter.policy_calls += 1
+        return out
+
+    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        """``[n_steps, 1]`` differentiable log-probs of the recorded actions."""
+        rows = [
+            self.log_probs(s.context.observation, s.context.admissible_actions or ())[
+                s.action.token_ids[0]
+            ]
+            for s in steps
+        ]
+        return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
+
+    # ---- reference policy (k3 KL) --------------------------------------------------------
+    def set_reference(self) -> None:
+        """Freeze the current table as the reference policy (unseen entries: zero logits)."""
+        self._reference = {k: v.detach().clone() for k, v in self.table.items()}
+
+    def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        if self._reference is None:
+            self.set_reference()
+        assert self._reference is not None
+        rows = []
+        for s in steps:
+            actions = s.context.admissible_actions or ()
+            logits = self._reference.get(_key(s.context.observation), torch.zeros(len(actions)))
+            rows.append(torch.log_softmax(logits / self.temperature, dim=-1)[s.action.token_ids[0]])
+        return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):  # type: ignore[override]
+        """Create the saved entries (in saved order) before loading them."""
+        prefix = "table."
+        for name, value in state_dict.items():
+            if name.startswith(prefix):
+                key = name[len(prefix) :]
+                if key not in self.table:
+                    self.table[key] = nn.Parameter(torch.zeros_like(value))
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
