@@ -5,6 +5,7 @@ from bpo_algos.bpo import BPO
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.engine import EnvPool, RolloutEngine
 from bpo_algos.policy import Action, Context, Policy, TabularPolicy
+from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 __all__ = [
@@ -23,4 +24,6 @@ __all__ = [
     "RolloutEngine",
     "RolloutTree",
     "TabularPolicy",
+    "Trainer",
+    "TrainerConfig",
 ]

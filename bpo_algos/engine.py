@@ -117,6 +117,7 @@ class TreeBuild:
     tree: RolloutTree
     open_paths: int = 0
     started: float = 0.0
+    finished: bool = False
 
 
 @dataclass(eq=False)
@@ -200,6 +201,7 @@ class RolloutEngine:
         waiting: deque[PathState] = deque()  # forked siblings waiting for an env
         in_flight = 0
         tasks_left = True
+        builds: list[TreeBuild] = []
 
         while True:
             self._attach_waiting(waiting, ready, meter)
@@ -208,13 +210,13 @@ class RolloutEngine:
                 and in_flight < self.max_parallel_trees
                 and self.pool.n_free > 0
                 and not waiting
-                and not (budget is not None and trees and budget.exhausted(self._spent(meter, start)))
+                and self._budget_allows(budget, meter, start, builds)
             ):
                 task = next(task_iter, _DONE)
                 if task is _DONE:
                     tasks_left = False
                     break
-                ready.append(self._start_tree(task, meter, trees))
+                ready.append(self._start_tree(task, meter, trees, builds))
                 in_flight += 1
             if not ready:
                 if waiting:
@@ -224,6 +226,7 @@ class RolloutEngine:
             for build in finished:
                 build.tree.finalize()
                 build.tree.compute.seconds = time.perf_counter() - build.started
+                build.finished = True
                 in_flight -= 1
             ready = [p for p in ready if p.env is not None]
 
@@ -231,12 +234,33 @@ class RolloutEngine:
         return EngineResult(trees, meter, entropies)
 
     @staticmethod
-    def _spent(meter: ComputeMeter, start: float) -> ComputeMeter:
-        spent = meter.copy()
-        spent.seconds = time.perf_counter() - start
-        return spent
+    def _budget_allows(budget: Budget | None, meter: ComputeMeter, start: float, builds: list[TreeBuild]) -> bool:
+        """Start another tree when the batch is expected to end closer to the budget with it.
 
-    def _start_tree(self, task: Any, meter: ComputeMeter, trees: list[RolloutTree]) -> PathState:
+        Spent so far plus the expected remainder of the trees in flight (the mean cost of the
+        trees finished in this batch) plus half a tree must fit in the budget; before any tree
+        has finished, only what is already spent counts.
+        """
+        if budget is None or not builds:
+            return True
+        now = time.perf_counter()
+        spent = now - start if budget.unit == "seconds" else meter.get(budget.unit)
+
+        def cost(build: TreeBuild) -> float:
+            if budget.unit == "seconds":
+                return build.tree.compute.seconds if build.finished else now - build.started
+            return build.tree.compute.get(budget.unit)
+
+        done = [cost(b) for b in builds if b.finished]
+        if not done:
+            return spent < budget.amount
+        expected = sum(done) / len(done)
+        remaining = sum(max(expected - cost(b), 0.0) for b in builds if not b.finished)
+        return spent + remaining + expected / 2 <= budget.amount
+
+    def _start_tree(
+        self, task: Any, meter: ComputeMeter, trees: list[RolloutTree], builds: list[TreeBuild]
+    ) -> PathState:
         env = self.pool.acquire()
         assert env is not None
         seed = int(self._rng.integers(2**31 - 1))
@@ -252,6 +276,7 @@ class RolloutEngine:
         tree.compute.resets += 1
         trees.append(tree)
         build = TreeBuild(tree, open_paths=1, started=time.perf_counter())
+        builds.append(build)
         return PathState(build, tree.root, env=env, is_root=True)
 
     def _attach_waiting(self, waiting: deque[PathState], ready: list[PathState], meter: ComputeMeter) -> None:

@@ -80,7 +80,7 @@ def policy_loss(
             raise ValueError("kl_coef > 0 needs reference log-probs")
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + kl_coef * kl
-        stats["kl_ref"] = float((kl * mask).sum() / mask.sum().clamp_min(1.0))
+        stats["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1.0))
     loss = aggregate(per_token, mask, weights, aggregation, n_trees)
     denom = mask.sum().clamp_min(1.0)
     stats["clip_frac"] = float((clipped * mask).sum() / denom)
