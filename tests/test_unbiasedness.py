@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gradcheck import estimates, exact_gradient, projection_z_scores, random_policy, tree_env
+from gradcheck import exact_gradient, random_policy, tree_env
 
 from baselines import RLOO
 from bpo_algos import BPO
+from bpo_algos.diagnostics import gradient_samples, projection_z_scores
 
 BATCHES = 2000
 Z_MAX = 4.0
@@ -60,8 +61,9 @@ def _z_scores(algorithm, tree_kwargs, sampler_wrapper=None, policy_seed=0):
     policy = random_policy(env, scale=1.0, seed=policy_seed)
     truth = exact_gradient(env, policy)
     sampler = sampler_wrapper(policy) if sampler_wrapper else None
-    samples, _ = estimates(algorithm, policy, lambda: tree_env(**tree_kwargs), BATCHES, sampler=sampler)
-    return projection_z_scores(samples, truth)
+    make = lambda: tree_env(**tree_kwargs)  # noqa: E731
+    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES, sampler=sampler)
+    return projection_z_scores(samples.grads, truth)
 
 
 CONFIGS = {
@@ -100,7 +102,9 @@ def test_grpo_std_scaling_is_not_the_exact_gradient_but_dr_grpo_is_proportional(
     policy = random_policy(env, seed=0)
     truth = exact_gradient(env, policy)
     n = 4
-    samples, _ = estimates(GRPO(group_size=n, scale="none", aggregation="step-sum", seed=8), policy, lambda: tree_env(**RANDOM_TREE), BATCHES)
+    make = lambda: tree_env(**RANDOM_TREE)  # noqa: E731
+    algorithm = GRPO(group_size=n, scale="none", aggregation="step-sum", seed=8)
+    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES).grads
     zs = projection_z_scores(samples, truth * (1 - 1 / n))
     assert max(abs(z) for z in zs) < Z_MAX, zs
     assert torch.isfinite(samples).all()

@@ -1,0 +1,225 @@
+"""Bias and variance of each estimator at a fixed policy on TreeMDP, per unit of compute.
+
+For every setting (a TreeMDP and a fixed tabular policy) and every algorithm configuration:
+
+* per tree: ``--batches`` one-tree gradient estimates; bias as z-scores of their mean against
+  the exact gradient (by enumeration) along the true gradient and 3 random directions;
+  variance ``tr Cov(g)`` and the variance along the true gradient, each times the mean cost of
+  a tree in env steps (and in leaves) — the variance of an average within a budget ``B`` is
+  ``var * cost / B``, so lower is better at matched compute;
+* at a matched budget: ``--budget-batches`` batches of ``--budget`` env steps each, the
+  variance of the batch gradient and of its norm (what a training run sees).
+
+Writes ``variance.json`` and ``variance.md`` to ``--out``; ratios are against RLOO(4).
+
+    python scripts/variance.py --out results/variance          # ~10 min on 2 cores
+    python scripts/variance.py --quick --out /tmp/variance     # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+import bpo_envs  # noqa: F401 - registers the ids
+from baselines import GRPO, RLOO
+from bpo_algos import BPO, Budget, TabularPolicy
+from bpo_algos.algorithm import Algorithm
+from bpo_algos.diagnostics import flat_gradient, gradient_samples, variance_summary
+
+REFERENCE = "rloo-4"
+
+
+def random_logits(tree: Any, rng: np.random.Generator, path: tuple[int, ...]) -> np.ndarray:
+    return rng.normal(0.0, 1.0, tree.n_actions)
+
+
+def agent_logits(tree: Any, rng: np.random.Generator, path: tuple[int, ...]) -> np.ndarray:
+    """Confident (p ~ 0.9) at routine levels, near-uniform at decisive ones, as an LLM agent
+    is on routine steps versus real decisions."""
+    if len(path) in tree.decisive_levels:
+        return rng.normal(0.0, 0.3, tree.n_actions)
+    logits = np.zeros(tree.n_actions)
+    logits[rng.integers(tree.n_actions)] = 3.0
+    return logits
+
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "random-d4": {
+        "env": {"depth": 4, "n_actions": 3, "seed": 0},
+        "logits": random_logits,
+        "budget": 96,
+        "about": "random leaf rewards, depth 4, 3 actions, random N(0,1) logits",
+    },
+    "structured-d5": {
+        "env": {"depth": 5, "n_actions": 3, "seed": 1, "decisive_levels": (1, 3), "routine_weight": 0.05},
+        "logits": random_logits,
+        "budget": 120,
+        "about": "decisive levels 1 and 3 of depth 5, random N(0,1) logits",
+    },
+    "agent-like-d8": {
+        "env": {"depth": 8, "n_actions": 3, "seed": 2, "decisive_levels": (5,), "routine_weight": 0.05},
+        "logits": agent_logits,
+        "budget": 192,
+        "about": "depth 8, one decisive level (5); policy confident except there",
+    },
+}
+
+
+def configurations(quick: bool) -> dict[str, Callable[[], Algorithm]]:
+    common = {"aggregation": "step-sum"}
+    configs: dict[str, Callable[[], Algorithm]] = {
+        "rloo-4": lambda: RLOO(group_size=4, **common),
+        "rloo-8": lambda: RLOO(group_size=8, **common),
+        "grpo-4": lambda: GRPO(group_size=4, **common),
+        "bpo-K0=2-K=2-h>0": lambda: BPO(backbones=2, branch_factor=2, entropy_threshold=0.0, **common),
+        "bpo-K0=2-K=4-q0.8": lambda: BPO(backbones=2, branch_factor=4, entropy_quantile=0.8, **common),
+        "bpo-K0=4-K=2-q0.8": lambda: BPO(backbones=4, branch_factor=2, entropy_quantile=0.8, **common),
+        "bpo-K0=2-K=3-M2-q0.5": lambda: BPO(backbones=2, branch_factor=3, max_branch_points=2, entropy_quantile=0.5, **common),
+        "bpo-K0=2-K=4-q0.95": lambda: BPO(backbones=2, branch_factor=4, entropy_quantile=0.95, **common),
+        "bpo-nested-K0=2-K=2-d2": lambda: BPO(backbones=2, branch_factor=2, max_depth=2, entropy_quantile=0.5, **common),
+    }
+    if quick:
+        keep = ("rloo-4", "grpo-4", "bpo-K0=2-K=2-h>0", "bpo-K0=2-K=4-q0.8")
+        configs = {k: v for k, v in configs.items() if k in keep}
+    return configs
+
+
+def fixed_policy(setting: dict[str, Any], seed: int) -> tuple[Any, TabularPolicy, Callable[[], gym.Env]]:
+    kwargs = setting["env"]
+
+    def make() -> gym.Env:
+        return gym.make("BPO-TreeMDP-v0", **kwargs)
+
+    tree = make().unwrapped
+    rng = np.random.default_rng(seed)
+    policy = TabularPolicy(seed=seed)
+    for depth in range(tree.depth):
+        for prefix in np.ndindex(*([tree.n_actions] * depth)):
+            policy.set_logits(tree.observation_of(0, tuple(prefix)), setting["logits"](tree, rng, tuple(prefix)))
+    for p in policy.parameters():
+        p.requires_grad_(True)
+    return tree, policy, make
+
+
+def exact_gradient(tree: Any, policy: TabularPolicy) -> torch.Tensor:
+    policy.zero_grad()
+    tree.expected_return(policy.log_probs).backward()
+    grad = flat_gradient(list(policy.parameters())).clone()
+    policy.zero_grad()
+    return grad
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {"settings": {}, "reference": REFERENCE, "args": vars(args)}
+    configs = configurations(args.quick)
+    for name in args.settings:
+        setting = SETTINGS[name]
+        tree, policy, make = fixed_policy(setting, args.seed)
+        truth = exact_gradient(tree, policy)
+        pool = [make, make]
+        rows: dict[str, Any] = {}
+        bar = tqdm(configs.items(), desc=name, leave=False)
+        for label, factory in bar:
+            bar.set_postfix(config=label)
+            start = time.perf_counter()
+            algorithm = factory()
+            if args.warmup:  # let adaptive thresholds settle on earlier batches
+                gradient_samples(algorithm, policy, pool, [0], args.warmup)
+            per_tree = variance_summary(gradient_samples(algorithm, policy, pool, [0], args.batches), truth)
+            matched = variance_summary(
+                gradient_samples(algorithm, policy, pool, [0], args.budget_batches, budget=Budget("env_steps", setting["budget"])),
+                truth,
+            )
+            rows[label] = {
+                "per_tree": per_tree,
+                "matched_budget": {"env_steps": setting["budget"], **matched},
+                "threshold": getattr(algorithm, "threshold", None),
+                "seconds": time.perf_counter() - start,
+            }
+        ref = rows.get(REFERENCE)
+        if ref is not None:
+            for row in rows.values():
+                pt, rt = row["per_tree"], ref["per_tree"]
+                mb, rb = row["matched_budget"], ref["matched_budget"]
+                row["ratios_vs_reference"] = {
+                    "trace_var_x_env_steps": pt["trace_var_x_env_steps"] / rt["trace_var_x_env_steps"],
+                    "trace_var_x_leaves": pt["trace_var_x_leaves"] / rt["trace_var_x_leaves"],
+                    "var_along_truth_x_env_steps": pt["var_along_truth_x_env_steps"] / rt["var_along_truth_x_env_steps"],
+                    "matched_trace_var": mb["trace_var"] / rb["trace_var"],
+                    "matched_grad_norm_var": mb["grad_norm_var"] / rb["grad_norm_var"],
+                }
+        results["settings"][name] = {
+            "about": setting["about"],
+            "env": {k: v for k, v in setting["env"].items()},
+            "true_grad_norm": float(truth.norm()),
+            "configs": rows,
+        }
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# Gradient bias and variance at a fixed policy (TreeMDP)",
+        "",
+        f"Ratios are against {REFERENCE}; below 1 means less variance for the same compute.",
+        "`var x steps` = tr Cov(g) of a one-tree estimate x its mean env steps; `along` = the same",
+        "along the true gradient; `matched` = at a fixed env-step budget per batch.",
+        "",
+    ]
+    for name, setting in results["settings"].items():
+        lines += [
+            f"## {name}: {setting['about']}",
+            "",
+            "| config | max abs z | steps/tree | leaves/tree | var x steps (ratio) | var x leaves (ratio) | along x steps (ratio) | matched tr var (ratio) | matched grad-norm var (ratio) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for label, row in setting["configs"].items():
+            pt, r = row["per_tree"], row.get("ratios_vs_reference", {})
+            lines.append(
+                f"| {label} | {pt['max_abs_z']:.1f} | {pt['cost']['env_steps']:.1f} | {pt['cost']['leaves']:.1f} "
+                f"| {pt['trace_var_x_env_steps']:.3g} ({r.get('trace_var_x_env_steps', float('nan')):.2f}) "
+                f"| {pt['trace_var_x_leaves']:.3g} ({r.get('trace_var_x_leaves', float('nan')):.2f}) "
+                f"| {pt['var_along_truth_x_env_steps']:.3g} ({r.get('var_along_truth_x_env_steps', float('nan')):.2f}) "
+                f"| {row['matched_budget']['trace_var']:.3g} ({r.get('matched_trace_var', float('nan')):.2f}) "
+                f"| {row['matched_budget']['grad_norm_var']:.3g} ({r.get('matched_grad_norm_var', float('nan')):.2f}) |"
+            )
+        lines.append("")
+    lines.append("GRPO divides by the group std, so its mean is not the gradient (large |z| is expected).")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/variance", help="output folder")
+    parser.add_argument("--batches", type=int, default=1500, help="one-tree estimates per config")
+    parser.add_argument("--budget-batches", type=int, default=300, help="matched-budget batches per config")
+    parser.add_argument("--warmup", type=int, default=20, help="batches that set adaptive thresholds first")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="fewer configs and samples (~1 min)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batches, args.budget_batches, args.warmup = 300, 60, 10
+    torch.manual_seed(args.seed)
+    results = measure(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "variance.json").write_text(json.dumps(results, indent=2))
+    (out / "variance.md").write_text(markdown(results))
+    print(markdown(results))
+    print(f"wrote {out / 'variance.json'} and {out / 'variance.md'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
