@@ -13,6 +13,7 @@ env of its pool is free.
 
 from __future__ import annotations
 
+import copy
 import pickle
 import weakref
 from collections.abc import Hashable, Sequence
@@ -51,13 +52,15 @@ class Snapshot:
     the env that already holds the state.
     """
 
-    __slots__ = ("_state", "_kind", "_owner", "_released", "__weakref__")
+    __slots__ = ("_state", "_kind", "_owner", "_released", "wrapper_states", "__weakref__")
 
     def __init__(self, owner: SnapshotSupport, kind: Hashable, state: Any) -> None:
         self._owner = weakref.ref(owner)
         self._kind = kind
         self._state = state
         self._released = False
+        self.wrapper_states: tuple[tuple[str, dict[str, Any]], ...] = ()
+        """States of stateful Gymnasium wrappers above the env (see :func:`snapshot`)."""
 
     @property
     def kind(self) -> Hashable:
@@ -97,6 +100,7 @@ class Snapshot:
             "format": PORTABLE_FORMAT,
             "kind": self._kind,
             "state": owner._portable_state(self.state),
+            "wrappers": self.wrapper_states,
         }
         return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -109,6 +113,17 @@ class Snapshot:
     def __repr__(self) -> str:
         status = "released" if self._released else "live"
         return f"Snapshot(kind={self._kind!r}, {status})"
+
+
+def decode_portable(blob: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The payload of ``Snapshot.portable()`` bytes (raises ``SnapshotError`` on anything else)."""
+    try:
+        payload = pickle.loads(bytes(blob))
+    except Exception as exc:
+        raise SnapshotError(f"not a portable snapshot: {exc}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != PORTABLE_FORMAT:
+        raise SnapshotError("not a portable snapshot (unknown format)")
+    return payload
 
 
 class SnapshotSupport:
@@ -144,12 +159,7 @@ class SnapshotSupport:
     def restore(self, snapshot: Snapshot | bytes) -> None:
         """Return to the state saved in ``snapshot`` (a :class:`Snapshot` or ``portable()`` bytes)."""
         if isinstance(snapshot, (bytes, bytearray, memoryview)):
-            try:
-                payload = pickle.loads(bytes(snapshot))
-            except Exception as exc:
-                raise SnapshotError(f"not a portable snapshot: {exc}") from exc
-            if not isinstance(payload, dict) or payload.get("format") != PORTABLE_FORMAT:
-                raise SnapshotError("not a portable snapshot (unknown format)")
+            payload = decode_portable(snapshot)
             self._check_kind(payload["kind"])
             self._apply(self._from_portable(payload["state"]))
             return
@@ -355,15 +365,28 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         return info
 
 
-def _snapshot_owner(env: gym.Env) -> SnapshotSupport:
+# Stateful Gymnasium wrappers whose state bpo_envs.snapshot/restore carry along. TimeLimit
+# matters most: ``gym.make(id, max_episode_steps=N)`` consumes N and adds a TimeLimit, whose
+# step counter must come back with the env's state.
+_WRAPPER_ATTRS: dict[type, tuple[str, ...]] = {
+    gym.wrappers.TimeLimit: ("_elapsed_steps",),
+    gym.wrappers.OrderEnforcing: ("_has_reset",),
+    gym.wrappers.RecordEpisodeStatistics: ("episode_returns", "episode_lengths", "episode_start_time"),
+}
+
+
+def _layers(env: gym.Env) -> tuple[list[Any], SnapshotSupport]:
+    """The wrappers above the first snapshot-capable layer, and that layer."""
+    layers: list[Any] = []
     current: Any = env
     while True:
         if isinstance(current, SnapshotSupport):
-            return current
+            return layers, current
         inner = getattr(type(current), "snapshot", None)
         if callable(inner) and callable(getattr(type(current), "restore", None)):
-            return current
+            return layers, current
         if isinstance(current, gym.Wrapper):
+            layers.append(current)
             current = current.env
             continue
         raise TypeError(
@@ -372,15 +395,55 @@ def _snapshot_owner(env: gym.Env) -> SnapshotSupport:
         )
 
 
+def _snapshot_owner(env: gym.Env) -> SnapshotSupport:
+    return _layers(env)[1]
+
+
+def _capture_wrappers(layers: list[Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    out = []
+    for layer in layers:
+        attrs = _WRAPPER_ATTRS.get(type(layer))
+        if attrs:
+            out.append((type(layer).__qualname__, {a: copy.deepcopy(getattr(layer, a, None)) for a in attrs}))
+    return tuple(out)
+
+
+def _apply_wrappers(layers: list[Any], owner: Any, states: tuple[tuple[str, dict[str, Any]], ...]) -> None:
+    pending: dict[str, list[dict[str, Any]]] = {}
+    for name, state in states:
+        pending.setdefault(name, []).append(state)
+    for layer in layers:
+        if type(layer) not in _WRAPPER_ATTRS:
+            continue
+        saved = pending.get(type(layer).__qualname__)
+        if saved:
+            for attr, value in saved.pop(0).items():
+                setattr(layer, attr, copy.deepcopy(value))
+        elif isinstance(layer, gym.wrappers.TimeLimit) and isinstance(owner, SnapshotEnv):
+            layer._elapsed_steps = owner.elapsed_steps  # a snapshot taken below this wrapper
+        elif isinstance(layer, gym.wrappers.OrderEnforcing):
+            layer._has_reset = True
+
+
 def snapshot(env: gym.Env) -> Snapshot:
     """Snapshot ``env``, seeing through Gymnasium wrappers to the first layer that supports it.
 
-    Wrappers above that layer keep their own state (e.g. episode statistics), which the
-    snapshot does not capture.
+    The state of Gymnasium's stateful wrappers above that layer (``TimeLimit``'s step counter,
+    ``OrderEnforcing``, ``RecordEpisodeStatistics``) travels with the snapshot; other wrappers
+    with state of their own are not captured.
     """
-    return _snapshot_owner(env).snapshot()
+    layers, owner = _layers(env)
+    snap = owner.snapshot()
+    snap.wrapper_states = _capture_wrappers(layers)
+    return snap
 
 
 def restore(env: gym.Env, snap: Snapshot | bytes) -> None:
     """Restore ``snap`` into ``env``, seeing through wrappers (see :func:`snapshot`)."""
-    _snapshot_owner(env).restore(snap)
+    layers, owner = _layers(env)
+    owner.restore(snap)
+    if isinstance(snap, Snapshot):
+        states = snap.wrapper_states
+    else:
+        states = decode_portable(snap).get("wrappers", ())
+    _apply_wrappers(layers, owner, states)

@@ -9,7 +9,10 @@ below. Anything outside it is folded by :func:`to_observation` (NFKD decompositi
 
 from __future__ import annotations
 
+import functools
 import unicodedata
+
+import numpy as np
 
 from gymnasium import spaces
 
@@ -40,9 +43,38 @@ OBSERVATION_MAX_LENGTH = 1 << 18
 ACTION_MAX_LENGTH = 1 << 14
 
 
+@functools.lru_cache(maxsize=1)
+def _charset_tables() -> tuple[frozenset[str], tuple[str, ...], dict[str, np.int32], str]:
+    template = spaces.Text(max_length=1, min_length=0, charset=TEXT_CHARSET)
+    return template._char_set, template._char_list, template._char_index, template._char_str
+
+
+class SharedCharsetText(spaces.Text):
+    """``Text`` over :data:`TEXT_CHARSET` whose charset tables are built once per process.
+
+    Gymnasium's ``Text`` builds a list, a set and an index of its charset per instance (about
+    380 KB for this charset); every env has two spaces, so sharing the read-only tables keeps
+    an extra env instance small. Each instance keeps its own random generator.
+    """
+
+    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | None = None) -> None:
+        if not 0 <= min_length <= max_length:
+            raise ValueError(f"need 0 <= min_length <= max_length, got {min_length}, {max_length}")
+        self.min_length = int(min_length)
+        self.max_length = int(max_length)
+        self._char_set, self._char_list, self._char_index, self._char_str = _charset_tables()
+        spaces.Space.__init__(self, dtype=str, seed=seed)
+
+    def __reduce__(self):  # pickles (async vector envs) without the tables
+        return (SharedCharsetText, (self.max_length,), {"min_length": self.min_length})
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(self.max_length, min_length=state.get("min_length", 0))
+
+
 def text_space(max_length: int) -> spaces.Text:
     """A ``Text`` space over :data:`TEXT_CHARSET` (the empty string included)."""
-    return spaces.Text(max_length=max_length, min_length=0, charset=TEXT_CHARSET)
+    return SharedCharsetText(max_length, min_length=0)
 
 
 def _fold(ch: str) -> str:

@@ -8,10 +8,11 @@ count towards ``max_episode_steps``, default ``2 * depth``).
 Two reward structures:
 
 * ``decisive_levels=None`` (random): ``R(leaf) = u(leaf)``, one uniform draw per leaf.
-* ``decisive_levels=(l1, l2, ...)`` (agent-like): ``R = sum_l w_l u_l(prefix_l) / sum_l w_l``
-  with one uniform draw per (level, prefix), ``w_l = 1`` at decisive levels and
-  ``routine_weight`` (default 0.05) elsewhere, so the action moves the return a lot at a few
-  levels and barely at the others, as in agent episodes.
+* ``decisive_levels=(l1, l2, ...)`` (agent-like): ``R = sum_l w_l u_l(d_<l, a_l) / sum_l w_l``
+  with one uniform draw per (level, decisive actions before it, own action), ``w_l = 1`` at
+  decisive levels and ``routine_weight`` (default 0.05) elsewhere. The action moves the return
+  a lot at a few levels and barely at the others, as in agent episodes: a routine action
+  changes only its own small term, never what the later decisions are worth.
 
 ``won`` is ``R >= win_threshold`` (default 0.5). ``n_tasks`` independent trees share the env;
 the task id (an int) is part of every observation.
@@ -109,7 +110,10 @@ class TreeMDPEnv(SnapshotEnv):
         total = weight = 0.0
         for level in range(self.depth):
             w = 1.0 if level in self.decisive_levels else self.routine_weight
-            total += w * _uniform(self.seed_value, task, level, self.n_actions, *path[: level + 1])
+            # a level's draw depends on its own action and the decisive actions before it only,
+            # so routine actions move the return by their own small term and nothing else
+            decided = tuple(path[d] for d in self.decisive_levels if d < level)
+            total += w * _uniform(self.seed_value, task, level, self.n_actions, decided, path[level])
             weight += w
         return total / weight
 
