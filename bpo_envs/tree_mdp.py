@@ -14,6 +14,9 @@ Two reward structures:
   a lot at a few levels and barely at the others, as in agent episodes: a routine action
   changes only its own small term, never what the later decisions are worth.
 
+With ``observe="state"`` the observation is the Markov state (depth, decisive actions so far)
+instead of the path, so many paths share a state (a DAG MDP).
+
 ``won`` is ``R >= win_threshold`` (default 0.5). ``n_tasks`` independent trees share the env;
 the task id (an int) is part of every observation.
 
@@ -54,6 +57,7 @@ class TreeMDPEnv(SnapshotEnv):
         decisive_levels: Sequence[int] | None = None,
         routine_weight: float = 0.05,
         n_tasks: int = 1,
+        observe: str = "path",
         win_threshold: float = 0.5,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
@@ -68,6 +72,10 @@ class TreeMDPEnv(SnapshotEnv):
                 raise ValueError(
                     f"decisive_levels must be non-empty levels in [0, {depth}), got {decisive_levels}"
                 )
+        if observe not in ("path", "state"):
+            raise ValueError(f"observe must be 'path' or 'state', got {observe!r}")
+        if observe == "state" and decisive_levels is None:
+            raise ValueError("observe='state' needs decisive_levels (the state is the decisions made)")
         if not 0.0 <= routine_weight <= 1.0:
             raise ValueError(f"routine_weight must be in [0, 1], got {routine_weight}")
         super().__init__(
@@ -81,6 +89,7 @@ class TreeMDPEnv(SnapshotEnv):
         self.routine_weight = float(routine_weight)
         self.n_tasks = int(n_tasks)
         self.win_threshold = float(win_threshold)
+        self.observe = observe
         self.actions: tuple[str, ...] = tuple(f"a{i}" for i in range(self.n_actions))
         self._action_index = {a: i for i, a in enumerate(self.actions)}
         self._path: tuple[int, ...] = ()
@@ -91,8 +100,18 @@ class TreeMDPEnv(SnapshotEnv):
         return list(range(self.n_tasks))
 
     def observation_of(self, task: int, path: Sequence[int]) -> str:
-        """The observation at a node (the key a tabular policy learns under)."""
-        name = "/".join(["root", *(self.actions[i] for i in path)])
+        """The observation at a node (the key a tabular policy learns under).
+
+        ``observe="path"`` names the node by its path from the root; ``observe="state"`` (agent-
+        like trees only) by its depth and the decisive actions taken so far, which is all the
+        reward depends on: routine detours lead to the same state, as in agent tasks where a
+        harmless extra ``look`` does not change what the next decision is worth.
+        """
+        if self.observe == "state":
+            decided = [self.actions[path[d]] for d in self.decisive_levels if d < len(path)]
+            name = f"state[{len(path)}; decided {'/'.join(decided) or '-'}]"
+        else:
+            name = "/".join(["root", *(self.actions[i] for i in path)])
         if len(path) == self.depth:
             return f"tree {task} leaf {name}: reward {self.reward_of(task, path):.4f}"
         return (
@@ -157,6 +176,7 @@ class TreeMDPEnv(SnapshotEnv):
             self.routine_weight,
             self.n_tasks,
             self.win_threshold,
+            self.observe,
         )
 
     def _info(self) -> dict[str, Any]:

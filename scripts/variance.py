@@ -72,6 +72,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "budget": 192,
         "about": "depth 8, one decisive level (5); policy confident except there",
     },
+    "agent-state-d8": {
+        "env": {"depth": 8, "n_actions": 3, "seed": 2, "decisive_levels": (5,), "routine_weight": 0.05, "observe": "state"},
+        "logits": agent_logits,
+        "budget": 192,
+        "about": "as agent-like-d8, observing the state (depth, decisions so far) instead of the path",
+    },
 }
 
 

@@ -259,3 +259,12 @@ def test_gym_make_max_episode_steps_time_limit_is_part_of_the_snapshot():
     bpo_envs.restore(env, blob)
     assert not env.step("a0")[3] and env.step("a0")[3]
     check_snapshot(env, seed=0, steps=6)
+
+
+def test_state_observations_merge_routine_detours():
+    env = make_tree(depth=4, n_actions=2, decisive_levels=(2,), observe="state").unwrapped
+    assert env.observation_of(0, (0, 1)) == env.observation_of(0, (1, 0))
+    assert env.observation_of(0, (0, 1, 0)) != env.observation_of(0, (0, 1, 1))
+    check_snapshot(make_tree(depth=4, decisive_levels=(2,), observe="state"), seed=0, steps=8)
+    with pytest.raises(ValueError, match="observe"):
+        make_tree(observe="state")

@@ -87,6 +87,14 @@ def test_bpo_is_unbiased_on_agent_like_tree():
     assert max(abs(z) for z in zs) < Z_MAX, f"z-scores {zs}"
 
 
+def test_bpo_is_unbiased_when_paths_share_states():
+    """``observe="state"``: many paths reach the same observation, so a tabular entry collects
+    terms from several places of one tree (as an LLM's shared parameters do)."""
+    algorithm = BPO(backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.6, max_branch_points=2, aggregation="step-sum", seed=9)
+    zs = _z_scores(algorithm, {**AGENT_TREE, "observe": "state"}, policy_seed=2)
+    assert max(abs(z) for z in zs) < Z_MAX, f"z-scores {zs}"
+
+
 def test_rule1_violation_is_detected():
     algorithm = BPO(backbones=2, branch_factor=2, entropy_threshold=1.0, aggregation="step-sum", seed=7)
     zs = _z_scores(algorithm, RANDOM_TREE, sampler_wrapper=PeekingPolicy)

@@ -44,13 +44,6 @@ from bpo_envs.webshop.reward import get_reward, resolve_noun_parser, token_set_r
 
 OBSERVATION_MODES = ("text", "text_rich")
 DEFAULT_MAX_STEPS = 15
-_SPACES: dict[int, Any] = {}
-
-
-def _shared_space(space: Any) -> Any:
-    # A Text space over the wide charset costs ~380 KB (gymnasium builds per-instance lookup
-    # tables); every env instance of the process shares one per max_length instead.
-    return _SPACES.setdefault(space.max_length, space)
 
 
 class Session(NamedTuple):
@@ -111,8 +104,6 @@ class WebShopEnv(SnapshotEnv):
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
-        self.observation_space = _shared_space(self.observation_space)
-        self.action_space = _shared_space(self.action_space)
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):

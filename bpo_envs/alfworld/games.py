@@ -1,0 +1,221 @@
+"""Where ALFWorld games come from: the user's ALFWorld data, or the offline generator's cache.
+
+Both use alfworld's layout: ``json_2.1.1/<split>/<task folder>/<trial>/game.tw-pddl`` with
+``traj_data.json`` beside it. A task id is ``"<task folder>/<trial>"`` relative to the split
+folder, so it is the same in every process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bpo_envs.alfworld._upstream import cache_root, upstream
+from bpo_envs.alfworld.generator import (
+    GENERATOR_VERSION,
+    SPLITS,
+    TASK_TYPES,
+    GenerationFailed,
+    generate_problem,
+)
+
+GAME_FILE = "game.tw-pddl"
+TRAJ_FILE = "traj_data.json"
+_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
+MAX_ATTEMPTS = 200
+
+
+def _check_task_types(task_types: Sequence[str] | None) -> tuple[str, ...]:
+    if task_types is None:
+        return TASK_TYPES
+    if isinstance(task_types, str):
+        task_types = (task_types,)
+    bad = [t for t in task_types if t not in TASK_TYPES]
+    if bad or not task_types:
+        raise ValueError(f"task_types must be a non-empty subset of {TASK_TYPES}, got {list(task_types)}")
+    return tuple(t for t in TASK_TYPES if t in task_types)
+
+
+def read_game(path: Path) -> dict[str, Any]:
+    """Read a ``game.tw-pddl`` file; raise ``FileNotFoundError``/``ValueError`` naming ``path``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"ALFWorld game file not found: {path}")
+    try:
+        game = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed ALFWorld game file {path}: {exc}") from exc
+    if not isinstance(game, dict):
+        raise ValueError(f"malformed ALFWorld game file {path}: expected a JSON object")
+    missing = [k for k in _GAME_KEYS if not isinstance(game.get(k), str)]
+    if missing:
+        raise ValueError(f"malformed ALFWorld game file {path}: missing or non-text {missing}")
+    return game
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _fill_goal(game: dict[str, Any], traj: dict[str, Any], task_id: str) -> dict[str, Any]:
+    """alfworld's ``add_task_to_grammar`` with the template picked by the task id, not by the
+    unseeded global ``random``."""
+    if "UNKNOWN GOAL" not in game["grammar"]:
+        return game
+    params = traj.get("pddl_params") or {}
+    kind = traj.get("task_type", "") + ("_slice" if params.get("object_sliced") else "")
+    templates = upstream()["goal_library"].gdict.get(kind, {}).get("templates")
+    if not templates:
+        raise ValueError(f"traj_data for {task_id} has an unknown task_type {kind!r}")
+    pick = int(hashlib.blake2b(task_id.encode(), digest_size=4).hexdigest(), 16) % len(templates)
+    goal = templates[pick].format(
+        obj=str(params.get("object_target", "")).lower(),
+        recep=str(params.get("parent_target", "")).lower(),
+        toggle=str(params.get("toggle_target", "")).lower(),
+        mrecep=str(params.get("mrecep_target", "")).lower(),
+    )
+    return dict(game, grammar=game["grammar"].replace("UNKNOWN GOAL", goal))
+
+
+class DataGames:
+    """Games from an ALFWorld data folder (``$ALFWORLD_DATA`` or its ``json_2.1.1`` child)."""
+
+    def __init__(self, data_dir: str | os.PathLike, split: str, task_types: Sequence[str] | None) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        base = Path(data_dir).expanduser()
+        root = base / "json_2.1.1" if (base / "json_2.1.1").is_dir() else base
+        self.root = (root / split).resolve()
+        if not self.root.is_dir():
+            raise FileNotFoundError(
+                f"no ALFWorld split folder {root / split} (expected {base}/json_2.1.1/{split}/"
+                f"<task>/<trial>/{GAME_FILE})"
+            )
+        self.split = split
+        self.task_types = _check_task_types(task_types)
+        ids = []
+        for game_path in sorted(self.root.glob(f"*/*/{GAME_FILE}")):
+            task_dir = game_path.parent.parent.name
+            if "movable" in task_dir or "Sliced" in task_dir:
+                continue  # alfworld skips these too
+            if task_dir.split("-", 1)[0] not in self.task_types:
+                continue
+            ids.append(f"{task_dir}/{game_path.parent.name}")
+        if not ids:
+            raise FileNotFoundError(
+                f"no {GAME_FILE} games of types {list(self.task_types)} under {self.root}"
+            )
+        self._ids = ids
+        self.identity = ("data", str(self.root), self.task_types)
+
+    def task_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("-", 1)[0]
+
+    def game(self, task_id: str) -> dict[str, Any]:
+        folder = self.root / task_id
+        game = read_game(folder / GAME_FILE)
+        if game.get("solvable") is False:
+            raise ValueError(f"{folder / GAME_FILE} is marked unsolvable")
+        traj_path = folder / TRAJ_FILE
+        traj: dict[str, Any] = {}
+        if traj_path.is_file():
+            try:
+                traj = json.loads(traj_path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"malformed {traj_path}: {exc}") from exc
+        elif "UNKNOWN GOAL" in game["grammar"]:
+            raise FileNotFoundError(f"{traj_path} is missing and {folder / GAME_FILE} has no goal text")
+        return _fill_goal(game, traj, task_id)
+
+
+class GeneratedGames:
+    """Games from the offline generator, cached on disk in alfworld's layout.
+
+    Task ``"<task_type>/<index>"`` is generated the first time it is asked for (a few hundred
+    ms: the planner checks it) and read from the cache afterwards. Every cached game was solved
+    by Fast Downward and does not hold its goal at the start.
+    """
+
+    def __init__(self, split: str, task_types: Sequence[str] | None, games_per_type: int, seed: int) -> None:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if isinstance(games_per_type, bool) or not isinstance(games_per_type, int) or games_per_type < 1:
+            raise ValueError(f"games_per_type must be a positive int, got {games_per_type!r}")
+        self.split = split
+        self.seed = int(seed)
+        self.task_types = _check_task_types(task_types)
+        self.games_per_type = games_per_type
+        self.root = cache_root() / f"generated-v{GENERATOR_VERSION}" / f"seed{self.seed}" / "json_2.1.1" / split
+        self._ids = [f"{t}/{i:04d}" for t in self.task_types for i in range(games_per_type)]
+        self._lock = threading.Lock()
+        self.identity = ("generated", GENERATOR_VERSION, self.seed, split, self.task_types, games_per_type)
+
+    def task_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def task_type(self, task_id: str) -> str:
+        return task_id.split("/", 1)[0]
+
+    def game(self, task_id: str) -> dict[str, Any]:
+        path = self.root / task_id / GAME_FILE
+        if path.is_file():
+            try:
+                return read_game(path)
+            except ValueError:
+                pass  # a damaged cache entry is regenerated
+        task_type, index = task_id.split("/", 1)
+        with self._lock:
+            game, traj = make_verified_game(task_type, self.split, int(index), self.seed)
+            _write_json(path.parent / TRAJ_FILE, traj)
+            _write_json(path, game)
+        return game
+
+
+_VERIFIER: Any = None
+_VERIFIER_LOCK = threading.Lock()
+
+
+def make_verified_game(task_type: str, split: str, index: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Generate game ``index`` and check it with the planner: not won at the start, and the
+    planner's plan, played command by command, wins. Returns ``(game, traj_data)``."""
+    from bpo_envs.alfworld.engine import AlfredEngine
+
+    global _VERIFIER
+    with _VERIFIER_LOCK:
+        if _VERIFIER is None:
+            _VERIFIER = AlfredEngine()
+        engine = _VERIFIER
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                problem = generate_problem(task_type, split, index, seed, attempt)
+            except GenerationFailed:
+                continue
+            game = problem.game()
+            engine.load(game, f"verify:{split}:{task_type}:{index}:{attempt}")
+            if engine.won:
+                continue
+            plan = engine.plan()
+            if not plan:
+                continue
+            for command in plan:
+                if not engine.is_admissible(command):
+                    break
+                engine.step(command)
+            if not engine.won:
+                continue
+            game["solvable"] = True
+            game["walkthrough"] = plan
+            return game, problem.traj_data
+    raise RuntimeError(f"could not generate a solvable {task_type} game #{index} in {MAX_ATTEMPTS} attempts")

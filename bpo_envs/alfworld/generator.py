@@ -1,0 +1,359 @@
+"""A deterministic offline generator of ALFWorld-format games for the six ALFWorld task types.
+
+A game is what ``alfworld-generate`` writes to ``game.tw-pddl``: a JSON object
+``{pddl_domain, grammar, pddl_problem, solvable, walkthrough}``, plus the ``traj_data.json``
+fields that name the task. Everything comes from the ``alfworld`` wheel:
+
+* rooms: the AI2-THOR floor plans shipped in ``alfworld/gen/layouts`` (kitchens 1-30, living
+  rooms 201-230, bedrooms 301-330, bathrooms 401-430): their receptacle instances and
+  interaction points (``FloorPlanN-openable.json``) and the object classes present
+  (``FloorPlanN-objects.json``); ``train`` uses ``TRAIN_SCENE_NUMBERS``, ``valid_unseen`` the
+  test scenes, ``valid_seen`` the train scenes under another seed;
+* constraints: ``alfworld/gen/constants.py`` (which receptacle can hold which object, which
+  objects are cleanable/heatable/coolable/sliceable/toggleable, which receptacles open);
+* goals: the PDDL goals and the goal templates of ``alfworld/gen/goal_library.py``;
+* names: THOR object ids (``Cabinet|+00.68|+00.50|-02.20``, ``Sink|...|SinkBasin``) escaped as
+  alfworld does (``Cabinet_bar__plus_00_dot_68...``), so alfworld's demangler names them
+  ``cabinet 1``, ``sinkbasin 1``...
+
+:func:`generate_problem` is pure: the same ``(task_type, split, index, seed, attempt)`` gives
+the same text in every process (its randomness is a ``random.Random`` seeded by a hash, never
+the global generator). Checking that the planner solves the game is done by the caller
+(:mod:`bpo_envs.alfworld.games`), which retries with the next ``attempt`` when it does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from bpo_envs.alfworld._upstream import domain_text, grammar_text, upstream
+
+TASK_TYPES: tuple[str, ...] = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+"""The six ALFWorld task types, in alfworld's order (``TASK_TYPES`` 1-6)."""
+
+SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
+GENERATOR_VERSION = 1
+MAX_RECEPTACLES = 24
+
+# the appliance a task type needs, which is then not also the place to put the object
+_APPLIANCE = {
+    "pick_clean_then_place_in_recep": ("SinkBasin", "Cleanable"),
+    "pick_heat_then_place_in_recep": ("Microwave", "Heatable"),
+    "pick_cool_then_place_in_recep": ("Fridge", "Coolable"),
+}
+_LAMPS = ("DeskLamp", "FloorLamp")
+_LAMP_SURFACES = ("SideTable", "Desk", "Dresser", "DiningTable", "CoffeeTable", "TVStand", "Shelf")
+# classes that appear in canContain lists but are fixtures of the room, not things to carry
+_NOT_CARRIED = {"Painting", "Plunger"}
+# instances of a static receptacle class that a floor plan lists in objects.json without an
+# interaction point (the layouts record points only for receptacles the generator opened)
+_SYNTHESISED_COUNT = {"StoveBurner": 4}
+
+
+def _escape(thor_id: str) -> str:
+    """alfworld's ``fix_pddl_str_chars``: THOR id -> PDDL name."""
+    table = {"-": "_minus_", "|": "_bar_", "+": "_plus_", ".": "_dot_", ",": "_comma_"}
+    return "".join(table.get(ch, ch) for ch in thor_id)
+
+
+def _rng(*key: Any) -> random.Random:
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=16).digest()
+    return random.Random(int.from_bytes(digest, "little"))
+
+
+@dataclass(frozen=True)
+class Scene:
+    number: int
+    room: str
+    receptacles: tuple[tuple[str, str, tuple[float, float, int, int]], ...]  # (id, class, point)
+    object_classes: tuple[str, ...]
+
+
+def _receptacle_class(thor_id: str) -> str:
+    parts = thor_id.split("|")
+    return parts[-1] if len(parts) == 5 else parts[0]
+
+
+def _room(number: int) -> str:
+    for room, numbers in upstream()["constants"].SCENE_TYPE.items():
+        if number in numbers:
+            return room
+    raise ValueError(f"floor plan {number} is not an ALFRED scene")
+
+
+@cache
+def load_scene(number: int) -> Scene:
+    """Receptacles (with interaction points) and object classes of AI2-THOR floor plan ``number``."""
+    c = upstream()["constants"]
+    layouts = upstream()["layouts"]
+    points = json.loads((layouts / f"FloorPlan{number}-openable.json").read_text())
+    classes = json.loads((layouts / f"FloorPlan{number}-objects.json").read_text())
+    static = set(c.RECEPTACLES) - set(c.MOVABLE_RECEPTACLES)
+    receptacles = []
+    for thor_id in sorted(points):
+        cls = _receptacle_class(thor_id)
+        if cls in static:
+            x, z, rot, hor = points[thor_id]
+            receptacles.append((thor_id, cls, (float(x), float(z), int(rot), int(hor))))
+    present = {cls for _, cls, _ in receptacles}
+    rng = _rng("scene", number)
+    for cls in sorted(set(classes) & static - present):
+        for _ in range(_SYNTHESISED_COUNT.get(cls, 1)):
+            x, z = rng.randint(-12, 12) * 0.25, rng.randint(-12, 12) * 0.25
+            y = rng.choice((0.0, 0.9, 1.1))
+            thor_id = f"{cls}|{x + 0.1:+06.2f}|{y:+06.2f}|{z + 0.3:+06.2f}"
+            if cls.endswith("Basin"):  # THOR names a basin after its fixture: Sink|x|y|z|SinkBasin
+                thor_id = f"{cls[: -len('Basin')]}|{thor_id.split('|', 1)[1]}|{cls}"
+            receptacles.append((thor_id, cls, (x, z, rng.choice((0, 90, 180, 270)), 30)))
+    objects = tuple(sorted(cls for cls in set(classes) if cls not in static))
+    return Scene(number, _room(number), tuple(receptacles), objects)
+
+
+def _thin(receptacles: list, rng: random.Random) -> list:
+    """Drop instances of the most repeated classes (cabinets, drawers) down to
+    :data:`MAX_RECEPTACLES`, keeping one of each class: ALFWorld's rooms have about 20
+    receptacles, and Fast Downward's optimal plans take minutes in the 50-receptacle kitchens."""
+    receptacles = list(receptacles)
+    while len(receptacles) > MAX_RECEPTACLES:
+        counts: dict[str, int] = {}
+        for _, cls, _ in receptacles:
+            counts[cls] = counts.get(cls, 0) + 1
+        most = max(sorted(counts), key=counts.__getitem__)
+        victims = [i for i, r in enumerate(receptacles) if r[1] == most]
+        del receptacles[rng.choice(victims)]
+    return receptacles
+
+
+def _location(point: tuple[float, float, int, int]) -> str:
+    x, z, rot, hor = point
+    return f"loc|{round(x / 0.25)}|{round(z / 0.25)}|{rot // 90 % 4}|{hor}"
+
+
+@cache
+def _tables() -> dict[str, Any]:
+    c = upstream()["constants"]
+    holds = {r: frozenset(o) for r, o in c.VAL_RECEPTACLE_OBJECTS.items()}
+    carried = set().union(*holds.values())
+    carried = {o for o in carried if not o.endswith("Sliced") and o not in _NOT_CARRIED}
+    return {
+        "holds": holds,
+        "carried": frozenset(carried),
+        "actions": {k: frozenset(v) for k, v in c.VAL_ACTION_OBJECTS.items()},
+        "openable": frozenset(c.OPENABLE_CLASS_SET),
+        "movable": frozenset(c.MOVABLE_RECEPTACLES),
+        "train": tuple(c.TRAIN_SCENE_NUMBERS),
+        "test": tuple(c.TEST_SCENE_NUMBERS),
+    }
+
+
+class GenerationFailed(ValueError):
+    """This attempt drew a scene/target combination that cannot pose the task."""
+
+
+@dataclass
+class GeneratedProblem:
+    """One candidate game: the PDDL problem, the goal text and its ``traj_data`` fields."""
+
+    pddl_problem: str
+    goal_text: str
+    traj_data: dict[str, Any]
+
+    def game(self) -> dict[str, Any]:
+        """The ``game.tw-pddl`` JSON (``solvable``/``walkthrough`` still unset)."""
+        return {
+            "pddl_domain": domain_text(),
+            "grammar": grammar_text().replace("UNKNOWN GOAL", self.goal_text),
+            "pddl_problem": self.pddl_problem,
+            "solvable": None,
+            "walkthrough": None,
+        }
+
+
+def _scenes_for(task_type: str, split: str, rng: random.Random) -> list[int]:
+    t = _tables()
+    numbers = list(t["test"] if split == "valid_unseen" else t["train"])
+    rng.shuffle(numbers)
+    return numbers
+
+
+def generate_problem(task_type: str, split: str, index: int, seed: int = 0, attempt: int = 0) -> GeneratedProblem:
+    """Draw game ``index`` of ``task_type`` for ``split``; raise :class:`GenerationFailed` when the
+    drawn scene cannot pose the task (the caller moves on to ``attempt + 1``)."""
+    if task_type not in TASK_TYPES:
+        raise ValueError(f"unknown task type {task_type!r}; expected one of {TASK_TYPES}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    rng = _rng(GENERATOR_VERSION, seed, split, task_type, index, attempt)
+    t = _tables()
+    scene = load_scene(_scenes_for(task_type, split, rng)[0])
+    scene_receptacles = _thin(list(scene.receptacles), rng)
+    recep_classes = sorted({cls for _, cls, _ in scene_receptacles})
+    carried = [cls for cls in scene.object_classes if cls in t["carried"]]
+    lamps = [cls for cls in scene.object_classes if cls in _LAMPS]
+    surfaces = [cls for cls in recep_classes if cls in _LAMP_SURFACES]
+
+    def can_hold(recep: str, obj: str) -> bool:
+        return obj in t["holds"].get(recep, ())
+
+    # ---- the task's targets ----
+    toggle = ""
+    if task_type == "look_at_obj_in_light":
+        if not lamps or not surfaces:
+            raise GenerationFailed(f"FloorPlan{scene.number} has no lamp on a table")
+        toggle = rng.choice(lamps)
+        obj_choices = [o for o in carried if any(can_hold(r, o) for r in recep_classes)]
+        if not obj_choices:
+            raise GenerationFailed("nothing to look at")
+        obj, recep = rng.choice(obj_choices), ""
+    else:
+        appliance, skill = _APPLIANCE.get(task_type, (None, None))
+        if appliance is not None and appliance not in recep_classes:
+            raise GenerationFailed(f"FloorPlan{scene.number} has no {appliance}")
+        pairs = [
+            (o, r)
+            for o in carried
+            if skill is None or o in t["actions"][skill]
+            for r in recep_classes
+            if r != appliance and can_hold(r, o)
+            # somewhere else to start from, so that the goal does not hold at the start
+            and any(can_hold(r2, o) for r2 in recep_classes if r2 != r)
+        ]
+        if not pairs:
+            raise GenerationFailed(f"FloorPlan{scene.number} has no target pair for {task_type}")
+        obj, recep = rng.choice(pairs)
+
+    # ---- receptacles, locations, agent ----
+    receptacles = []  # (pddl id, class, location)
+    used_locations = set()
+    for thor_id, cls, point in scene_receptacles:
+        x, z, rot, hor = point
+        loc = _location(point)
+        while loc in used_locations:  # two receptacles at one spot: step aside, one location each
+            x += 0.25
+            loc = _location((x, z, rot, hor))
+        used_locations.add(loc)
+        receptacles.append((_escape(thor_id), cls, _escape(loc)))
+    used_locations = {_escape(loc) for loc in used_locations}
+    while True:
+        start = f"loc|{rng.randint(-12, 12)}|{rng.randint(-12, 12)}|{rng.randint(0, 3)}|30"
+        if _escape(start) not in used_locations:
+            break
+    start = _escape(start)
+
+    # ---- objects ----
+    def instances(cls: str) -> int:
+        if cls == obj and task_type == "pick_two_obj_and_place":
+            return rng.choice((2, 2, 3))
+        return rng.choice((1, 1, 1, 2, 2, 3))
+
+    objects = []  # (pddl id, class, receptacle pddl id)
+    taken = set()
+    for cls in carried + lamps:
+        if cls in _LAMPS:
+            if cls != toggle and rng.random() < 0.5:
+                continue
+            hosts = [r for r in receptacles if r[1] in _LAMP_SURFACES]
+            count = 1
+        else:
+            hosts = [r for r in receptacles if can_hold(r[1], cls) and not (cls == obj and r[1] == recep)]
+            count = instances(cls)
+        if not hosts:
+            continue
+        for _ in range(count):
+            while True:
+                coords = (rng.randint(-300, 300) / 100, rng.randint(0, 200) / 100, rng.randint(-300, 300) / 100)
+                thor_id = f"{cls}|{coords[0]:+06.2f}|{coords[1]:+06.2f}|{coords[2]:+06.2f}"
+                if thor_id not in taken:
+                    taken.add(thor_id)
+                    break
+            host = rng.choice(hosts)
+            objects.append((_escape(thor_id), cls, host[0]))
+    if not any(cls == obj for _, cls, _ in objects):
+        raise GenerationFailed(f"no place for a {obj} in FloorPlan{scene.number}")
+    if toggle and not any(cls == toggle for _, cls, _ in objects):
+        raise GenerationFailed(f"no place for the {toggle}")
+
+    problem = _problem_text(f"gen_{task_type}_{split}_{seed}_{index}", receptacles, objects, start, t)
+    goal_pddl = upstream()["goal_library"].gdict[task_type]["pddl"]
+    goal_pddl = goal_pddl.format(obj=obj, recep=recep, toggle=toggle, mrecep="").replace("#", "-")
+    problem = problem + goal_pddl.strip() + "\n"
+    template = rng.choice(upstream()["goal_library"].gdict[task_type]["templates"])
+    goal_text = template.format(obj=obj.lower(), recep=recep.lower(), toggle=toggle.lower(), mrecep="")
+    traj_data = {
+        "task_type": task_type,
+        "task_id": f"gen_{seed}_{split}_{task_type}_{index:05d}",
+        "pddl_params": {
+            "object_target": obj,
+            "parent_target": recep,
+            "toggle_target": toggle,
+            "mrecep_target": "",
+            "object_sliced": False,
+        },
+        "scene": {"floor_plan": f"FloorPlan{scene.number}", "scene_num": scene.number, "room": scene.room},
+        "turk_annotations": {"anns": [{"task_desc": goal_text[0].upper() + goal_text[1:] + "."}]},
+        "generator": {"version": GENERATOR_VERSION, "seed": seed, "index": index, "attempt": attempt},
+    }
+    return GeneratedProblem(problem, goal_text, traj_data)
+
+
+def _problem_text(
+    name: str,
+    receptacles: list[tuple[str, str, str]],
+    objects: list[tuple[str, str, str]],
+    start: str,
+    t: dict[str, Any],
+) -> str:
+    rclasses = sorted({cls for _, cls, _ in receptacles})
+    oclasses = sorted({cls for _, cls, _ in objects})
+    locations = sorted({loc for _, _, loc in receptacles} | {start})
+    decl = ["agent1 - agent"]
+    decl += [f"{cls}Type - otype" for cls in oclasses]
+    decl += [f"{cls}Type - rtype" for cls in rclasses]
+    decl += [f"{oid} - object" for oid, _, _ in objects]
+    decl += [f"{rid} - receptacle" for rid, _, _ in receptacles]
+    decl += [f"{loc} - location" for loc in locations]
+    init = ["(= (total-cost) 0)"]
+    init += [f"(receptacleType {rid} {cls}Type)" for rid, cls, _ in receptacles]
+    init += [f"(objectType {oid} {cls}Type)" for oid, cls, _ in objects]
+    init += [
+        f"(canContain {r}Type {o}Type)" for r in rclasses for o in oclasses if o in t["holds"].get(r, ())
+    ]
+    for oid, cls, _ in objects:
+        if cls in _LAMPS:
+            init.append(f"(toggleable {oid})")
+            continue
+        init.append(f"(pickupable {oid})")
+        if cls in t["movable"]:
+            init.append(f"(isReceptacleObject {oid})")
+        for predicate, skill in (
+            ("cleanable", "Cleanable"),
+            ("heatable", "Heatable"),
+            ("coolable", "Coolable"),
+            ("sliceable", "Sliceable"),
+        ):
+            if cls in t["actions"][skill]:
+                init.append(f"({predicate} {oid})")
+    init += [f"(openable {rid})" for rid, cls, _ in receptacles if cls in t["openable"]]
+    init.append(f"(atLocation agent1 {start})")
+    where = {rid: loc for rid, _, loc in receptacles}
+    init += [f"(inReceptacle {oid} {rid})" for oid, _, rid in objects]
+    init += [f"(receptacleAtLocation {rid} {loc})" for rid, _, loc in receptacles]
+    init += [f"(objectAtLocation {oid} {where[rid]})" for oid, _, rid in objects]
+    lines = [f"(define (problem {name})", "(:domain alfred)", "(:objects"]
+    lines += ["    " + d for d in decl]
+    lines += ["    )", "(:init"]
+    lines += ["    " + f for f in init]
+    lines += ["    )", ""]
+    return "\n".join(lines)

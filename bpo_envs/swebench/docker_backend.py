@@ -1,0 +1,288 @@
+"""The docker backend: SWE-bench images (or a local image for ``repo_path`` rows) via docker-py.
+
+Containers start with ``init=True`` and no network, run ``sleep infinity`` and take one
+``docker exec`` per step (``timeout -s KILL`` and ``head -c`` bound time and output). A snapshot
+is ``container.commit()`` (the whole filesystem; not processes); restore and fork start a new
+container from that image; containers are removed with ``remove(force=True)`` (a plain stop
+waits for the grace period). Grading applies the diff of ``/testbed`` against ``base_commit``
+(taken in a fork of the final state) to a fresh container of the instance image and runs the
+swebench eval script there. ``portable()`` carries ``/testbed`` only (a tar), rebuilt on the
+instance image by the receiver. Unlike the local backend, a process an agent starts in the
+background stays alive across steps (and keeps its step open until the timeout).
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bpo_envs.swebench.output import CommandResult, OutputCollector
+
+DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
+SNAPSHOT_REPO = "bpo-gym/swebench-snapshot"
+
+
+def docker_client() -> Any:
+    """A docker-py client whose daemon answers; raise with how to get one otherwise."""
+    try:
+        import docker
+    except ImportError as exc:
+        raise RuntimeError("the docker backend needs docker-py: pip install 'bpo-gym[swe]'") from exc
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
+        raise RuntimeError(
+            "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
+            f"dockerd (scripts/setup/swebench.sh does both) ({exc})"
+        ) from exc
+    return client
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class DockerState:
+    """A committed image holding the container's filesystem."""
+
+    image: str
+
+
+class DockerBackend:
+    """The env's view of the docker backend (same methods as ``LocalBackend``)."""
+
+    _build_lock = threading.Lock()
+    # snapshot images of every backend in this process: a fork restored into another env keeps
+    # using an image after its own env closed, so each close() retries all of them
+    _all_snapshots: set[str] = set()
+
+    def __init__(self, kind: Hashable, image: str | None = None) -> None:
+        self.client = docker_client()
+        self.base_image = image or DEFAULT_IMAGE
+        self.container: Any = None
+        self._images: dict[str, str] = {}
+        self._removals: list[threading.Thread] = []
+
+    # ---- images ----------------------------------------------------------------------
+    def _has_image(self, name: str) -> bool:
+        import docker
+
+        try:
+            self.client.images.get(name)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    def _swebench_names(self, row: dict[str, Any]) -> list[str]:
+        key = f"sweb.eval.x86_64.{row['instance_id'].lower()}:latest"
+        return [key, "swebench/" + key.replace("__", "_1776_")]
+
+    def instance_image(self, row: dict[str, Any]) -> str:
+        """The image of ``row``: its ``image`` column, swebench's name, or one built locally."""
+        iid = row["instance_id"]
+        if iid in self._images:
+            return self._images[iid]
+        if row.get("image"):
+            names = [row["image"]]
+        elif row.get("repo_path"):
+            names = [f"bpo-gym/sweb.eval.{iid.lower()}:{row['base_commit'][:12]}"]
+            with self._build_lock:
+                if not self._has_image(names[0]):
+                    self._build(row, names[0])
+        else:
+            names = self._swebench_names(row)
+        for name in names:
+            if self._has_image(name):
+                self._images[iid] = name
+                return name
+        raise RuntimeError(
+            f"no local image for {iid} (looked for {names}); nothing can be pulled here: build or "
+            "load it first (swebench.harness.prepare_images with DOCKER_BUILDKIT=0)"
+        )
+
+    def _build(self, row: dict[str, Any], name: str) -> None:
+        """Commit ``base_image`` + the repo at base_commit in /testbed as ``name``."""
+        from bpo_envs.swebench.local import make_testbed
+
+        if not self._has_image(self.base_image):
+            raise RuntimeError(
+                f"the base image {self.base_image} is missing: run scripts/setup/swebench.sh"
+            )
+        with tempfile.TemporaryDirectory(prefix="bpo-swe-img-") as tmp:
+            make_testbed(Path(tmp) / "testbed", row["repo_path"], row["base_commit"])
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(Path(tmp) / "testbed", arcname="testbed")
+        box = self._start(self.base_image)
+        try:
+            box.exec_run(["rm", "-rf", "/testbed"])
+            box.put_archive("/", buf.getvalue())
+            repo, tag = name.rsplit(":", 1)
+            box.commit(repository=repo, tag=tag, changes=["WORKDIR /testbed"])
+        finally:
+            box.remove(force=True)
+
+    def check(self, rows: Sequence[dict[str, Any]]) -> None:
+        for row in rows:
+            if not (row.get("image") or row.get("repo_path")):
+                names = self._swebench_names(row)
+                if not any(self._has_image(n) for n in names):
+                    raise ValueError(
+                        f"{row['instance_id']}: no `image`, no `repo_path` and none of {names} "
+                        "exists locally"
+                    )
+
+    # ---- containers ------------------------------------------------------------------
+    def _start(self, image: str) -> Any:
+        return self.client.containers.run(
+            image, ["sleep", "infinity"], detach=True, init=True, network_mode="none",
+            working_dir="/testbed", labels={"bpo-gym": "swebench"},
+        )
+
+    def _replace(self, image: str) -> None:
+        old, self.container = self.container, None
+        self.container = self._start(image)
+        if old is not None:
+            # removing takes ~150 ms; the new container does not wait for it (close() does)
+            self._reap()
+            thread = threading.Thread(target=self._remove, args=(old,), daemon=True)
+            thread.start()
+            self._removals.append(thread)
+
+    @staticmethod
+    def _remove(box: Any) -> None:
+        import docker
+
+        try:
+            box.remove(force=True)
+        except docker.errors.APIError:
+            pass
+
+    def _reap(self, wait: bool = False) -> None:
+        for thread in self._removals:
+            if wait:
+                thread.join()
+        self._removals = [t for t in self._removals if t.is_alive()]
+
+    def _exec(self, box: Any, script: str, timeout: float, cap: int) -> CommandResult:
+        wrapped = (
+            f"timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null 2>&1 "
+            f"| head -c {cap}; exit ${{PIPESTATUS[0]}}"
+        )
+        api = self.client.api
+        exec_id = api.exec_create(box.id, ["bash", "-c", wrapped], workdir="/testbed")["Id"]
+        collector = OutputCollector(cap)
+        started = time.monotonic()
+        for chunk in api.exec_start(exec_id, stream=True):
+            collector.feed(chunk)
+        rc = api.exec_inspect(exec_id)["ExitCode"]
+        text, elided = collector.result()
+        # timeout(1) -s KILL exits 128 + 9 when it fired
+        timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5
+        killed = collector.total_bytes >= cap
+        return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
+
+    # ---- the backend interface -------------------------------------------------------
+    def reset(self, row: dict[str, Any]) -> None:
+        self._replace(self.instance_image(row))
+
+    def run(self, command: str, timeout: float, kill_after_bytes: int) -> CommandResult:
+        return self._exec(self.container, command, timeout, kill_after_bytes)
+
+    def capture(self) -> DockerState:
+        tag = uuid.uuid4().hex[:16]
+        image = self.container.commit(repository=SNAPSHOT_REPO, tag=tag)
+        name = f"{SNAPSHOT_REPO}:{tag}" if image else tag
+        self._all_snapshots.add(name)
+        return DockerState(name)
+
+    def apply(self, state: DockerState, row: dict[str, Any] | None) -> None:
+        self._replace(state.image)
+
+    def portable(self, state: DockerState, row: dict[str, Any]) -> bytes:
+        box = self._start(state.image)
+        try:
+            stream, _ = box.get_archive("/testbed")
+            return b"".join(stream)
+        finally:
+            box.remove(force=True)
+
+    def from_portable(self, data: bytes, row: dict[str, Any]) -> DockerState:
+        box = self._start(self.instance_image(row))
+        try:
+            box.exec_run(["rm", "-rf", "/testbed"])
+            box.put_archive("/", data)
+            tag = uuid.uuid4().hex[:16]
+            box.commit(repository=SNAPSHOT_REPO, tag=tag)
+            self._all_snapshots.add(f"{SNAPSHOT_REPO}:{tag}")
+            return DockerState(f"{SNAPSHOT_REPO}:{tag}")
+        finally:
+            box.remove(force=True)
+
+    def release(self, state: DockerState) -> None:
+        import docker
+
+        try:
+            self.client.images.remove(state.image, noprune=False)
+            self._all_snapshots.discard(state.image)
+        except docker.errors.ImageNotFound:
+            self._all_snapshots.discard(state.image)
+        except docker.errors.APIError:
+            pass  # still used by a container; retried at close()
+
+    def model_patch(self, row: dict[str, Any]) -> str:
+        """The diff against base_commit, taken (like mini-swe-agent) in a fork of the state."""
+        state = self.capture()
+        fork = self._start(state.image)
+        try:
+            result = self._exec(
+                fork, f"git -c core.fileMode=false add -A && git diff --cached --binary {row['base_commit']}",
+                120, 256 << 20,
+            )
+        finally:
+            fork.remove(force=True)
+            self.release(state)
+        return result.output if result.exit_code == 0 else ""
+
+    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
+        from bpo_envs.swebench import harness
+
+        box = self._start(self.instance_image(row))
+        try:
+            box.put_archive("/", _tar({"bpo_eval/patch.diff": patch.encode(),
+                                       "bpo_eval/eval.sh": script.encode()}))
+            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
+            result = self._exec(box, runner, timeout, 256 << 20)
+        finally:
+            box.remove(force=True)
+        log = result.output
+        if result.timed_out:
+            log += "\n" + harness.timeout_marker() + "\n"
+        return log
+
+    def close(self) -> None:
+
+        if self.container is not None:
+            self._remove(self.container)
+            self.container = None
+        self._reap(wait=True)
+        for name in list(self._all_snapshots):
+            self.release(DockerState(name))

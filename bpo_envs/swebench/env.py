@@ -1,0 +1,250 @@
+"""``BPO-SWEBench-v0``: SWE-bench instances as a snapshottable shell env, graded by swebench."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bpo_envs.core import SnapshotEnv
+from bpo_envs.swebench import harness
+from bpo_envs.swebench.instances import load_instances
+from bpo_envs.swebench.output import CommandResult
+
+SUBMIT = "submit"
+MINI_SWE_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+BACKENDS = ("local", "docker")
+
+INTRO = """You are working in a checkout of {repo} at /testbed (a git repository at the commit the
+issue was reported against). Fix the issue below by editing the source code.
+
+Each action is one bash command, run in a fresh shell in /testbed (timeout {timeout:g} s); you
+see its output and exit code. When you are done, send `submit` (or a command whose output's
+first line is {mini}). Your changes (git diff against the base commit) are then graded by the
+repository's tests.
+
+<issue>
+{problem}
+</issue>"""
+
+# commands for check_snapshot's random walks: reads, edits, deletions, new files, modes, links
+# (no timestamps or directory sizes: restores do not keep them)
+_SAMPLE_ACTIONS = (
+    "ls -AF",
+    "find . -path ./.git -prune -o -type f -printf '%M %s %p\\n' | sort",
+    "git status --short",
+    "cat README.md | head -5",
+    "echo 'note' >> README.md",
+    "rm -f README.md",
+    "mkdir -p scratch && echo data > scratch/file.txt",
+    "rm -rf scratch",
+    "chmod +x setup.cfg pyproject.toml 2>/dev/null; stat -c '%A %n' *",
+    "ln -sf README.md link.md && readlink link.md",
+    "git stash list; git log --oneline | head -3",
+    "find . -path ./.git -prune -o -type f -print | sort | head -20",
+    "sed -i 's/def /def  /' $(git ls-files '*.py' | head -1) && git diff --stat",
+    "",
+    "printf 'x%.0s' $(seq 1 20000)",
+)
+
+
+class SWEBenchEnv(SnapshotEnv):
+    """SWE-bench(-Verified) instances: one bash command per step in ``/testbed``, then grading.
+
+    Args:
+        instances: a SWE-bench json / jsonl / parquet file, a swebench task-repo folder, a list of
+            rows, or None for the bundled instances (small real repos, built on first use).
+        backend: ``"local"`` (bubblewrap sandbox over a working copy; rows need ``repo_path``)
+            or ``"docker"`` (real SWE-bench images or a local image, via docker-py).
+        step_timeout: seconds one command may run before it is killed.
+        eval_timeout: seconds the grading test run may take.
+        max_episode_steps: steps before truncation (the diff is then graded as submitted).
+        max_output_bytes: a command printing more than this is killed (its output is elided).
+        python: the interpreter the local sandbox exposes (default: the one running this).
+        docker_image: for ``backend="docker"``, the image rows without ``image`` are built on
+            (the local image made by ``scripts/setup/swebench.sh``) when they carry
+            ``repo_path``; otherwise swebench's ``sweb.eval.*`` image names are used.
+
+    Reward: 1.0 when swebench resolves the instance (every FAIL_TO_PASS and PASS_TO_PASS test
+    passes), else 0.0. ``info`` after grading: ``resolved``, ``fail_to_pass`` and
+    ``pass_to_pass`` (fractions), ``tests_status``, ``patch``, ``patch_applied``.
+    """
+
+    def __init__(
+        self,
+        instances: str | Path | Iterable[Mapping[str, Any]] | None = None,
+        backend: str = "local",
+        *,
+        step_timeout: float = 60.0,
+        eval_timeout: float = 900.0,
+        max_episode_steps: int = 50,
+        max_output_bytes: int = 64 << 20,
+        python: str | None = None,
+        docker_image: str | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        for name, value in (("step_timeout", step_timeout), ("eval_timeout", eval_timeout)):
+            if not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(max_output_bytes, int) or max_output_bytes < 1024:
+            raise ValueError(f"max_output_bytes must be an int >= 1024, got {max_output_bytes!r}")
+        super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
+        rows = load_instances(instances)
+        self._rows = {row["instance_id"]: row for row in rows}
+        self._ids = [row["instance_id"] for row in rows]
+        self.backend_name = backend
+        self.step_timeout = float(step_timeout)
+        self.eval_timeout = float(eval_timeout)
+        self.max_output_bytes = int(max_output_bytes)
+        identity = hashlib.blake2b(
+            repr([(r["instance_id"], r["base_commit"], r.get("repo_path"), r.get("image"))
+                  for r in rows]).encode(),
+            digest_size=8,
+        ).hexdigest()
+        self._kind = ("SWEBench", backend, identity, self.step_timeout, self.max_output_bytes,
+                      python, docker_image, self.max_episode_steps)
+        if backend == "local":
+            from bpo_envs.swebench.local import LocalBackend
+
+            self._backend: Any = LocalBackend(self._kind, python=python)
+        else:
+            from bpo_envs.swebench.docker_backend import DockerBackend
+
+            self._backend = DockerBackend(self._kind, image=docker_image)
+        self._backend.check(rows)
+        self._finalizer = weakref.finalize(self, self._backend.close)
+        self._row: dict[str, Any] | None = None
+
+    # ---- tasks ---------------------------------------------------------------------------
+    def task_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def instance(self, task_id: str | None = None) -> dict[str, Any]:
+        """The SWE-bench row of ``task_id`` (default: the current task)."""
+        key = self.task_id if task_id is None else task_id
+        return dict(self._rows[key])
+
+    def _intro(self, row: dict[str, Any]) -> str:
+        return INTRO.format(repo=row["repo"], timeout=self.step_timeout, mini=MINI_SWE_SUBMIT,
+                            problem=row["problem_statement"].strip())
+
+    def _reset_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        row = self._rows[task_id]
+        self._backend.reset(row)
+        self._row = row
+        return self._intro(row), {"instance_id": task_id, "repo": row["repo"]}
+
+    # ---- steps ---------------------------------------------------------------------------
+    def _invalid(self, why: str) -> tuple[str, float, bool, dict[str, Any]]:
+        return f"Invalid action: {why}", 0.0, False, {"invalid_action": True}
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        assert self._row is not None
+        last = self.elapsed_steps + 1 >= self.max_episode_steps
+        command = action.strip()
+        if command == SUBMIT:
+            return self._grade("Submitted.")
+        if not command:
+            obs, reward, done, info = self._invalid("empty command; send one bash command or `submit`")
+        elif "\0" in action:
+            obs, reward, done, info = self._invalid("the command contains a NUL character")
+        elif len(action) > self.action_space.max_length:
+            obs, reward, done, info = self._invalid(
+                f"the command is {len(action)} characters long; the limit is "
+                f"{self.action_space.max_length}"
+            )
+        else:
+            result: CommandResult = self._backend.run(action, self.step_timeout,
+                                                      self.max_output_bytes)
+            obs = result.observation(self.step_timeout)
+            info = {"exit_code": result.exit_code, "timed_out": result.timed_out}
+            reward, done = 0.0, False
+            if result.output.lstrip().split("\n", 1)[0].strip() == MINI_SWE_SUBMIT:
+                return self._grade(obs + "\nSubmitted.")
+        if last:
+            obs2, reward, done, info2 = self._grade(obs + "\nStep limit reached; graded as submitted.")
+            info2.update({k: v for k, v in info.items() if k not in info2})
+            return obs2, reward, False, info2
+        return obs, reward, done, info
+
+    def _grade(self, prefix: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Grade the testbed's diff against base_commit in a fork; the episode ends."""
+        row = self._row
+        assert row is not None
+        patch = self._backend.model_patch(row)
+        plan = harness.eval_plan(row)
+        with tempfile.TemporaryDirectory(prefix="bpo-swe-eval-") as tmp:
+            log_path = Path(tmp) / "test_output.txt"
+            log = self._backend.run_eval(row, patch, plan.script, self.eval_timeout)
+            log_path.write_text(log, encoding="utf-8")
+            verdict = harness.grade(plan, str(log_path))
+        reward = 1.0 if verdict.resolved else 0.0
+        obs = (
+            f"{prefix}\nGrading: {'RESOLVED' if verdict.resolved else 'not resolved'} "
+            f"(FAIL_TO_PASS {verdict.fail_to_pass:.2f}, PASS_TO_PASS {verdict.pass_to_pass:.2f})"
+        )
+        info = {
+            "won": verdict.resolved,
+            "resolved": verdict.resolved,
+            "resolution_status": verdict.status,
+            "patch_applied": verdict.patch_applied,
+            "fail_to_pass": verdict.fail_to_pass,
+            "pass_to_pass": verdict.pass_to_pass,
+            "tests_status": verdict.report,
+            "patch": patch,
+        }
+        return obs, reward, True, info
+
+    # ---- snapshots -----------------------------------------------------------------------
+    def _snapshot_kind(self) -> Any:
+        return self._kind
+
+    def _get_state(self) -> Any:
+        return (self._row["instance_id"] if self._row else None, self._backend.capture())
+
+    def _set_state(self, state: Any) -> None:
+        task_id, inner = state
+        self._row = self._rows[task_id] if task_id is not None else None
+        self._backend.apply(inner, self._row)
+
+    def _portable_task_state(self, inner: Any) -> Any:
+        task_id, state = inner
+        return task_id, self._backend.portable(state, self._rows[task_id])
+
+    def _task_state_from_portable(self, obj: Any) -> Any:
+        task_id, data = obj
+        return task_id, self._backend.from_portable(data, self._rows[task_id])
+
+    def _release_task_state(self, inner: Any) -> None:
+        self._backend.release(inner[1])
+
+    # ---- helpers -------------------------------------------------------------------------
+    def expert_actions(self) -> list[str]:
+        """Apply the gold patch (reverting local edits first) and submit."""
+        if self._row is None:
+            raise RuntimeError("call reset() first")
+        patch = self._row["patch"]
+        if not patch:
+            raise ValueError(f"instance {self._row['instance_id']!r} has no gold patch")
+        delim = "BPO_GOLD_PATCH_" + hashlib.blake2b(patch.encode(), digest_size=6).hexdigest()
+        return [
+            f"git checkout -q {self._row['base_commit']} -- . && git clean -fdq && "
+            f"git apply --whitespace=nowarn - <<'{delim}'\n{patch}\n{delim}",
+            SUBMIT,
+        ]
+
+    def sample_action(self, rng: np.random.Generator) -> str:
+        return _SAMPLE_ACTIONS[int(rng.integers(len(_SAMPLE_ACTIONS)))]
+
+    def close(self) -> None:
+        self._finalizer()
+        super().close()
+
+

@@ -1,0 +1,199 @@
+"""Glue to the ``swebench`` harness (4.x): eval scripts from rows, grading of test logs.
+
+``swebench`` is imported lazily (its import costs ~2 s). Why 4.x: swebench 5.x's
+``make_test_spec`` needs the 5.x columns (``image``, ``eval_script``, ``log_parser``,
+``eval_type``) and 5.x no longer has the repo/version table (``MAP_REPO_VERSION_TO_SPECS``)
+that turns a classic Verified row into an eval script; 4.1.0 still builds eval scripts from
+classic rows. Rows that carry the 5.x columns are honoured too: their ``eval_script`` is run as
+is and ``log_parser`` is looked up by name among swebench's parsers.
+
+A row for a repository swebench does not know (the bundled ones) carries ``test_cmd`` and
+``log_parser``; it is registered into swebench's tables so that swebench's own
+``make_eval_script_list`` and ``get_logs_eval`` handle it like any other repository.
+We never call ``make_test_spec``: for many Verified repos it downloads requirements files.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+_PARSER_MODULES = ("python", "javascript", "c", "go", "java", "php", "ruby", "rust")
+CONDA_SHIM = """# bpo-gym: stands in for conda in sandboxes without it; swebench eval scripts
+# call `source /opt/miniconda3/bin/activate` and `conda activate testbed`.
+conda() { :; }
+"""
+
+
+def swebench_modules() -> dict[str, Any]:
+    """Import the harness pieces used here; raise with the install command when missing."""
+    try:
+        import swebench
+        from swebench.harness import constants, grading, log_parsers
+        from swebench.harness.test_spec import create_scripts, test_spec
+    except ImportError as exc:
+        raise RuntimeError(
+            "BPO-SWEBench-v0 grades with the swebench harness (4.x): "
+            "pip install 'bpo-gym[swe]'  (or pip install 'swebench>=4.1,<5')"
+        ) from exc
+    if not hasattr(constants, "MAP_REPO_VERSION_TO_SPECS"):
+        raise RuntimeError(
+            f"swebench {getattr(swebench, '__version__', '?')} has no MAP_REPO_VERSION_TO_SPECS "
+            "(5.x cannot build eval scripts from classic rows): pip install 'swebench>=4.1,<5'"
+        )
+    return {
+        "constants": constants,
+        "grading": grading,
+        "log_parsers": log_parsers,
+        "create_scripts": create_scripts,
+        "test_spec": test_spec,
+        "version": getattr(swebench, "__version__", "?"),
+    }
+
+
+def _parser_by_name(name: str) -> Any:
+    for module in _PARSER_MODULES:
+        try:
+            mod = importlib.import_module(f"swebench.harness.log_parsers.{module}")
+        except ImportError:
+            continue
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            return fn
+    raise ValueError(f"swebench has no log parser named {name!r}")
+
+
+def _register(row: dict[str, Any], sb: dict[str, Any]) -> None:
+    """Make swebench's tables know ``row``'s repo/version (for repos it does not ship)."""
+    c = sb["constants"]
+    repo, version = row["repo"], row["version"]
+    known = repo in c.MAP_REPO_VERSION_TO_SPECS and version in c.MAP_REPO_VERSION_TO_SPECS[repo]
+    if known:
+        return
+    test_cmd = row.get("test_cmd")
+    if not test_cmd and not row.get("eval_script"):
+        raise ValueError(
+            f"instance {row['instance_id']!r}: swebench {sb['version']} has no specs for "
+            f"{repo} version {version!r}; give the row a `test_cmd` (and `log_parser`) or an "
+            "`eval_script`"
+        )
+    c.MAP_REPO_VERSION_TO_SPECS.setdefault(repo, {})[version] = {
+        "python": "3", "test_cmd": test_cmd or "true",
+    }
+    c.MAP_REPO_TO_EXT.setdefault(repo, "py")
+    sb["log_parsers"].MAP_REPO_TO_PARSER.setdefault(
+        repo, _parser_by_name(row.get("log_parser") or "parse_log_pytest")
+    )
+
+
+@dataclass
+class EvalPlan:
+    """How one instance is graded: the script to run in ``/testbed`` and swebench's TestSpec."""
+
+    script: str
+    test_spec: Any
+    eval_type: Any
+    swebench_version: str
+
+
+@dataclass
+class Grade:
+    """swebench's verdict on one test log."""
+
+    resolved: bool
+    status: str
+    patch_applied: bool
+    fail_to_pass: float
+    pass_to_pass: float
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def eval_plan(row: dict[str, Any]) -> EvalPlan:
+    """The eval script (swebench-built for classic rows, the row's own for 5.x rows)."""
+    sb = swebench_modules()
+    _register(row, sb)
+    c = sb["constants"]
+    if row.get("eval_script"):
+        script = row["eval_script"]
+        script_list: list[str] = [script]
+    else:
+        specs = c.MAP_REPO_VERSION_TO_SPECS[row["repo"]][row["version"]]
+        script_list = sb["create_scripts"].make_eval_script_list(
+            row, specs, "testbed", "/testbed", row["base_commit"], row["test_patch"]
+        )
+        script = None
+    spec = sb["test_spec"].TestSpec(
+        instance_id=row["instance_id"],
+        repo=row["repo"],
+        version=row["version"],
+        repo_script_list=[],
+        eval_script_list=script_list,
+        env_script_list=[],
+        arch="x86_64",
+        FAIL_TO_PASS=list(row["FAIL_TO_PASS"]),
+        PASS_TO_PASS=list(row["PASS_TO_PASS"]),
+        language=c.MAP_REPO_TO_EXT.get(row["repo"], "py"),
+        docker_specs={},
+        namespace=None,
+    )
+    eval_type_name = row.get("eval_type") or (
+        c.EvalType.FAIL_ONLY.value if row["repo"] in c.FAIL_ONLY_REPOS else c.EvalType.PASS_AND_FAIL.value
+    )
+    return EvalPlan(
+        script=script if script is not None else spec.eval_script,
+        test_spec=spec,
+        eval_type=c.EvalType(eval_type_name),
+        swebench_version=sb["version"],
+    )
+
+
+def apply_commands() -> list[str]:
+    """swebench's patch-application fallbacks (``run_evaluation.GIT_APPLY_CMDS``)."""
+    return ["git apply --verbose", "git apply --verbose --reject", "patch --batch --fuzz=5 -p1 -i"]
+
+
+def runner_script(patch_path: str, eval_path: str) -> str:
+    """Bash that applies the model patch like swebench's ``run_instance``, then runs the eval."""
+    c = swebench_modules()["constants"]
+    tries = " || ".join(f"{cmd} {patch_path}" for cmd in apply_commands())
+    return (
+        "cd /testbed\n"
+        f"if [ -s {patch_path} ]; then\n"
+        f"  if {tries}; then echo '{c.APPLY_PATCH_PASS}'; "
+        f"else echo '{c.APPLY_PATCH_FAIL}'; exit 0; fi\n"
+        "fi\n"
+        f"bash {eval_path}\n"
+    )
+
+
+def timeout_marker() -> str:
+    return swebench_modules()["constants"].TESTS_TIMEOUT
+
+
+def grade(plan: EvalPlan, log_path: str) -> Grade:
+    """Grade a test log with swebench's ``get_logs_eval`` and report functions."""
+    sb = swebench_modules()
+    g, c = sb["grading"], sb["constants"]
+    status_map, applied = g.get_logs_eval(plan.test_spec, log_path)
+    ref = {
+        "instance_id": plan.test_spec.instance_id,
+        c.FAIL_TO_PASS: plan.test_spec.FAIL_TO_PASS,
+        c.PASS_TO_PASS: plan.test_spec.PASS_TO_PASS,
+    }
+    report = g.get_eval_tests_report(status_map, ref, eval_type=plan.eval_type)
+    if not applied:
+        # swebench marks the run unresolved; every listed test counts as failed
+        report = {
+            c.FAIL_TO_PASS: {"success": [], "failure": list(plan.test_spec.FAIL_TO_PASS)},
+            c.PASS_TO_PASS: {"success": [], "failure": list(plan.test_spec.PASS_TO_PASS)},
+        }
+    status = g.get_resolution_status(report)
+    return Grade(
+        resolved=applied and status == c.ResolvedStatus.FULL.value,
+        status=status if applied else c.ResolvedStatus.NO.value,
+        patch_applied=applied,
+        fail_to_pass=float(g.compute_fail_to_pass(report)) if plan.test_spec.FAIL_TO_PASS else 1.0,
+        pass_to_pass=float(g.compute_pass_to_pass(report)) if plan.test_spec.PASS_TO_PASS else 1.0,
+        report={k: v for k, v in report.items() if k in (c.FAIL_TO_PASS, c.PASS_TO_PASS)},
+    )
