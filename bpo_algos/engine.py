@@ -26,6 +26,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,14 +39,24 @@ from bpo_algos.policy.base import Action, Context, Policy
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 EnvFn = Callable[[], gym.Env]
+StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 
 
 class EnvPool:
-    """Envs made lazily from ``env_fns``, lent to paths one at a time."""
+    """Envs made lazily from ``env_fns``, lent to paths one at a time.
 
-    def __init__(self, env_fns: Sequence[EnvFn]) -> None:
+    ``workers > 1`` steps the lent envs in a thread pool (worth it when a step waits on a
+    subprocess or a container, as SWE-bench commands do); the default steps them in turn.
+    A distributed pool implements the same methods.
+    """
+
+    def __init__(self, env_fns: Sequence[EnvFn], *, workers: int = 1) -> None:
         if not env_fns:
             raise ValueError("env_fns must hold at least one env factory")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        self.workers = workers
+        self._executor: ThreadPoolExecutor | None = None
         self._fns = list(env_fns)
         self._envs: list[gym.Env | None] = [None] * len(self._fns)
         self._free: list[int] = list(range(len(self._fns)))
@@ -82,7 +93,18 @@ class EnvPool:
             raise RuntimeError("env released twice")
         self._free.append(slot)
 
+    def step_many(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> list[StepResult]:
+        """``env.step(action)`` for each pair, in order of the inputs."""
+        if self.workers == 1 or len(envs) < 2:
+            return [env.step(action) for env, action in zip(envs, actions, strict=True)]
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="bpo-env")
+        return list(self._executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions, strict=True)))
+
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         for env in self._envs:
             if env is not None:
                 env.close()
@@ -343,9 +365,10 @@ class RolloutEngine:
                 path.pending = None
 
         finished: list[TreeBuild] = []
-        for path in ready:
-            done = self._step(path, chosen[id(path)], meter)
-            if done:
+        actions = [chosen[id(path)] for path in ready]
+        results = self.pool.step_many([p.env for p in ready], [a.command for a in actions])
+        for path, action, result in zip(ready, actions, results, strict=True):
+            if self._record(path, action, result, meter):
                 self.pool.release(path.env)
                 path.env = None
                 path.build.open_paths -= 1
@@ -369,8 +392,9 @@ class RolloutEngine:
         if not path.is_root:
             path.branch_points += 1
 
-    def _step(self, path: PathState, action: Action, meter: ComputeMeter) -> bool:
-        obs, reward, terminated, truncated, info = path.env.step(action.command)
+    def _record(self, path: PathState, action: Action, result: StepResult, meter: ComputeMeter) -> bool:
+        """Add the step's edge to the tree; True when the path's episode ended."""
+        obs, reward, terminated, truncated, info = result
         meter.env_steps += 1
         tc = path.build.tree.compute
         tc.env_steps += 1
