@@ -70,6 +70,22 @@ def test_gold_patch_resolves(env, task_id):
     assert info["patch"].strip() and "RESOLVED" in obs
 
 
+def test_gold_patch_longer_than_one_action_is_sent_in_chunks():
+    from bpo_envs.text import text_space
+
+    env = gym.make("BPO-SWEBench-v0", step_timeout=20)
+    try:
+        env.unwrapped.action_space = text_space(400)  # force the chunked path
+        env.reset(options={"task_id": IDS[0]})
+        actions = env.unwrapped.expert_actions()
+        assert len(actions) > 3 and all(len(a) <= 400 for a in actions)
+        for action in actions:
+            obs, reward, terminated, truncated, info = env.step(action)
+        assert terminated and reward == 1.0 and info["won"]
+    finally:
+        env.close()
+
+
 def test_no_change_scores_zero(env):
     env.reset(options={"task_id": "bpo-gym__intervals-1"})
     obs, reward, terminated, _, info = env.step("submit")

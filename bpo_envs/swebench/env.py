@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import tempfile
 import weakref
@@ -233,12 +234,19 @@ class SWEBenchEnv(SnapshotEnv):
         patch = self._row["patch"]
         if not patch:
             raise ValueError(f"instance {self._row['instance_id']!r} has no gold patch")
+        reset = f"git checkout -q {self._row['base_commit']} -- . && git clean -fdq"
         delim = "BPO_GOLD_PATCH_" + hashlib.blake2b(patch.encode(), digest_size=6).hexdigest()
-        return [
-            f"git checkout -q {self._row['base_commit']} -- . && git clean -fdq && "
-            f"git apply --whitespace=nowarn - <<'{delim}'\n{patch}\n{delim}",
-            SUBMIT,
-        ]
+        single = f"{reset} && git apply --whitespace=nowarn - <<'{delim}'\n{patch}\n{delim}"
+        if len(single) <= self.action_space.max_length:
+            return [single, SUBMIT]
+        # a patch longer than one action: write it base64-encoded in chunks, then apply it
+        encoded = base64.b64encode(patch.encode()).decode()
+        chunk = self.action_space.max_length - 200
+        staging = ".bpo_gold_patch.b64"
+        actions = [f"{reset} && rm -f {staging}"]
+        actions += [f"printf '%s' '{encoded[i:i + chunk]}' >> {staging}" for i in range(0, len(encoded), chunk)]
+        actions.append(f"base64 -d {staging} | git apply --whitespace=nowarn - && rm -f {staging}")
+        return [*actions, SUBMIT]
 
     def sample_action(self, rng: np.random.Generator) -> str:
         return _SAMPLE_ACTIONS[int(rng.integers(len(_SAMPLE_ACTIONS)))]
