@@ -29,6 +29,8 @@ from bpo_algos.engine import EnvFn, EnvPool
 
 def flat_gradient(parameters: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     """All gradients as one vector (zeros where a parameter has none)."""
+    if not parameters:
+        return torch.zeros(0)
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in parameters])
 
 
@@ -57,22 +59,23 @@ def gradient_samples(
 
     Each sample is one ``collect`` (one tree per task, or as many as ``budget`` allows) and one
     backward pass of the algorithm's loss. ``sampler`` (default ``policy``) collects; the
-    gradient is taken with respect to ``policy``'s parameters. The parameter set must not grow
-    while sampling (pre-populate tabular entries).
+    gradient is taken with respect to ``policy``'s parameters. A policy that appends parameters
+    while collecting (new tabular entries) is handled: earlier estimates are zero on them, which
+    is what their gradient was.
     """
-    params = [p for p in policy.parameters() if p.requires_grad]
-    size = sum(p.numel() for p in params)
     pool = env_fns if isinstance(env_fns, EnvPool) else EnvPool(env_fns)
-    grads = torch.empty(n, size)
+    rows: list[torch.Tensor] = []
     costs: list[dict[str, float]] = []
     trees: list[int] = []
+    params: list[torch.nn.Parameter] = []
     try:
-        for i in range(n):
+        for _ in range(n):
             batch = algorithm.collect(sampler or policy, pool, tasks, budget)
+            params = [p for p in policy.parameters() if p.requires_grad]
             for p in params:
                 p.grad = None
             algorithm.loss(policy, batch).backward()
-            grads[i] = -flat_gradient(params)
+            rows.append(-flat_gradient(params))
             costs.append(batch.compute.to_dict())
             trees.append(batch.n_trees)
     finally:
@@ -80,8 +83,10 @@ def gradient_samples(
             p.grad = None
         if not isinstance(env_fns, EnvPool):
             pool.close()
-    if sum(p.numel() for p in policy.parameters() if p.requires_grad) != size:
-        raise RuntimeError("the policy grew while sampling gradients: pre-populate its entries")
+    size = max((r.numel() for r in rows), default=0)
+    grads = torch.zeros(len(rows), size)
+    for i, row in enumerate(rows):
+        grads[i, : row.numel()] = row
     return GradientSamples(grads, costs, trees)
 
 
