@@ -71,29 +71,53 @@ class ComputeMeter:
         return asdict(self)
 
 
-@dataclass(frozen=True)
 class Budget:
     """A per-batch budget: collection starts no new tree once ``amount`` of ``unit`` is spent.
 
-    A tree in progress is always finished (cutting it would bias the estimate), so a batch can
-    overshoot by up to the cost of the trees in flight; the engine reports what was used.
+    ``Budget("env_steps", 512)`` or ``Budget(env_steps=512)``. A tree in progress is always
+    finished (cutting it would bias the estimate); the engine starts another tree only while the
+    batch is expected to end closer to the budget with it, and reports what was used.
     """
 
-    unit: str
-    amount: float
+    __slots__ = ("unit", "amount")
 
-    def __post_init__(self) -> None:
-        if self.unit not in COMPUTE_UNITS:
-            raise ValueError(f"budget unit must be one of {COMPUTE_UNITS}, got {self.unit!r}")
-        if isinstance(self.amount, bool) or not isinstance(self.amount, int | float) or not self.amount > 0:
-            raise ValueError(f"budget amount must be a positive number, got {self.amount!r}")
+    def __init__(self, unit: str | None = None, amount: float | None = None, **by_unit: float) -> None:
+        if by_unit:
+            if unit is not None or amount is not None or len(by_unit) != 1:
+                raise ValueError(f"budget takes one unit, as Budget(unit, amount) or Budget(unit=amount); got {by_unit}")
+            ((unit, amount),) = by_unit.items()
+        if unit not in COMPUTE_UNITS:
+            raise ValueError(f"budget unit must be one of {COMPUTE_UNITS}, got {unit!r}")
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+            raise ValueError(f"budget amount must be a positive number, got {amount!r}")
+        object.__setattr__(self, "unit", unit)
+        object.__setattr__(self, "amount", amount)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Budget is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Budget) and (self.unit, self.amount) == (other.unit, other.amount)
+
+    def __hash__(self) -> int:
+        return hash((self.unit, self.amount))
+
+    def __repr__(self) -> str:
+        return f"Budget({self.unit!r}, {self.amount!r})"
+
+    def __reduce__(self):
+        return (Budget, (self.unit, self.amount))
 
     def exhausted(self, meter: ComputeMeter) -> bool:
         return meter.get(self.unit) >= self.amount
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"unit": self.unit, "amount": self.amount}
+
     @classmethod
-    def parse(cls, value: Budget | dict[str, Any] | tuple[str, float] | None) -> Budget | None:
-        """Accept a Budget, ``{"unit": u, "amount": a}``, ``(u, a)``, ``{u: a}`` or None."""
+    def parse(cls, value: Budget | dict[str, Any] | tuple[str, float] | float | None) -> Budget | None:
+        """Accept a Budget, ``{"unit": u, "amount": a}``, ``{u: a}``, ``(u, a)``, a bare number
+        (env steps) or None (no budget)."""
         if value is None or isinstance(value, Budget):
             return value
         if isinstance(value, dict):
@@ -102,6 +126,8 @@ class Budget:
             if len(value) == 1:
                 ((unit, amount),) = value.items()
                 return cls(unit, amount)
-        if isinstance(value, tuple) and len(value) == 2:
+        if isinstance(value, tuple | list) and len(value) == 2:
             return cls(*value)
-        raise ValueError(f"budget must be a Budget, (unit, amount) or {{unit: amount}}, got {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return cls("env_steps", value)
+        raise ValueError(f"budget must be a Budget, (unit, amount), {{unit: amount}} or a number of env steps, got {value!r}")

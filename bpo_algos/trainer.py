@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +286,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "history": self.history,
             "total_compute": self.total_compute.to_dict(),
-            "config": {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in vars(self.config).items() if k != "out_dir"},
+            "config": {k: (v.to_dict() if isinstance(v, Budget) else v) for k, v in vars(self.config).items() if k != "out_dir"},
         }
         _atomic_write(Path(path), lambda fh: torch.save(state, fh))
 

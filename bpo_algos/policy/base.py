@@ -60,6 +60,31 @@ class Context:
         )
 
 
+def as_context(value: Any) -> Context:
+    """A :class:`Context` from a Context, an ``(observation, admissible_actions)`` pair or a
+    dict with those keys (handy in notebooks and tests)."""
+    if isinstance(value, Context):
+        return value
+    if isinstance(value, dict):
+        admissible = value.get("admissible_actions")
+        return Context(
+            task_id=value.get("task_id"),
+            observation=value["observation"],
+            admissible_actions=tuple(admissible) if admissible is not None else None,
+            initial_observation=value.get("initial_observation", value["observation"]),
+        )
+    if isinstance(value, tuple | list) and len(value) == 2 and isinstance(value[0], str):
+        admissible = value[1]
+        return Context(None, value[0], tuple(admissible) if admissible is not None else None, (), value[0])
+    raise TypeError(f"cannot make a Context from {type(value).__name__}")
+
+
+def as_steps(batch_or_steps: Any) -> Sequence[StepLike]:
+    """The recorded steps of a :class:`~bpo_algos.algorithm.Batch`, or the sequence itself."""
+    steps = getattr(batch_or_steps, "steps", batch_or_steps)
+    return steps
+
+
 @dataclass(frozen=True)
 class Action:
     """One sampled action.

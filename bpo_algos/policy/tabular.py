@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike
+from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_context, as_steps
 
 
 def _key(observation: str) -> str:
@@ -82,6 +82,7 @@ class TabularPolicy(PolicyBase, nn.Module):
         self._rng.bit_generator.state = state
 
     def _probs(self, context: Context) -> tuple[np.ndarray, tuple[str, ...]]:
+        context = as_context(context)
         actions = context.admissible_actions
         if not actions:
             raise ValueError(
@@ -100,7 +101,7 @@ class TabularPolicy(PolicyBase, nn.Module):
             logp, actions = self._probs(context)
             probs = np.exp(logp)
             picks = self._rng.choice(len(actions), size=n, p=probs / probs.sum())
-            prompt = (int(_key(context.observation)[1:9], 16),)
+            prompt = (int(_key(as_context(context).observation)[1:9], 16),)
             out.append(
                 [Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks]
             )
@@ -120,7 +121,8 @@ class TabularPolicy(PolicyBase, nn.Module):
         return out
 
     def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
-        """``[n_steps, 1]`` differentiable log-probs of the recorded actions."""
+        """``[n_steps, 1]`` differentiable log-probs of the recorded actions (steps or a Batch)."""
+        steps = as_steps(steps)
         rows = [
             self.log_probs(s.context.observation, s.context.admissible_actions or ())[
                 s.action.token_ids[0]
@@ -135,6 +137,7 @@ class TabularPolicy(PolicyBase, nn.Module):
         self._reference = {k: v.detach().clone() for k, v in self.table.items()}
 
     def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        steps = as_steps(steps)
         if self._reference is None:
             self.set_reference()
         assert self._reference is not None

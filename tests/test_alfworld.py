@@ -1,0 +1,301 @@
+"""BPO-ALFWorld-v0 on the real ALFWorld text engine (textworld PDDL + Fast Downward)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fast_downward", reason="run scripts/setup/alfworld.sh")
+pytest.importorskip("textworld", reason="run scripts/setup/alfworld.sh")
+
+import gymnasium as gym  # noqa: E402
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+import bpo_envs  # noqa: E402
+from bpo_envs.alfworld import TASK_TYPES, ALFWorldEnv  # noqa: E402
+from bpo_envs.alfworld._upstream import domain_text, grammar_text  # noqa: E402
+
+# one game per type that the generator makes quickly (the cache is per test session)
+GAME = {t: f"{t}/0001" for t in TASK_TYPES}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = tmp_path_factory.mktemp("alfworld-cache")
+    old = os.environ.get("BPO_ALFWORLD_CACHE")
+    os.environ["BPO_ALFWORLD_CACHE"] = str(path)
+    yield
+    if old is None:
+        os.environ.pop("BPO_ALFWORLD_CACHE", None)
+    else:
+        os.environ["BPO_ALFWORLD_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def env() -> gym.Env:
+    e = gym.make("BPO-ALFWorld-v0", games_per_type=3)
+    yield e
+    e.close()
+
+
+def test_check_env(env: gym.Env) -> None:
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_reset_observation_and_info(env: gym.Env) -> None:
+    obs, info = env.reset(options={"task_id": GAME["pick_heat_then_place_in_recep"]})
+    assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
+    assert "Your task is to: " in obs and ("hot" in obs or "heat" in obs)
+    assert info["won"] is False and info["task_type"] == "pick_heat_then_place_in_recep"
+    assert info["admissible_actions"] == sorted(info["admissible_actions"])
+    assert "look" in info["admissible_actions"] and any(a.startswith("go to ") for a in info["admissible_actions"])
+    assert env.unwrapped.max_episode_steps == 50
+
+
+@pytest.mark.parametrize("task_type", TASK_TYPES)
+def test_planner_expert_wins(env: gym.Env, task_type: str) -> None:
+    _, info = env.reset(options={"task_id": GAME[task_type]})
+    assert not info["won"], "a generated game must not start solved"
+    plan = env.unwrapped.expert_actions()
+    assert plan
+    for i, action in enumerate(plan):
+        assert action in info["admissible_actions"]
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert "invalid_action" not in info
+        assert terminated == (i == len(plan) - 1) and reward == float(terminated)
+    assert info["won"] and reward == 1.0 and not truncated
+
+
+@pytest.mark.parametrize("task_type", TASK_TYPES)
+def test_check_snapshot_every_task_type(env: gym.Env, task_type: str) -> None:
+    report = bpo_envs.check_snapshot(env, seed=3, steps=8, options={"task_id": GAME[task_type]})
+    assert report.portable_checked and report.fresh_env_checked
+    assert report.compared_transitions > 8
+
+
+def test_snapshot_detour_restore_win(env: gym.Env) -> None:
+    env.reset(options={"task_id": GAME["pick_cool_then_place_in_recep"]})
+    plan = env.unwrapped.expert_actions()
+    for action in plan[:2]:
+        env.step(action)
+    engine = env.unwrapped._engine
+    epoch = engine.epoch
+    snap = bpo_envs.snapshot(env)
+    _, info = env.reset(options={"task_id": GAME["pick_cool_then_place_in_recep"]})
+    detour = [a for a in info["admissible_actions"] if a.startswith("go to ")][:3]
+    bpo_envs.restore(env, snap)  # after a reset: re-rooted
+    for action in detour:
+        env.step(action)
+    inner = bpo_envs.snapshot(env)
+    env.step(detour[0])
+    rooted_epoch = engine.epoch
+    bpo_envs.restore(env, inner)  # same reset: native, no reload
+    assert engine.epoch == rooted_epoch != epoch
+    bpo_envs.restore(env, snap)
+    assert env.unwrapped.expert_actions() == plan[2:]
+    for action in plan[2:]:
+        obs, reward, terminated, truncated, info = env.step(action)
+    assert terminated and info["won"] and reward == 1.0
+    snap.release()
+    inner.release()
+
+
+@pytest.mark.parametrize(
+    "action",
+    ["", "GO TO nowhere", "x" * 20000, "\x00\x01\xff binary", "héllo ☃ 🤖", "go to fridge 1; rm -rf / && $(echo hi) `id` | cat"],
+)
+def test_invalid_actions_are_observations(env: gym.Env, action: str) -> None:
+    _, info = env.reset(options={"task_id": GAME["pick_and_place_simple"]})
+    obs, reward, terminated, truncated, after = env.step(action)
+    assert obs == "Nothing happens."
+    assert after["invalid_action"] is True and reward == 0.0 and not terminated
+    assert after["admissible_actions"] == info["admissible_actions"]
+    assert env.unwrapped.observation_space.contains(obs)
+
+
+def test_commands_are_matched_case_and_space_insensitively(env: gym.Env) -> None:
+    _, info = env.reset(options={"task_id": GAME["pick_and_place_simple"]})
+    target = next(a for a in info["admissible_actions"] if a.startswith("go to "))
+    obs, _, _, _, after = env.step("  " + target.upper().replace(" ", "   ") + "\n")
+    assert "invalid_action" not in after and obs.startswith("You arrive at")
+
+
+def test_step_limit_truncates(env: gym.Env) -> None:
+    e = ALFWorldEnv(games_per_type=3, max_episode_steps=3)
+    e.reset(options={"task_id": GAME["pick_and_place_simple"]})
+    flags = [e.step("look")[2:4] for _ in range(3)]
+    assert flags == [(False, False), (False, False), (False, True)]
+    e.close()
+
+
+def test_sys_argv_unchanged_after_reset() -> None:
+    from bpo_envs.alfworld._upstream import clear_translation_cache
+
+    argv = list(sys.argv)
+    clear_translation_cache()
+    e = ALFWorldEnv(games_per_type=3, task_types=["look_at_obj_in_light"])
+    e.reset(options={"task_id": GAME["look_at_obj_in_light"]})
+    assert sys.argv == argv
+    e.close()
+
+
+# ---- the user's ALFWorld data ---------------------------------------------------------------
+PROBLEM = """
+(define (problem plan_trial_test)
+(:domain alfred)
+(:objects
+    agent1 - agent
+    AppleType - otype
+    MugType - otype
+    CounterTopType - rtype
+    FridgeType - rtype
+    Apple_bar__minus_01_dot_65_bar__plus_00_dot_81_bar__plus_00_dot_07 - object
+    Mug_bar__plus_00_dot_20_bar__plus_00_dot_91_bar__minus_01_dot_10 - object
+    CounterTop_bar__minus_01_dot_87_bar__plus_00_dot_95_bar__minus_01_dot_21 - receptacle
+    Fridge_bar__minus_02_dot_10_bar__plus_00_dot_00_bar__plus_01_dot_07 - receptacle
+    loc_bar__minus_7_bar__minus_5_bar_3_bar_45 - location
+    loc_bar__minus_4_bar_4_bar_3_bar_15 - location
+    loc_bar_0_bar_0_bar_1_bar_30 - location
+    )
+(:init
+    (= (total-cost) 0)
+    (receptacleType CounterTop_bar__minus_01_dot_87_bar__plus_00_dot_95_bar__minus_01_dot_21 CounterTopType)
+    (receptacleType Fridge_bar__minus_02_dot_10_bar__plus_00_dot_00_bar__plus_01_dot_07 FridgeType)
+    (objectType Apple_bar__minus_01_dot_65_bar__plus_00_dot_81_bar__plus_00_dot_07 AppleType)
+    (objectType Mug_bar__plus_00_dot_20_bar__plus_00_dot_91_bar__minus_01_dot_10 MugType)
+    (canContain CounterTopType AppleType)
+    (canContain CounterTopType MugType)
+    (canContain FridgeType AppleType)
+    (canContain FridgeType MugType)
+    (pickupable Apple_bar__minus_01_dot_65_bar__plus_00_dot_81_bar__plus_00_dot_07)
+    (pickupable Mug_bar__plus_00_dot_20_bar__plus_00_dot_91_bar__minus_01_dot_10)
+    (openable Fridge_bar__minus_02_dot_10_bar__plus_00_dot_00_bar__plus_01_dot_07)
+    (atLocation agent1 loc_bar_0_bar_0_bar_1_bar_30)
+    (inReceptacle Apple_bar__minus_01_dot_65_bar__plus_00_dot_81_bar__plus_00_dot_07 Fridge_bar__minus_02_dot_10_bar__plus_00_dot_00_bar__plus_01_dot_07)
+    (inReceptacle Mug_bar__plus_00_dot_20_bar__plus_00_dot_91_bar__minus_01_dot_10 CounterTop_bar__minus_01_dot_87_bar__plus_00_dot_95_bar__minus_01_dot_21)
+    (receptacleAtLocation CounterTop_bar__minus_01_dot_87_bar__plus_00_dot_95_bar__minus_01_dot_21 loc_bar__minus_7_bar__minus_5_bar_3_bar_45)
+    (receptacleAtLocation Fridge_bar__minus_02_dot_10_bar__plus_00_dot_00_bar__plus_01_dot_07 loc_bar__minus_4_bar_4_bar_3_bar_15)
+    (objectAtLocation Apple_bar__minus_01_dot_65_bar__plus_00_dot_81_bar__plus_00_dot_07 loc_bar__minus_4_bar_4_bar_3_bar_15)
+    (objectAtLocation Mug_bar__plus_00_dot_20_bar__plus_00_dot_91_bar__minus_01_dot_10 loc_bar__minus_7_bar__minus_5_bar_3_bar_45)
+    )
+(:goal (and (exists (?r - receptacle) (exists (?o - object) (and (inReceptacle ?o ?r) (objectType ?o AppleType) (receptacleType ?r CounterTopType))))))
+)
+"""
+TASK_DIR = "pick_and_place_simple-Apple-None-CounterTop-1"
+TRIAL = "trial_T20190906_000000_000001"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("alfworld-data")
+    trial = root / "json_2.1.1" / "valid_seen" / TASK_DIR / TRIAL
+    trial.mkdir(parents=True)
+    game = {
+        "pddl_domain": domain_text(),
+        "grammar": grammar_text(),  # "UNKNOWN GOAL": filled from traj_data like alfworld does
+        "pddl_problem": textwrap.dedent(PROBLEM),
+        "solvable": True,
+        "walkthrough": None,
+    }
+    (trial / "game.tw-pddl").write_text(json.dumps(game))
+    traj = {
+        "task_type": "pick_and_place_simple",
+        "pddl_params": {"object_target": "Apple", "parent_target": "CounterTop", "toggle_target": "",
+                        "mrecep_target": "", "object_sliced": False},
+    }
+    (trial / "traj_data.json").write_text(json.dumps(traj))
+    return root
+
+
+def test_user_data_layout_plays_to_a_win(data_dir: Path) -> None:
+    env = gym.make("BPO-ALFWorld-v0", data_dir=str(data_dir), split="valid_seen")
+    assert env.unwrapped.task_ids() == [f"{TASK_DIR}/{TRIAL}"]
+    obs, info = env.reset(seed=0)
+    assert "a countertop 1, and a fridge 1" in obs
+    assert obs.rstrip().endswith(("put a apple in countertop.", "put some apple on countertop."))
+    commands = ["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1", "go to countertop 1",
+                "move apple 1 to countertop 1"]
+    feedback = []
+    for command in commands:
+        assert command in info["admissible_actions"], (command, info["admissible_actions"])
+        obs, reward, terminated, truncated, info = env.step(command)
+        feedback.append(obs)
+    assert feedback[1] == "You open the fridge 1. The fridge 1 is open. In it, you see a apple 1."
+    assert feedback[-1] == "You move the apple 1 to the countertop 1."
+    assert terminated and info["won"] and reward == 1.0
+    bpo_envs.check_snapshot(env, seed=1, steps=10)
+    env.close()
+
+
+def test_alfworld_data_env_var(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALFWORLD_DATA", str(data_dir))
+    env = ALFWorldEnv(split="valid_seen")
+    assert env.task_ids() == [f"{TASK_DIR}/{TRIAL}"]
+    env.close()
+
+
+def test_missing_and_malformed_games_name_the_path(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "json_2.1.1" / "train")):
+        ALFWorldEnv(data_dir=tmp_path / "json_2.1.1", split="train")
+    bad = tmp_path / "json_2.1.1" / "train" / "pick_and_place_simple-Mug-None-Desk-301" / "trial_x"
+    bad.mkdir(parents=True)
+    (bad / "game.tw-pddl").write_text("{not json")
+    env = ALFWorldEnv(data_dir=tmp_path, split="train")
+    with pytest.raises(ValueError, match=r"malformed ALFWorld game file .*trial_x/game\.tw-pddl"):
+        env.reset(seed=0)
+    (bad / "game.tw-pddl").write_text(json.dumps({"pddl_domain": "x"}))
+    with pytest.raises(ValueError, match=r"trial_x/game\.tw-pddl: missing or non-text \['grammar', 'pddl_problem'\]"):
+        env.reset(seed=0)
+    (bad / "game.tw-pddl").unlink()
+    with pytest.raises(FileNotFoundError, match=r"trial_x/game\.tw-pddl"):
+        env.reset(seed=0)
+    with pytest.raises(ValueError, match="split must be one of"):
+        ALFWorldEnv(data_dir=data_dir, split="test")
+    with pytest.raises(ValueError, match="task_types"):
+        ALFWorldEnv(task_types=["pick_and_eat"])
+
+
+# ---- across processes ------------------------------------------------------------------------
+CHILD = """
+import pickle, sys
+import gymnasium as gym, bpo_envs
+blob, task_id, expected = pickle.load(sys.stdin.buffer)
+env = gym.make("BPO-ALFWorld-v0", games_per_type=3)
+obs, _ = env.reset(options={"task_id": task_id})
+bpo_envs.restore(env, blob)
+plan = env.unwrapped.expert_actions()
+out = [env.step(a)[:4] for a in plan]
+pickle.dump((env.unwrapped.task_ids()[:4], obs, plan, out), sys.stdout.buffer)
+"""
+
+
+def test_task_ids_games_and_portable_snapshots_across_processes(env: gym.Env) -> None:
+    task_id = GAME["pick_two_obj_and_place"]
+    intro, _ = env.reset(options={"task_id": task_id})
+    plan = env.unwrapped.expert_actions()
+    env.step(plan[0])
+    env.step("examine nothing")
+    env.step(plan[1])
+    blob = bpo_envs.snapshot(env).portable()
+    rest = env.unwrapped.expert_actions()
+    expected = [env.step(a)[:4] for a in rest]
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        input=pickle.dumps((blob, task_id, expected)),
+        capture_output=True,
+        env=dict(os.environ),
+        check=True,
+        timeout=300,
+    )
+    ids, child_intro, child_plan, child_out = pickle.loads(result.stdout)
+    assert ids == env.unwrapped.task_ids()[:4]
+    assert child_intro == intro
+    assert child_plan == rest and child_out == expected
+    assert expected[-1][2] is True
