@@ -13,7 +13,6 @@ import functools
 import unicodedata
 
 import numpy as np
-
 from gymnasium import spaces
 
 _BLOCKS: tuple[tuple[int, int], ...] = (

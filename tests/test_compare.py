@@ -21,7 +21,7 @@ def test_compare_writes_results_and_resumes(tmp_path):
     assert set(results["algorithms"]) == {"bpo", "grpo", "rloo"}
     saved = json.loads((out / "results.json").read_text())
     assert saved["budget_unit"] == "env_steps" and saved["seeds"] == [0, 1] and saved["envs"] == ["treemdp"]
-    for name, row in saved["algorithms"].items():
+    for row in saved["algorithms"].values():
         assert 0.0 <= row["success"] <= 1.0 and len(row["curve"]) == 3
         assert "env_steps" in row["compute"] and row["grad_norm_var"] >= 0
     per_env = saved["per_env"]["treemdp"]["algorithms"]
