@@ -35,7 +35,10 @@ class ComputeMeter:
             policy shares the prefix among the samples of that context).
         policy_calls: batched calls to ``sample`` / ``decision_entropy``.
         seconds: wall-clock seconds.
-        resets: ``env.reset`` calls (one per tree root).
+        resets: ``env.reset`` calls (one per tree root, plus rebuilds after a failure).
+        failures: env or worker errors the engine handled (a step, restore, snapshot or reset
+            that raised, or a dead Ray actor); see :mod:`bpo_algos.engine`.
+        dropped_steps: env steps of paths dropped after failures (already in ``env_steps``).
     """
 
     env_steps: int = 0
@@ -47,6 +50,8 @@ class ComputeMeter:
     policy_calls: int = 0
     seconds: float = 0.0
     resets: int = 0
+    failures: int = 0
+    dropped_steps: int = 0
 
     def __add__(self, other: ComputeMeter) -> ComputeMeter:
         return ComputeMeter(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})

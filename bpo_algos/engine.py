@@ -12,17 +12,51 @@ decision entropy and how many actions to sample there given that entropy. The en
 4. where ``n > 1``, snapshots the env (a branch node) and queues ``n - 1`` sibling paths, each
    carrying its already-sampled action and the snapshot; the path itself continues with the
    first sample, so the backbone's own action is one of the siblings;
-5. steps the envs; a finished path frees its env, onto which a queued sibling is restored
-   (preferring the env that took its snapshot).
+5. steps the envs (``pool.step_many``); a finished path frees its env, onto which a queued
+   sibling is restored (preferring the env that took its snapshot).
 
 Trees in flight at once are bounded by ``max_parallel_trees``; a new tree starts only while the
 budget is not spent, and a tree in progress is always finished (cutting it would bias the
-estimate).
+estimate). The schedule (which paths step together, in which order the policy sees them)
+depends only on the pool's free-slot bookkeeping, so two pools with the same number of envs and
+the same ``acquire``/``release`` semantics (:class:`EnvPool` and
+:class:`bpo_envs.distributed.RayEnvPool`) give the same batch for the same seeds.
+
+Failures (a crashed sandbox, a dead Ray actor): an exception from ``step``, ``restore``,
+``snapshot`` or ``reset`` costs only the path it hit. The env is handed back with
+``pool.release(env, failed=True)`` (the pool replaces it) and the path is **retried**: another
+env is brought to the path's current node by restoring the nearest snapshot above it that is
+still held (else by ``reset`` with the tree's seed) and replaying the recorded actions below
+it, checking that every observation and reward comes back identical; then the path goes on
+with the action it had already sampled. A retried path is the same sample it would have been,
+so retries cost compute (counted in the meter) and nothing else. After ``pool.retries`` failed
+attempts, or when a replay diverges (a non-deterministic env), the path is **dropped**:
+
+* the *line* it was on is removed: the edges from its nearest branch node ``b`` down to where
+  it failed (a line holds no other branch node, so no other path is lost), and ``b``'s branch
+  factor drops from ``K`` to ``K - 1``; the weights (rule 3) and the leave-one-out baselines
+  (rule 4) are computed over the ``K - 1`` survivors. A branch node left with one line is an
+  ordinary node; one left with none is itself a dead line and is removed the same way;
+* a tree whose root keeps fewer than two lines (one, when the topology has a single root
+  branch) is dropped whole: a group baseline needs two samples;
+* the compute already spent stays in the meters; ``failures`` counts the errors and
+  ``dropped_steps`` the env steps thrown away; ``EngineResult.failures`` says what happened.
+
+Bias: the survivors at ``b`` are still i.i.d. draws from ``pi(.|h_b)`` *if whether a line
+fails is independent of the actions sampled on it and of what follows*, so every estimate stays
+unbiased (with fewer samples). Where that does not hold the drop is biased: an action that
+itself crashes the sandbox is never penalised (an env must turn bad model output into an
+invalid-action observation instead of raising), and with a fixed crash rate per step a long
+line fails more often than a short one, which tilts the survivors towards short episodes.
+Retries remove both effects; only lines that fail ``retries + 1`` times are dropped.
+``pool.max_failures`` failures in one batch raise :class:`EnvFailureError` (a systematic bug
+is not a flaky worker).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -41,21 +75,45 @@ from bpo_algos.tree import Edge, Node, RolloutTree
 EnvFn = Callable[[], gym.Env]
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 
+logger = logging.getLogger(__name__)
+
+
+class EnvFailureError(RuntimeError):
+    """Too many env failures in one batch, or no env left in the pool."""
+
+
+class ReplayMismatchError(RuntimeError):
+    """Rebuilding a path by replay did not reproduce the recorded transitions."""
+
+
+def _check_count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
+
 
 class EnvPool:
     """Envs made lazily from ``env_fns``, lent to paths one at a time.
 
     ``workers > 1`` steps the lent envs in a thread pool (worth it when a step waits on a
     subprocess or a container, as SWE-bench commands do); the default steps them in turn.
-    A distributed pool implements the same methods.
+    ``retries`` and ``max_failures`` set how the engine handles failing envs (see the module
+    docstring). A distributed pool implements the same methods and attributes.
     """
 
-    def __init__(self, env_fns: Sequence[EnvFn], *, workers: int = 1) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFn],
+        *,
+        workers: int = 1,
+        retries: int = 2,
+        max_failures: int = 64,
+    ) -> None:
         if not env_fns:
             raise ValueError("env_fns must hold at least one env factory")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-        self.workers = workers
+        self.workers = _check_count("workers", workers, 1)
+        self.retries = _check_count("retries", retries, 0)
+        self.max_failures = _check_count("max_failures", max_failures, 1)
         self._executor: ThreadPoolExecutor | None = None
         self._fns = list(env_fns)
         self._envs: list[gym.Env | None] = [None] * len(self._fns)
@@ -87,19 +145,31 @@ class EnvPool:
     def is_free(self, env: gym.Env) -> bool:
         return self._index.get(id(env)) in self._free
 
-    def release(self, env: gym.Env) -> None:
+    def release(self, env: gym.Env, *, failed: bool = False) -> None:
+        """Hand ``env`` back; ``failed=True``: it raised, so close it and make a new one."""
         slot = self._index[id(env)]
         if slot in self._free:
             raise RuntimeError("env released twice")
+        if failed:
+            del self._index[id(env)]
+            self._envs[slot] = None
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - a broken env may not even close
+                logger.debug("closing a failed env raised", exc_info=True)
         self._free.append(slot)
 
-    def step_many(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> list[StepResult]:
-        """``env.step(action)`` for each pair, in order of the inputs."""
+    def step_many(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> list[StepResult | Exception]:
+        """``env.step(action)`` for each pair, in order of the inputs.
+
+        An env whose step raises gives its exception in its place: one failing env never
+        costs the others' results.
+        """
         if self.workers == 1 or len(envs) < 2:
-            return [env.step(action) for env, action in zip(envs, actions, strict=True)]
+            return [_step_or_error(env, action) for env, action in zip(envs, actions, strict=True)]
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="bpo-env")
-        return list(self._executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, actions, strict=True)))
+        return list(self._executor.map(lambda pair: _step_or_error(*pair), zip(envs, actions, strict=True)))
 
     def close(self) -> None:
         if self._executor is not None:
@@ -111,6 +181,13 @@ class EnvPool:
         self._envs = [None] * len(self._fns)
         self._index.clear()
         self._free = list(range(len(self._fns)))
+
+
+def _step_or_error(env: gym.Env, action: str) -> StepResult | Exception:
+    try:
+        return env.step(action)
+    except Exception as exc:  # noqa: BLE001 - handed to the engine as this env's failure
+        return exc
 
 
 class Topology(Protocol):
@@ -132,6 +209,7 @@ class _SharedSnapshot:
     snapshot: bpo_envs.Snapshot
     origin: gym.Env
     pending: int
+    node: Node
 
 
 @dataclass(eq=False)
@@ -140,6 +218,11 @@ class TreeBuild:
     open_paths: int = 0
     started: float = 0.0
     finished: bool = False
+    task: Any = None
+    seed: int = 0
+    dropped: bool = False
+    snapshots: dict[int, _SharedSnapshot] = field(default_factory=dict)
+    """Snapshots still held, by ``id`` of their node (rebuild sources after a failure)."""
 
 
 @dataclass(eq=False)
@@ -156,6 +239,10 @@ class PathState:
     snapshot: _SharedSnapshot | None = None
     pending: Action | None = None
     is_root: bool = False
+    attempts: int = 0
+    """Failures this path has had (it is dropped after ``pool.retries`` retries)."""
+    rebuild: bool = False
+    """Its env must be rebuilt (restore the nearest held snapshot, replay) before it goes on."""
 
     @property
     def context(self) -> Context:
@@ -163,15 +250,37 @@ class PathState:
 
 
 @dataclass
+class FailureRecord:
+    """One env failure the engine handled."""
+
+    task_id: Any
+    depth: int
+    stage: str  # "reset" | "step" | "restore" | "snapshot" | "rebuild"
+    error: str
+    outcome: str  # "retried" | "dropped" | "tree dropped" | "task skipped"
+
+
+@dataclass
 class EngineResult:
     trees: list[RolloutTree]
     compute: ComputeMeter
     entropies: list[float] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
 
 
 def _policy_usage(policy: Policy) -> ComputeMeter:
     meter = getattr(policy, "meter", None)
     return meter.copy() if isinstance(meter, ComputeMeter) else ComputeMeter()
+
+
+def _line_edges(edge: Edge) -> int:
+    """Edges in ``edge``'s subtree, itself included."""
+    count, stack = 0, [edge]
+    while stack:
+        e = stack.pop()
+        count += 1
+        stack.extend(e.child.children)
+    return count
 
 
 class RolloutEngine:
@@ -183,6 +292,8 @@ class RolloutEngine:
         if self.max_parallel_trees < 1:
             raise ValueError(f"max_parallel_trees must be >= 1, got {max_parallel_trees}")
         self._rng = np.random.default_rng(seed)
+        self.retries = int(getattr(pool, "retries", 2))
+        self.max_failures = int(getattr(pool, "max_failures", 64))
 
     # ---- policy calls, charged to the trees whose contexts they served ------------------
     def _call(self, meter: ComputeMeter, paths: Sequence[PathState], fn: Callable[[], Any]) -> Any:
@@ -214,19 +325,23 @@ class RolloutEngine:
         if topology.root_branches < 1:
             raise ValueError("the root needs at least one branch")
         self._policy = policy
-        meter = ComputeMeter()
+        self._min_root_lines = min(2, topology.root_branches)
+        self._meter = meter = ComputeMeter()
+        self._failures: list[FailureRecord] = []
+        self._done: list[TreeBuild] = []
         start = time.perf_counter()
         task_iter: Iterable[Any] = itertools.cycle(tasks) if budget is not None else iter(tasks)
         trees: list[RolloutTree] = []
         entropies: list[float] = []
         ready: list[PathState] = []  # paths that hold an env
-        waiting: deque[PathState] = deque()  # forked siblings waiting for an env
+        waiting: deque[PathState] = deque()  # forked siblings (and failed paths) waiting for an env
         in_flight = 0
         tasks_left = True
         builds: list[TreeBuild] = []
 
         while True:
-            self._attach_waiting(waiting, ready, meter)
+            self._attach_waiting(waiting, ready)
+            in_flight -= self._finish_done(trees)
             while (
                 tasks_left
                 and in_flight < self.max_parallel_trees
@@ -238,22 +353,45 @@ class RolloutEngine:
                 if task is _DONE:
                     tasks_left = False
                     break
-                ready.append(self._start_tree(task, meter, trees, builds))
-                in_flight += 1
+                path = self._start_tree(task, trees, builds)
+                if path is not None:
+                    ready.append(path)
+                    in_flight += 1
             if not ready:
                 if waiting:
-                    raise RuntimeError("paths wait for an env but none is free")  # pragma: no cover
+                    raise EnvFailureError(
+                        f"{len(waiting)} path(s) wait for an env but the pool has none left "
+                        f"({len(self.pool)} slot(s), all lent or lost to failures)"
+                    )
                 break
-            finished = self._advance(ready, topology, waiting, meter, entropies)
-            for build in finished:
-                build.tree.finalize()
-                build.tree.compute.seconds = time.perf_counter() - build.started
-                build.finished = True
-                in_flight -= 1
+            self._advance(ready, topology, waiting, entropies)
+            in_flight -= self._finish_done(trees)
             ready = [p for p in ready if p.env is not None]
 
         meter.seconds = time.perf_counter() - start
-        return EngineResult(trees, meter, entropies)
+        return EngineResult(trees, meter, entropies, self._failures)
+
+    def _finish_done(self, trees: list[RolloutTree]) -> int:
+        """Finalize the trees whose last path ended; returns how many."""
+        done, self._done = self._done, []
+        for build in done:
+            tree = build.tree
+            build.tree.compute.seconds = time.perf_counter() - build.started
+            build.finished = True
+            for shared in list(build.snapshots.values()):
+                shared.snapshot.release()
+            build.snapshots.clear()
+            lines = len(tree.root.children)
+            if build.dropped or lines < self._min_root_lines:
+                lost = sum(_line_edges(e) for e in tree.root.children)
+                tree.root.children.clear()
+                self._count_drop(build, lost)
+                trees.remove(tree)
+                self._failures.append(FailureRecord(tree.task_id, 0, "tree", f"{lines} root line(s) left", "tree dropped"))
+                logger.warning("dropped the tree of task %r: %d root line(s) left after failures", tree.task_id, lines)
+                continue
+            tree.finalize()
+        return len(done)
 
     @staticmethod
     def _budget_allows(budget: Budget | None, meter: ComputeMeter, start: float, builds: list[TreeBuild]) -> bool:
@@ -280,28 +418,147 @@ class RolloutEngine:
         remaining = sum(max(expected - cost(b), 0.0) for b in builds if not b.finished)
         return spent + remaining + expected / 2 <= budget.amount
 
-    def _start_tree(
-        self, task: Any, meter: ComputeMeter, trees: list[RolloutTree], builds: list[TreeBuild]
-    ) -> PathState:
-        env = self.pool.acquire()
-        assert env is not None
+    def _start_tree(self, task: Any, trees: list[RolloutTree], builds: list[TreeBuild]) -> PathState | None:
+        meter = self._meter
         seed = int(self._rng.integers(2**31 - 1))
-        obs, info = env.reset(seed=seed, options={"task_id": task})
-        meter.resets += 1
-        context = Context(
-            task_id=info.get("task_id", task),
-            observation=obs,
-            admissible_actions=_admissible(info),
-            initial_observation=obs,
-        )
-        tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info))
-        tree.compute.resets += 1
-        trees.append(tree)
-        build = TreeBuild(tree, open_paths=1, started=time.perf_counter())
-        builds.append(build)
-        return PathState(build, tree.root, env=env, is_root=True)
+        for attempt in range(self.retries + 1):
+            env = self.pool.acquire()
+            if env is None:
+                break
+            try:
+                obs, info = env.reset(seed=seed, options={"task_id": task})
+            except Exception as exc:  # noqa: BLE001 - an env failure, handled below
+                meter.resets += 1
+                outcome = "retried" if attempt < self.retries else "task skipped"
+                self._record_failure(meter, None, task, 0, "reset", exc, outcome)
+                self.pool.release(env, failed=True)
+                continue
+            meter.resets += 1
+            context = Context(
+                task_id=info.get("task_id", task),
+                observation=obs,
+                admissible_actions=_admissible(info),
+                initial_observation=obs,
+            )
+            tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info))
+            tree.compute.resets += 1
+            trees.append(tree)
+            build = TreeBuild(tree, open_paths=1, started=time.perf_counter(), task=task, seed=seed)
+            builds.append(build)
+            return PathState(build, tree.root, env=env, is_root=True)
+        return None
 
-    def _attach_waiting(self, waiting: deque[PathState], ready: list[PathState], meter: ComputeMeter) -> None:
+    # ---- failures ------------------------------------------------------------------------
+    def _record_failure(
+        self, meter: ComputeMeter, tree: RolloutTree | None, task: Any, depth: int, stage: str, exc: BaseException, outcome: str
+    ) -> None:
+        meter.failures += 1
+        if tree is not None:
+            tree.compute.failures += 1
+        self._failures.append(FailureRecord(task, depth, stage, f"{type(exc).__name__}: {exc}"[:500], outcome))
+        logger.warning("env failure at %s (task %r, depth %d): %r -> %s", stage, task, depth, exc, outcome)
+        if meter.failures > self.max_failures:
+            raise EnvFailureError(
+                f"{meter.failures} env failures in one batch (pool.max_failures={self.max_failures}); "
+                f"the last, at {stage}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _fail(self, path: PathState, stage: str, exc: BaseException, waiting: deque[PathState]) -> None:
+        """``path``'s env raised: retry the path on another env, or drop its line."""
+        if path.env is not None:
+            self.pool.release(path.env, failed=True)
+            path.env = None
+        self._consume_snapshot(path)
+        path.attempts += 1
+        retry = path.attempts <= self.retries and not isinstance(exc, ReplayMismatchError)
+        tree = path.build.tree
+        self._record_failure(self._meter, tree, tree.task_id, path.node.depth, stage, exc, "retried" if retry else "dropped")
+        if retry:
+            path.rebuild = True
+            waiting.append(path)
+        else:
+            self._drop(path)
+
+    def _drop(self, path: PathState) -> None:
+        """Remove ``path``'s line (see the module docstring) and close the path."""
+        build = path.build
+        node, edge = path.node, None
+        lost = 0
+        while True:
+            while node.branch_factor <= 1 and node.parent is not None:
+                edge = node.parent
+                node = edge.parent
+            if edge is not None:
+                node.children.remove(edge)
+                lost += _line_edges(edge)
+            node.branch_factor -= 1
+            if node.branch_factor > 0:
+                break
+            if node.parent is None:  # the root lost every line
+                build.dropped = True
+                break
+            edge = None
+        if node.parent is None and node.branch_factor < self._min_root_lines:
+            build.dropped = True
+        self._count_drop(build, lost)
+        self._close_path(path)
+
+    def _count_drop(self, build: TreeBuild, steps: int) -> None:
+        self._meter.dropped_steps += steps
+        build.tree.compute.dropped_steps += steps
+
+    def _close_path(self, path: PathState) -> None:
+        path.build.open_paths -= 1
+        if path.build.open_paths == 0:
+            self._done.append(path.build)
+
+    def _consume_snapshot(self, path: PathState) -> None:
+        shared, path.snapshot = path.snapshot, None
+        if shared is None:
+            return
+        shared.pending -= 1
+        if shared.pending == 0:
+            path.build.snapshots.pop(id(shared.node), None)
+            shared.snapshot.release()
+
+    def _rebuild(self, path: PathState, env: gym.Env) -> None:
+        """Bring ``env`` to ``path.node``: restore the nearest held snapshot above it (else reset
+        with the tree's seed) and replay the recorded steps below it, checking each."""
+        build, meter = path.build, self._meter
+        tc = build.tree.compute
+        below: list[Edge] = []
+        node = path.node
+        while True:
+            shared = build.snapshots.get(id(node))
+            if shared is not None:
+                try:
+                    bpo_envs.restore(env, shared.snapshot)
+                except Exception:  # noqa: BLE001 - e.g. its actor died; try further up
+                    logger.debug("rebuild: a held snapshot failed to restore", exc_info=True)
+                else:
+                    meter.restores += 1
+                    tc.restores += 1
+                    break
+            if node.parent is None:
+                obs, _ = env.reset(seed=build.seed, options={"task_id": build.task})
+                meter.resets += 1
+                tc.resets += 1
+                if obs != node.context.observation:
+                    raise ReplayMismatchError("reset with the tree's seed gave another observation")
+                break
+            below.append(node.parent)
+            node = node.parent.parent
+        for edge in reversed(below):
+            obs, reward, terminated, truncated, _ = env.step(edge.action.command)
+            meter.env_steps += 1
+            tc.env_steps += 1
+            if (obs, float(reward), bool(terminated), bool(truncated)) != (
+                edge.child.context.observation, edge.reward, edge.terminated, edge.truncated
+            ):
+                raise ReplayMismatchError(f"replaying {edge.action.command!r} gave another transition")
+
+    def _attach_waiting(self, waiting: deque[PathState], ready: list[PathState]) -> None:
+        meter = self._meter
         while waiting and self.pool.n_free > 0:
             # prefer a sibling whose snapshot was taken on a free env (no state moves)
             pick = next(
@@ -311,16 +568,25 @@ class RolloutEngine:
             path = waiting[pick]
             del waiting[pick]
             shared = path.snapshot
-            assert shared is not None
-            env = self.pool.acquire(prefer=shared.origin)
+            env = self.pool.acquire(prefer=shared.origin if shared is not None else None)
             assert env is not None
-            bpo_envs.restore(env, shared.snapshot)
-            meter.restores += 1
-            path.build.tree.compute.restores += 1
-            shared.pending -= 1
-            if shared.pending == 0:
-                shared.snapshot.release()
-            path.env, path.snapshot = env, None
+            path.env = env
+            if shared is not None and not path.rebuild:
+                try:
+                    bpo_envs.restore(env, shared.snapshot)
+                except Exception as exc:  # noqa: BLE001 - an env failure
+                    self._fail(path, "restore", exc, waiting)
+                    continue
+                meter.restores += 1
+                path.build.tree.compute.restores += 1
+                self._consume_snapshot(path)
+            else:
+                try:
+                    self._rebuild(path, env)
+                except Exception as exc:  # noqa: BLE001 - an env failure
+                    self._fail(path, "rebuild", exc, waiting)
+                    continue
+                path.rebuild = False
             ready.append(path)
 
     def _advance(
@@ -328,10 +594,10 @@ class RolloutEngine:
         ready: list[PathState],
         topology: Topology,
         waiting: deque[PathState],
-        meter: ComputeMeter,
         entropies: list[float],
-    ) -> list[TreeBuild]:
-        """One step for every ready path. Returns the trees that finished."""
+    ) -> None:
+        """One step for every ready path (finished trees go to ``self._done``)."""
+        meter = self._meter
         deciding = [p for p in ready if p.pending is None]
         # rule 1: entropy (and so the branch decision) before any action is sampled here
         need_h = [p for p in deciding if not p.is_root and topology.wants_entropy(p)]
@@ -346,7 +612,6 @@ class RolloutEngine:
             if n < 1:
                 raise ValueError(f"branch factor must be >= 1, got {n}")
             groups.setdefault(n, []).append(path)
-        chosen: dict[int, Action] = {}
         for n, paths in groups.items():
             samples = self._call(meter, paths, lambda paths=paths, n=n: self._policy.sample([p.context for p in paths], n))
             for path, actions in zip(paths, samples, strict=True):
@@ -356,41 +621,48 @@ class RolloutEngine:
                 tokens = sum(len(a.token_ids) for a in actions)
                 meter.gen_tokens += tokens
                 tc.gen_tokens += tokens
+                path.pending = actions[0]
                 if n > 1:
-                    self._fork(path, actions, waiting, meter)
-                chosen[id(path)] = actions[0]
-        for path in ready:
-            if path.pending is not None:
-                chosen[id(path)] = path.pending
-                path.pending = None
+                    self._fork(path, actions, waiting)
 
-        finished: list[TreeBuild] = []
-        actions = [chosen[id(path)] for path in ready]
-        results = self.pool.step_many([p.env for p in ready], [a.command for a in actions])
-        for path, action, result in zip(ready, actions, results, strict=True):
+        stepping = [p for p in ready if p.env is not None]
+        actions = [p.pending for p in stepping]
+        results = self.pool.step_many([p.env for p in stepping], [a.command for a in actions])
+        for path, action, result in zip(stepping, actions, results, strict=True):
+            if isinstance(result, BaseException):
+                self._fail(path, "step", result, waiting)  # path.pending stays: retried as is
+                continue
+            path.pending = None
             if self._record(path, action, result, meter):
                 self.pool.release(path.env)
                 path.env = None
-                path.build.open_paths -= 1
-                if path.build.open_paths == 0:
-                    finished.append(path.build)
-        return finished
+                self._close_path(path)
 
-    def _fork(self, path: PathState, actions: list[Action], waiting: deque[PathState], meter: ComputeMeter) -> None:
+    def _fork(self, path: PathState, actions: list[Action], waiting: deque[PathState]) -> None:
+        meter = self._meter
         node = path.node
         node.branch_factor = len(actions)
-        snap = bpo_envs.snapshot(path.env)
-        meter.snapshots += 1
-        path.build.tree.compute.snapshots += 1
-        shared = _SharedSnapshot(snap, path.env, pending=len(actions) - 1)
+        try:
+            snap = bpo_envs.snapshot(path.env)
+        except Exception as exc:  # noqa: BLE001 - siblings are then rebuilt by replay
+            snap, error = None, exc
+        else:
+            meter.snapshots += 1
+            path.build.tree.compute.snapshots += 1
+        shared = None
+        if snap is not None:
+            shared = _SharedSnapshot(snap, path.env, pending=len(actions) - 1, node=node)
+            path.build.snapshots[id(node)] = shared
         sibling_level = path.level if path.is_root else path.level + 1
         for action in actions[1:]:
             waiting.append(
-                PathState(path.build, node, level=sibling_level, snapshot=shared, pending=action)
+                PathState(path.build, node, level=sibling_level, snapshot=shared, pending=action, rebuild=shared is None)
             )
         path.build.open_paths += len(actions) - 1
         if not path.is_root:
             path.branch_points += 1
+        if snap is None:
+            self._fail(path, "snapshot", error, waiting)
 
     def _record(self, path: PathState, action: Action, result: StepResult, meter: ComputeMeter) -> bool:
         """Add the step's edge to the tree; True when the path's episode ended."""

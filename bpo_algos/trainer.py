@@ -137,6 +137,10 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             if self.config.resume and (self.out_dir / "checkpoint.pt").exists():
                 self.load_checkpoint(self.out_dir / "checkpoint.pt")
+            elif (self.out_dir / "metrics.jsonl").exists():
+                # rows without a checkpoint: a run killed during its first update, or an old run
+                # this one replaces; either way they are not part of this run's history
+                _atomic_write(self.out_dir / "metrics.jsonl", lambda fh: None)
 
     # ---- optimizer -----------------------------------------------------------------------
     def _trainable(self) -> list[torch.nn.Parameter]:

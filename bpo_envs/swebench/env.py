@@ -54,6 +54,14 @@ _SAMPLE_ACTIONS = (
 )
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class SWEBenchEnv(SnapshotEnv):
     """SWE-bench(-Verified) instances: one bash command per step in ``/testbed``, then grading.
 
@@ -156,6 +164,8 @@ class SWEBenchEnv(SnapshotEnv):
             obs, reward, done, info = self._invalid("empty command; send one bash command or `submit`")
         elif "\0" in action:
             obs, reward, done, info = self._invalid("the command contains a NUL character")
+        elif not _encodable(action):
+            obs, reward, done, info = self._invalid("the command is not valid UTF-8 text (lone surrogates)")
         elif len(action) > self.action_space.max_length:
             obs, reward, done, info = self._invalid(
                 f"the command is {len(action)} characters long; the limit is "

@@ -106,6 +106,8 @@ class WebShopEnv(SnapshotEnv):
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
+        if isinstance(goal_seed, bool) or not isinstance(goal_seed, int | np.integer):
+            raise ValueError(f"goal_seed must be an int, got {goal_seed!r}")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
             raise ValueError(f"num_products must be a positive int or None, got {num_products!r}")
         self.observation_mode = observation_mode
