@@ -195,6 +195,9 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    restore_prefers_origin: bool = False
+    """True where restoring into the env that took the snapshot is much cheaper than into
+    another instance; the rollout engine then keeps forked siblings on their origin env."""
 
     def __init__(
         self,

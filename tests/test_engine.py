@@ -126,3 +126,21 @@ def test_meter_arithmetic():
     assert (a + b).env_steps == 5 and (a + b).restores == 4 and (a - b).env_steps == 1
     with pytest.raises(ValueError, match="unit"):
         a.get("flops")
+
+
+def test_siblings_wait_for_their_origin_env_when_the_env_prefers_it():
+    from bpo_envs import TreeMDPEnv
+
+    moved = []
+
+    class PinnedTree(TreeMDPEnv):
+        restore_prefers_origin = True
+
+        def restore(self, snapshot):
+            moved.append(snapshot.origin is not self)
+            super().restore(snapshot)
+
+    factory = lambda: PinnedTree(depth=4, n_actions=3, seed=1)  # noqa: E731
+    batch = BPO(backbones=2, branch_factor=3, entropy_threshold=0.0).collect(TabularPolicy(), [factory] * 3, [0, 0, 0])
+    assert batch.n_trees == 3 and moved and not any(moved)
+    assert all(sum(e.weight for e in t.leaf_edges()) == pytest.approx(1.0) for t in batch.trees)

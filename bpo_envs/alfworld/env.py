@@ -65,6 +65,8 @@ class ALFWorldEnv(SnapshotEnv):
     are matched after collapsing whitespace and lower-casing.
     """
 
+    restore_prefers_origin = True  # native state-id restores only on the env that took them
+
     def __init__(
         self,
         data_dir: str | os.PathLike | None = None,
