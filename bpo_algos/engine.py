@@ -567,10 +567,11 @@ class RolloutEngine:
 
         Envs whose class sets ``restore_prefers_origin = True`` restore their own snapshots
         natively and others' by a slow rebuild (ALFWorld: 0.01 ms vs 0.1-0.4 s), so a sibling
-        waits for the origin env to come free rather than moving.
+        waits for the origin env to come free rather than moving. Root snapshots (the reset state)
+        are cheap to rebuild anywhere and are never pinned, so groups still spread over the pool.
         """
         shared = path.snapshot
-        if shared is None or path.rebuild or not self.pool.is_lent(shared.origin):
+        if shared is None or path.rebuild or shared.node.parent is None or not self.pool.is_lent(shared.origin):
             return False
         owner = getattr(shared.origin, "unwrapped", shared.origin)
         return bool(getattr(owner, "restore_prefers_origin", False))

@@ -144,7 +144,9 @@ class Trainer:
 
     # ---- optimizer -----------------------------------------------------------------------
     def _trainable(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.policy.parameters() if p.requires_grad]
+        explicit = getattr(self.policy, "trainable_parameters", None)
+        params = explicit() if callable(explicit) else self.policy.parameters()
+        return [p for p in params if p.requires_grad]
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         # A tabular policy starts with no entries and grows; an empty anchor keeps the param

@@ -1,4 +1,10 @@
-"""Policies: the protocol, the tabular policy, and (with the ``hf``/``vllm`` extras) LLM policies."""
+"""Policies: the protocol, the tabular policy, and (with the ``hf``/``vllm`` extras) LLM policies.
+
+``HFPolicy`` and ``VLLMPolicy`` are imported on first access, so ``import bpo_algos`` does not
+import ``transformers`` (or ``vllm``).
+"""
+
+from typing import Any
 
 from bpo_algos.policy.base import (
     Action,
@@ -9,6 +15,34 @@ from bpo_algos.policy.base import (
     action_mask,
     pad_token_rows,
 )
+from bpo_algos.policy.prompting import PromptConfig
 from bpo_algos.policy.tabular import TabularPolicy
 
-__all__ = ["Action", "Context", "Policy", "PolicyBase", "TabularPolicy", "Turn", "action_mask", "pad_token_rows"]
+_LAZY = {
+    "HFPolicy": "bpo_algos.policy.hf",
+    "VLLMPolicy": "bpo_algos.policy.vllm_policy",
+}
+
+__all__ = [
+    "Action",
+    "Context",
+    "HFPolicy",
+    "Policy",
+    "PolicyBase",
+    "PromptConfig",
+    "TabularPolicy",
+    "Turn",
+    "VLLMPolicy",
+    "action_mask",
+    "pad_token_rows",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,472 @@
+"""``HFPolicy``: any ``transformers`` causal LM as a :class:`~bpo_algos.policy.base.Policy`.
+
+The policy's distribution at a context is the model's distribution over answers (completions
+ending with the stop token) at temperature ``T``: ``pi(y | h) = prod_t softmax(z_t / T)[y_t]``.
+Sampling, ``token_logprobs`` (the loss), the reference log-probs (k3 KL) and the decision
+entropy all use that same distribution, so PPO ratios are exactly 1 on fresh samples. No
+top-k/top-p: they would make the sampled distribution differ from the scored one.
+
+Mechanics:
+
+* **Prefix sharing.** A prompt is prefilled once; its KV cache is expanded to the ``n``
+  samples of that context (``share_prefix=True``), instead of prefilling ``n`` copies.
+  Prompts of one call are batched with left padding (explicit position ids, so padding changes
+  nothing but float rounding).
+* **Entropy then sample.** The engine asks ``decision_entropy`` at a context and then
+  ``sample`` there; the prompt KV computed for the entropy is kept (``reuse_prefill=True``) and
+  reused by the following ``sample`` calls. The store is cleared by the next
+  ``decision_entropy``, by ``token_logprobs`` (a weight update follows the loss), whenever a
+  trainable parameter was modified in place since (:meth:`HFPolicy.weights_version`), and by
+  :meth:`HFPolicy.clear_cache`.
+* **Decision entropy** (DESIGN.md rule 1): with admissible actions, the exact entropy of
+  ``pi`` restricted to the admissible answers ``<action>a</action><eos>`` and renormalised,
+  every answer scored in one pass that shares the prompt's KV; without, the entropy of the
+  first token after the opening action tag (the first action token).
+* **LoRA** (``lora=True``, a dict of ``peft.LoraConfig`` fields or a ``LoraConfig``): only
+  the adapters train; reference log-probs come from the same weights with the adapter disabled.
+  Without LoRA the reference is a frozen copy made on first use (:meth:`set_reference`).
+* **Meter.** ``policy_calls`` (one per ``sample``/``decision_entropy``), ``prefill_tokens``
+  (prompt tokens actually run through the model, once per prompt when shared; answer tokens
+  scored for the entropy), ``gen_tokens`` (sampled tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_steps, pad_token_rows
+from bpo_algos.policy.prompting import PromptBuilder, PromptConfig, env_action
+
+DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+
+
+@dataclass
+class _Prefix:
+    """A prefilled prompt: its per-layer KV (``[1, kv_heads, L, head_dim]``) and next-token logits."""
+
+    ids: tuple[int, ...]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    logits: torch.Tensor
+
+
+@dataclass
+class _Batch:
+    """Prefixes assembled for decoding: left-padded KV cache, mask, lengths, next logits."""
+
+    cache: Any
+    mask: torch.Tensor
+    lengths: torch.Tensor
+    logits: torch.Tensor
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+class HFPolicy(PolicyBase, nn.Module):
+    """A ``transformers`` causal LM policy (see the module docstring).
+
+    Args:
+        model: a model name or folder (``AutoModelForCausalLM.from_pretrained``) or a loaded
+            ``PreTrainedModel``.
+        tokenizer: a tokenizer, a name/folder, or None (loaded from ``model`` when it is a path).
+        temperature: sampling temperature (> 0); part of the policy's distribution.
+        max_new_tokens: the longest answer; an answer cut there has no stop token and usually
+            does not parse (the env then answers "invalid action").
+        prompt: the prompt format (:class:`~bpo_algos.policy.prompting.PromptConfig`).
+        lora: None/False (train all weights), True (default LoRA), a dict of ``LoraConfig``
+            fields, or a ``peft.LoraConfig``.
+        share_prefix: prefill each prompt once and expand its KV to the ``n`` samples.
+        reuse_prefill: keep the prompt KV from ``decision_entropy`` for the next ``sample``.
+        batch_size: prompts prefilled per forward pass.
+        train_batch_size: sequences per forward pass in ``token_logprobs``.
+        device / dtype: where and in which precision to load the model (default: CUDA when
+            available, else CPU; the checkpoint's dtype).
+        seed: seeds sampling.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        temperature: float = 1.0,
+        max_new_tokens: int = 64,
+        prompt: PromptConfig | None = None,
+        lora: Any = None,
+        share_prefix: bool = True,
+        reuse_prefill: bool = True,
+        batch_size: int = 16,
+        train_batch_size: int = 8,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        seed: int = 0,
+    ) -> None:
+        PolicyBase.__init__(self)
+        nn.Module.__init__(self)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (the policy's distribution), got {temperature}")
+        for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size), ("train_batch_size", train_batch_size)):
+            _check_positive(name, value)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model_name = str(model) if isinstance(model, str | os.PathLike) else type(model).__name__
+        if isinstance(model, str | os.PathLike):
+            kwargs = {} if dtype is None else {"dtype": dtype}
+            model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+            if tokenizer is None:
+                tokenizer = self.model_name
+        elif dtype is not None:
+            model = model.to(dtype=dtype)
+        if tokenizer is None:
+            raise ValueError("pass a tokenizer when the model is an already-loaded object")
+        if isinstance(tokenizer, str | os.PathLike):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer
+        self.prompts = PromptBuilder(tokenizer, prompt or PromptConfig())
+        self.temperature = float(temperature)
+        self.max_new_tokens = int(max_new_tokens)
+        self.share_prefix = bool(share_prefix)
+        self.reuse_prefill = bool(reuse_prefill)
+        self.batch_size = int(batch_size)
+        self.train_batch_size = int(train_batch_size)
+        self.device = device
+
+        self.lora = bool(lora)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            if not isinstance(lora, LoraConfig):
+                lora = LoraConfig(**{**DEFAULT_LORA, **(lora if isinstance(lora, dict) else {})})
+            model = get_peft_model(model, lora)
+        self.model = model.to(device)
+        self.model.eval()  # no dropout: sampling and scoring must see the same function
+        self._reference: nn.Module | None = None
+
+        stops = {self.prompts.eos_token_id}
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        stops.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
+        self.stop_token_ids = frozenset(int(s) for s in stops)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else self.prompts.eos_token_id)
+        self._generator = torch.Generator(device=device)
+        self._generator.manual_seed(seed)
+        self._store: dict[tuple[int, ...], _Prefix] = {}
+        self._store_version = self.weights_version()
+
+    # ---- PolicyBase ----------------------------------------------------------------------
+    @property
+    def config(self) -> PromptConfig:
+        return self.prompts.config
+
+    def seed(self, seed: int) -> None:
+        self._generator.manual_seed(int(seed))
+
+    def rng_state(self) -> Any:
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        self._generator.set_state(state)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters an optimizer should update (the adapters only, with LoRA)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def weights_version(self) -> int:
+        """Changes whenever a trainable parameter is modified in place (an optimizer step)."""
+        return sum(p._version for p in self.model.parameters() if p.requires_grad)
+
+    def clear_cache(self) -> None:
+        """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
+        self._store.clear()
+
+    def train(self, mode: bool = True) -> HFPolicy:  # type: ignore[override]
+        """Keep the model in eval mode (no dropout) whatever ``mode``: see the module docstring."""
+        super().train(mode)
+        self.model.eval()
+        return self
+
+    def save_pretrained(self, path: str | os.PathLike[str]) -> None:
+        """Save the model (or its adapter) and the tokenizer."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    # ---- forward passes ------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any = None, **kw: Any) -> Any:
+        return self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            use_cache=cache is not None or kw.pop("use_cache", False),
+            **kw,
+        )
+
+    def _left_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            if s:
+                ids[i, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+                mask[i, width - len(s) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        return ids, mask, positions
+
+    @torch.no_grad()
+    def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> list[_Prefix]:
+        """Run ``prompts`` through the model; each keeps its own unpadded KV slice."""
+        out: list[_Prefix] = []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = prompts[start : start + self.batch_size]
+            if any(not p for p in chunk):
+                raise ValueError("a prompt must have at least one token")
+            ids, mask, positions = self._left_pad(chunk)
+            result = self._forward(ids, mask, positions, use_cache=True, logits_to_keep=1)
+            layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+            width = ids.shape[1]
+            for i, p in enumerate(chunk):
+                pad = width - len(p)
+                kv = [(k[i : i + 1, :, pad:].clone(), v[i : i + 1, :, pad:].clone()) for k, v in layers]
+                out.append(_Prefix(p, kv, result.logits[i, -1].float()))
+            self.meter.prefill_tokens += sum(len(p) for p in chunk)
+        return out
+
+    def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool) -> list[_Prefix]:
+        """Prefixes for ``prompts`` (duplicates prefilled once), from the store where present."""
+        version = self.weights_version()
+        if version != self._store_version:  # weights changed since the KV was computed
+            self._store.clear()
+            self._store_version = version
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._store))
+        fresh = dict(zip(missing, self._prefill(missing), strict=True))
+        found = [self._store.get(p) or fresh[p] for p in prompts]
+        if keep and self.reuse_prefill:
+            self._store.update(fresh)
+        return found
+
+    def _assemble(self, prefixes: Sequence[_Prefix], repeats: Sequence[int]) -> _Batch:
+        """One left-padded batch with prefix ``i`` repeated ``repeats[i]`` times."""
+        from transformers import DynamicCache
+
+        width = max(len(p.ids) for p in prefixes)
+        index = torch.repeat_interleave(torch.arange(len(prefixes)), torch.tensor(list(repeats))).to(self.device)
+
+        def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+            padded = [nn.functional.pad(t, (0, 0, width - t.shape[2], 0)) for t in tensors]
+            return torch.cat(padded, 0).index_select(0, index)
+
+        n_layers = len(prefixes[0].kv)
+        data = [
+            (stack([p.kv[layer][0] for p in prefixes]), stack([p.kv[layer][1] for p in prefixes]))
+            for layer in range(n_layers)
+        ]
+        cache = DynamicCache(data, config=self.model.config)
+        lengths = torch.tensor([len(p.ids) for p in prefixes]).index_select(0, index.cpu())
+        mask = (torch.arange(width)[None, :] >= (width - lengths)[:, None]).long()
+        logits = torch.stack([p.logits for p in prefixes]).index_select(0, index)
+        return _Batch(cache, mask, lengths, logits)
+
+    def _logp(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits.float() / self.temperature, dim=-1)
+
+    @torch.no_grad()
+    def _decode(self, batch: _Batch, greedy: bool) -> list[tuple[list[int], list[float]]]:
+        """Sample (or greedily decode) one answer per row of ``batch`` until a stop token."""
+        rows = batch.logits.shape[0]
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        active = torch.arange(rows)  # batch row -> output row
+        logits, mask, positions, cache = batch.logits, batch.mask, batch.lengths.clone(), batch.cache
+        stops = torch.tensor(sorted(self.stop_token_ids), device=self.device)
+        for step in range(self.max_new_tokens):
+            logp = self._logp(logits)
+            if greedy:
+                picked = logp.argmax(-1)
+            else:
+                picked = torch.multinomial(logp.exp(), 1, generator=self._generator).squeeze(-1)
+            picked_lp = logp.gather(-1, picked[:, None]).squeeze(-1)
+            for row, tok, lp in zip(active.tolist(), picked.tolist(), picked_lp.tolist(), strict=True):
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+            self.meter.gen_tokens += int(active.numel())
+            alive = ~torch.isin(picked, stops)
+            if step == self.max_new_tokens - 1 or not bool(alive.any()):
+                break
+            if not bool(alive.all()):
+                keep = alive.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, picked, mask, positions = active[keep.cpu()], picked[keep], mask[keep.cpu()], positions[keep.cpu()]
+            mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=1)
+            out = self._forward(picked[:, None], mask, positions[:, None], cache)
+            positions = positions + 1
+            logits = out.logits[:, -1]
+        return list(zip(tokens, logprobs, strict=True))
+
+    @torch.no_grad()
+    def _extend(self, prefixes: Sequence[_Prefix], continuations: Sequence[Sequence[Sequence[int]]]) -> list[list[torch.Tensor]]:
+        """Next-token logits along continuations of each prefix, sharing the prefix KV.
+
+        ``continuations[i]`` is a list of token sequences after ``prefixes[i]``; the result
+        ``[i][j]`` is a ``[len(c) + 1, vocab]`` tensor: row ``t`` is the logits after the first
+        ``t`` tokens of continuation ``j`` (row 0 = the prefix's own next-token logits).
+        """
+        flat = [tuple(c) for cs in continuations for c in cs]
+        batch = self._assemble(prefixes, [len(cs) for cs in continuations])
+        width = max((len(c) for c in flat), default=0)
+        if width:
+            ids = torch.full((len(flat), width), self.pad_token_id, dtype=torch.long)
+            extra = torch.zeros((len(flat), width), dtype=torch.long)
+            for r, c in enumerate(flat):
+                if c:
+                    ids[r, : len(c)] = torch.tensor(c)
+                    extra[r, : len(c)] = 1
+            positions = batch.lengths[:, None] + torch.arange(width)[None, :]
+            out = self._forward(ids, torch.cat([batch.mask, extra], 1), positions, batch.cache)
+            logits = torch.cat([batch.logits[:, None], out.logits.float()], 1)
+            self.meter.prefill_tokens += int(extra.sum())
+        else:
+            logits = batch.logits[:, None]
+        result: list[list[torch.Tensor]] = []
+        r = 0
+        for cs in continuations:
+            result.append([logits[r + j, : len(c) + 1] for j, c in enumerate(cs)])
+            r += len(cs)
+        return result
+
+    # ---- Policy --------------------------------------------------------------------------
+    def prompt_ids(self, context: Context) -> tuple[int, ...]:
+        return self.prompts.prompt_ids(context)
+
+    def generate(self, contexts: Sequence[Context], n: int, *, share_prefix: bool | None = None, greedy: bool = False) -> list[list[Action]]:
+        """``n`` answers per context: sampled at the policy temperature, or greedy.
+
+        ``share_prefix`` overrides the policy's setting (False: each of the ``n`` rows
+        prefills its own copy of the prompt, the baseline prefix sharing is measured against).
+        """
+        _check_positive("n", n)
+        if not contexts:
+            return []
+        share = self.share_prefix if share_prefix is None else share_prefix
+        prompts = [self.prompt_ids(c) for c in contexts]
+        if share:
+            prefixes = self._prefixes(prompts, keep=False)
+            batch = self._assemble(prefixes, [n] * len(prompts))
+        else:
+            copies = [p for p in prompts for _ in range(n)]
+            batch = self._assemble(self._prefill(copies), [1] * len(copies))
+        for p in prompts:
+            self._store.pop(p, None)
+        answers = self._decode(batch, greedy)
+        out: list[list[Action]] = []
+        for i, prompt in enumerate(prompts):
+            row: list[Action] = []
+            for ids, lps in answers[i * n : (i + 1) * n]:
+                text = self.prompts.decode(ids)
+                row.append(Action(text, tuple(ids), tuple(lps), env_action(text, self.config), prompt))
+            out.append(row)
+        return out
+
+    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
+        """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions."""
+        out = self.generate(contexts, n)
+        self.meter.policy_calls += 1
+        return out
+
+    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
+        """Entropy of the policy at each context, before sampling (see the module docstring)."""
+        self._store.clear()
+        if not contexts:
+            return []
+        prompts = [self.prompt_ids(c) for c in contexts]
+        prefixes = self._prefixes(prompts, keep=True)
+        open_ids = tuple(self.prompts.encode(self.config.action_open))
+        continuations: list[list[tuple[int, ...]]] = []
+        for c in contexts:
+            if c.admissible_actions:
+                # the answer's last token needs no input: it is scored from the one before
+                continuations.append([self.prompts.action_ids(a)[:-1] for a in c.admissible_actions])
+            else:
+                continuations.append([open_ids])
+        logits = self._extend(prefixes, continuations)
+        out: list[float] = []
+        for c, rows in zip(contexts, logits, strict=True):
+            if c.admissible_actions:
+                seq = torch.stack([self._sequence_logprob(lg, self.prompts.action_ids(a)) for lg, a in zip(rows, c.admissible_actions, strict=True)])
+                logp = seq - torch.logsumexp(seq, 0)
+            else:
+                logp = self._logp(rows[0][-1])
+            out.append(float(-(logp.exp() * logp).sum()))
+        self.meter.policy_calls += 1
+        return out
+
+    def _sequence_logprob(self, logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+        target = torch.tensor(list(ids), device=logits.device)
+        return self._logp(logits[: len(ids)]).gather(-1, target[:, None]).sum().double()
+
+    def action_distribution(self, context: Context) -> dict[str, float]:
+        """``pi(a | h)`` renormalised over the admissible actions (what the entropy is of)."""
+        if not context.admissible_actions:
+            raise ValueError("action_distribution needs admissible actions")
+        prefix = self._prefixes([self.prompt_ids(context)], keep=False)
+        answers = [self.prompts.action_ids(a) for a in context.admissible_actions]
+        rows = self._extend(prefix, [[a[:-1] for a in answers]])[0]
+        seq = torch.stack([self._sequence_logprob(lg, a) for lg, a in zip(rows, answers, strict=True)])
+        return dict(zip(context.admissible_actions, (seq - torch.logsumexp(seq, 0)).exp().tolist(), strict=True))
+
+    def _token_logprobs(self, model: nn.Module, steps: Sequence[StepLike]) -> torch.Tensor:
+        rows: list[torch.Tensor] = []
+        for start in range(0, len(steps), self.train_batch_size):
+            chunk = steps[start : start + self.train_batch_size]
+            prompts = [s.action.prompt_token_ids or self.prompt_ids(s.context) for s in chunk]
+            answers = [tuple(s.action.token_ids) for s in chunk]
+            if any(not a for a in answers):
+                raise ValueError("a recorded action has no token ids")
+            ids, mask, positions = self._left_pad([(*p, *a) for p, a in zip(prompts, answers, strict=True)])
+            keep = max(len(a) for a in answers) + 1
+            logits = model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+                use_cache=False,
+                logits_to_keep=keep,
+            ).logits
+            logp = self._logp(logits)
+            for i, a in enumerate(answers):
+                # answer token t sits at -len(a)+t; it is predicted by the logits one earlier
+                pred = logp[i, keep - 1 - len(a) : keep - 1]
+                rows.append(pred.gather(-1, torch.tensor(a, device=pred.device)[:, None]).squeeze(-1))
+        return pad_token_rows(rows) if rows else torch.zeros(0, 0)
+
+    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        """Differentiable ``[n_steps, max_action_tokens]`` log-probs, zero-padded (steps or a Batch)."""
+        self._store.clear()
+        return self._token_logprobs(self.model, as_steps(steps))
+
+    # ---- reference policy (k3 KL) --------------------------------------------------------
+    def set_reference(self) -> None:
+        """Freeze the current weights as the reference (LoRA: the base model is the reference)."""
+        if self.lora:
+            return
+        self._reference = copy.deepcopy(self.model).requires_grad_(False).eval()
+
+    @torch.no_grad()
+    def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        """Per-token log-probs under the reference policy (no gradient)."""
+        steps = as_steps(steps)
+        if self.lora:
+            with self.model.disable_adapter():
+                return self._token_logprobs(self.model, steps)
+        if self._reference is None:
+            self.set_reference()
+        assert self._reference is not None
+        return self._token_logprobs(self._reference, steps)

