@@ -125,8 +125,8 @@ def _chi2_pvalue(stat: float, dof: int) -> float:
 
 
 def test_shared_prefix_sampling_has_the_exact_two_token_distribution(tiny_path):
-    """Seeded: 160 two-token answers with and without prefix sharing vs the exact distribution."""
-    n = 160
+    """Seeded: 400 two-token answers with and without prefix sharing vs the exact distribution."""
+    n = 400
     policy = HFPolicy(tiny_path, max_new_tokens=2, seed=11, batch_size=n)
     context = tree_contexts()[1]
     prompt = policy.prompt_ids(context)

@@ -47,16 +47,40 @@ def _chatml(messages: list[dict[str, str]], answer: str) -> str:
     return f"{body}<|im_start|>assistant\n{answer}<|im_end|>\n"
 
 
-def env_corpus(n_walks: int = 300, seed: int = 0) -> Iterator[str]:
-    """Training text for the tokenizer: TreeMDP prompts and answers in the policy's chat format.
+def _walk_corpus(env: Any, task: Any, seed: int, config: PromptConfig, rng: Any) -> Iterator[str]:
+    """One episode of ``env`` (expert actions 30%, admissible ones 60%, junk 10%) as chat text."""
+    obs, info = env.reset(seed=seed, options={"task_id": task})
+    admissible = info.get("admissible_actions")
+    context = Context(info["task_id"], obs, tuple(admissible) if admissible else None, initial_observation=obs)
+    done = False
+    while not done:
+        roll = rng.random()
+        if roll < 0.1 or not admissible:
+            action = str(rng.choice(["", "a", "go north", "A1", "a99", "<action>", "look", "click[next]"]))
+        elif roll < 0.4:
+            action = env.unwrapped.expert_actions()[0]
+        else:
+            action = str(rng.choice(admissible))
+        yield _chatml(build_messages(context, config), format_action(action, config))
+        obs, _, terminated, truncated, info = env.step(action)
+        admissible = info.get("admissible_actions")
+        done = terminated or truncated
+        context = context.child(action, obs, admissible)
+    yield obs
 
-    Random walks over TreeMDP configurations give the observations, invalid-action messages,
-    histories and admissible lists a policy sees, rendered exactly as :mod:`prompting` renders
-    them (both tag styles), plus plain English-like instructions of the system prompt.
+
+def env_corpus(n_walks: int = 300, seed: int = 0) -> Iterator[str]:
+    """Training text for the tokenizer: env prompts and answers in the policy's chat format.
+
+    Random walks over TreeMDP configurations and over the bundled WebShop catalog give the
+    observations, invalid-action messages, histories and admissible lists a policy sees,
+    rendered exactly as :mod:`prompting` renders them (both tag styles). Both envs ship with
+    the package, so the corpus (and the tokenizer) is the same on every machine.
     """
     import numpy as np
 
     from bpo_envs.tree_mdp import TreeMDPEnv
+    from bpo_envs.webshop import WebShopEnv
 
     rng = np.random.default_rng(seed)
     configs = [PromptConfig(), PromptConfig(history=4)]
@@ -67,23 +91,11 @@ def env_corpus(n_walks: int = 300, seed: int = 0) -> Iterator[str]:
             seed=int(rng.integers(1000)),
             n_tasks=int(rng.integers(1, 20)),
         )
-        obs, info = env.reset(seed=walk)
-        context = Context(info["task_id"], obs, tuple(info["admissible_actions"]), initial_observation=obs)
-        config = configs[walk % len(configs)]
-        done = False
-        while not done:
-            roll = rng.random()
-            if roll < 0.1:
-                action = str(rng.choice(["", "a", "go north", "A1", "a99", "<action>", "look"]))
-            elif roll < 0.4:
-                action = env.expert_actions()[0]
-            else:
-                action = str(rng.choice(info["admissible_actions"]))
-            yield _chatml(build_messages(context, config), format_action(action, config))
-            obs, _, terminated, truncated, info = env.step(action)
-            done = terminated or truncated
-            context = context.child(action, obs, info.get("admissible_actions"))
-        yield obs
+        yield from _walk_corpus(env, int(rng.integers(env.n_tasks)), walk, configs[walk % 2], rng)
+    shop = WebShopEnv(max_episode_steps=8)
+    ids = shop.task_ids()
+    for walk in range(n_walks):
+        yield from _walk_corpus(shop, ids[int(rng.integers(len(ids)))], walk, configs[walk % 2], rng)
 
 
 def _train_tokenizer(vocab_size: int, seed: int) -> Any:
@@ -194,7 +206,7 @@ def _build_once(name: str, build: Any) -> Path:
 def tiny_model_path(**kwargs: Any) -> Path:
     """The tiny model built with ``kwargs`` (see :func:`build_tiny_model`), cached on disk."""
     key = hashlib.sha1(json.dumps(kwargs, sort_keys=True).encode()).hexdigest()[:10]
-    return _build_once(f"tiny-qwen2-v1-{key}", lambda p: build_tiny_model(p, **kwargs))
+    return _build_once(f"tiny-qwen2-v2-{key}", lambda p: build_tiny_model(p, **kwargs))
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
