@@ -106,6 +106,25 @@ PRESETS: dict[str, Preset] = {
         budget={"treemdp": 512, "webshop": 512},
         updates=40,
     ),
+    # The tiny offline Qwen2 model, warm-started by behaviour cloning on WebShop's expert, with
+    # short episodes: the LLM code path end to end on a CPU (about 20 s an update here).
+    "cpu-llm": Preset(
+        envs={"webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 8}, train_tasks=8, eval_tasks=8)},
+        policy="tiny",
+        budget={"webshop": 48},
+        seeds=(0, 1),
+        updates=8,
+        group_size=4,
+        backbones=2,
+        branch_factor=2,
+        learning_rate=1e-4,
+        optimizer="adamw",
+        max_grad_norm=1.0,
+        sft_epochs=2,
+        grad_batches=3,
+        eval_episodes=2,
+        pool_size=4,
+    ),
     "smoke": Preset(
         envs={
             "treemdp": EnvSetup(
