@@ -214,6 +214,31 @@ class TreeMDPEnv(SnapshotEnv):
     def _set_state(self, state: tuple[int, ...]) -> None:
         self._path = state
 
+    def agent_prior(self, confidence: float = 3.0) -> dict[str, list[float]]:
+        """Logits of a "pretrained agent" for every state of an ``observe="state"`` tree.
+
+        Routine decisions get ``confidence`` on the action with the best own reward term
+        (a competent agent rarely fumbles routine steps), decisive ones zeros (it does not know
+        which decision wins): the low-entropy-everywhere-but-the-decisions regime of an
+        SFT-warmed LLM agent, for tabular experiments. Keyed by observation, for every task.
+        """
+        if self.observe != "state" or self.decisive_levels is None:
+            raise ValueError("agent_prior needs an agent-like tree with observe='state'")
+        prior: dict[str, list[float]] = {}
+        for task in range(self.n_tasks):
+            for level in range(self.depth):
+                n_decided = sum(1 for d in self.decisive_levels if d < level)
+                for decided in np.ndindex(*([self.n_actions] * n_decided)):
+                    path = [0] * level
+                    for d, a in zip([d for d in self.decisive_levels if d < level], decided, strict=True):
+                        path[d] = a
+                    logits = [0.0] * self.n_actions
+                    if level not in self.decisive_levels:
+                        own = [_uniform(self.seed_value, task, level, self.n_actions, tuple(decided), a) for a in range(self.n_actions)]
+                        logits[int(np.argmax(own))] = float(confidence)
+                    prior[self.observation_of(task, path)] = logits
+        return prior
+
     def expert_actions(self) -> list[str]:
         """The path from the current node to the best leaf below it."""
         _, rest = self._best(self.task_id, self._path)

@@ -60,6 +60,8 @@ class EnvSetup:
     eval_tasks: int = 16
     workers: int = 1
     """Envs stepped in parallel threads (worth it where steps wait on subprocesses)."""
+    policy: str | None = None
+    """Overrides the preset's policy for this env."""
 
 
 @dataclass
@@ -100,6 +102,7 @@ PRESETS: dict[str, Preset] = {
                 {"depth": 8, "n_actions": 3, "decisive_levels": (5,), "observe": "state", "n_tasks": 16, "seed": 0},
                 train_tasks=16,
                 eval_tasks=16,
+                policy="tabular-prior",
             ),
             "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15}, train_tasks=16, eval_tasks=16),
         },
@@ -168,12 +171,23 @@ PRESETS: dict[str, Preset] = {
 
 # ---- policies --------------------------------------------------------------------------
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, make_env: Callable[[], gym.Env], tasks: list[Any]) -> Any:
-    """The initial policy of one (env, seed): the same object state for every algorithm."""
-    if preset.policy == "tabular":
+    """The initial policy of one (env, seed): the same object state for every algorithm.
+
+    ``tabular`` starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
+    (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
+    is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder).
+    """
+    name = setup.policy or preset.policy
+    if name == "tabular":
         return TabularPolicy(temperature=preset.temperature, seed=seed)
+    if name == "tabular-prior":
+        env = make_env()
+        prior = env.unwrapped.agent_prior()
+        env.close()
+        return TabularPolicy.from_logits(prior, temperature=preset.temperature, seed=seed)
     from bpo_algos.policy import HFPolicy
 
-    model = preset.policy
+    model = name
     if model == "tiny":
         from bpo_algos.policy.tiny import tiny_model_path
 

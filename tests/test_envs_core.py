@@ -268,3 +268,14 @@ def test_state_observations_merge_routine_detours():
     check_snapshot(make_tree(depth=4, decisive_levels=(2,), observe="state"), seed=0, steps=8)
     with pytest.raises(ValueError, match="observe"):
         make_tree(observe="state")
+
+
+def test_agent_prior_is_confident_on_routine_and_flat_on_decisive_decisions():
+    env = make_tree(depth=5, n_actions=3, decisive_levels=(2,), observe="state", n_tasks=2).unwrapped
+    prior = env.agent_prior(confidence=4.0)
+    for obs, logits in prior.items():
+        depth = int(obs.split("state[")[1].split(";")[0])
+        assert sorted(logits) == ([0.0, 0.0, 0.0] if depth == 2 else [0.0, 0.0, 4.0])
+    assert env.observation_of(1, (0, 0, 1, 0)) in prior
+    with pytest.raises(ValueError, match="observe='state'"):
+        make_tree(depth=3).unwrapped.agent_prior()

@@ -9,6 +9,11 @@ waits for the grace period). Grading applies the diff of ``/testbed`` against ``
 swebench eval script there. ``portable()`` carries ``/testbed`` only (a tar), rebuilt on the
 instance image by the receiver. Unlike the local backend, a process an agent starts in the
 background stays alive across steps (and keeps its step open until the timeout).
+
+Limits (``SandboxLimits``): every container gets ``pids_limit`` (max_processes), ``mem_limit``
+with no extra swap (memory_bytes, for the whole container) and an ``RLIMIT_FSIZE`` ulimit
+(max_file_bytes). Not enforced here: CPU seconds (the exec timeout bounds a step) and the disk
+quota (docker's ``storage_opt`` needs overlay2 on xfs with project quotas).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.swebench.local import SandboxLimits
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 
 DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
@@ -74,7 +80,10 @@ class DockerBackend:
     # using an image after its own env closed, so each close() retries all of them
     _all_snapshots: set[str] = set()
 
-    def __init__(self, kind: Hashable, image: str | None = None) -> None:
+    def __init__(
+        self, kind: Hashable, image: str | None = None, limits: SandboxLimits | None = None
+    ) -> None:
+        self.limits = limits or SandboxLimits()
         self.client = docker_client()
         self.base_image = image or DEFAULT_IMAGE
         self.container: Any = None
@@ -152,9 +161,15 @@ class DockerBackend:
 
     # ---- containers ------------------------------------------------------------------
     def _start(self, image: str) -> Any:
+        import docker
+
+        lim = self.limits
+        fsize = docker.types.Ulimit(name="fsize", soft=lim.max_file_bytes, hard=lim.max_file_bytes)
         return self.client.containers.run(
             image, ["sleep", "infinity"], detach=True, init=True, network_mode="none",
             working_dir="/testbed", labels={"bpo-gym": "swebench"},
+            pids_limit=lim.max_processes, mem_limit=lim.memory_bytes,
+            memswap_limit=lim.memory_bytes, ulimits=[fsize],
         )
 
     def _replace(self, image: str) -> None:

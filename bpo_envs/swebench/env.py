@@ -15,6 +15,7 @@ import numpy as np
 from bpo_envs.core import SnapshotEnv
 from bpo_envs.swebench import harness
 from bpo_envs.swebench.instances import load_instances
+from bpo_envs.swebench.local import SandboxLimits
 from bpo_envs.swebench.output import CommandResult
 
 SUBMIT = "submit"
@@ -75,6 +76,15 @@ class SWEBenchEnv(SnapshotEnv):
         max_episode_steps: steps before truncation (the diff is then graded as submitted).
         max_output_bytes: a command printing more than this is killed (its output is elided).
         python: the interpreter the local sandbox exposes (default: the one running this).
+        cpu_seconds: CPU seconds one process of a command may use (None: ``step_timeout``
+            rounded up; the grading run gets at least ``eval_timeout``).
+        memory_bytes: address space of one process (docker: the container's memory limit).
+        max_processes: processes and threads one command may have at once (docker: the
+            container's ``pids_limit``).
+        max_file_bytes: the largest file a command may write.
+        disk_quota_bytes: local backend: how much ``/testbed`` may grow over the initial checkout
+            (a command leaving it larger is undone) and the size of ``/tmp`` and ``/dev/shm``.
+            See ``bpo_envs.swebench.local`` for where each limit is enforced.
         docker_image: for ``backend="docker"``, the image rows without ``image`` are built on
             (the local image made by ``scripts/setup/swebench.sh``) when they carry
             ``repo_path``; otherwise swebench's ``sweb.eval.*`` image names are used.
@@ -95,6 +105,11 @@ class SWEBenchEnv(SnapshotEnv):
         max_output_bytes: int = 64 << 20,
         python: str | None = None,
         docker_image: str | None = None,
+        cpu_seconds: int | None = None,
+        memory_bytes: int = 4 << 30,
+        max_processes: int = 512,
+        max_file_bytes: int = 1 << 30,
+        disk_quota_bytes: int = 2 << 30,
         render_mode: str | None = None,
     ) -> None:
         if backend not in BACKENDS:
@@ -104,6 +119,9 @@ class SWEBenchEnv(SnapshotEnv):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(max_output_bytes, int) or max_output_bytes < 1024:
             raise ValueError(f"max_output_bytes must be an int >= 1024, got {max_output_bytes!r}")
+        limits = SandboxLimits(cpu_seconds=cpu_seconds, memory_bytes=memory_bytes,
+                               max_processes=max_processes, max_file_bytes=max_file_bytes,
+                               disk_quota_bytes=disk_quota_bytes)
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
         rows = load_instances(instances)
         self._rows = {row["instance_id"]: row for row in rows}
@@ -122,11 +140,11 @@ class SWEBenchEnv(SnapshotEnv):
         if backend == "local":
             from bpo_envs.swebench.local import LocalBackend
 
-            self._backend: Any = LocalBackend(self._kind, python=python)
+            self._backend: Any = LocalBackend(self._kind, python=python, limits=limits)
         else:
             from bpo_envs.swebench.docker_backend import DockerBackend
 
-            self._backend = DockerBackend(self._kind, image=docker_image)
+            self._backend = DockerBackend(self._kind, image=docker_image, limits=limits)
         self._backend.check(rows)
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._row: dict[str, Any] | None = None

@@ -14,11 +14,36 @@ index files that act as stat caches, so a snapshot hashes only what changed. Res
 files, symlinks, the executable bit and empty directories. Not captured: other permission bits,
 ownership, timestamps, nested git repositories (stored as gitlinks), and processes (none
 survive a step anyway).
+
+Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
+
+* enforced per process, by ``prlimit`` on the ``bwrap`` command: CPU time (``RLIMIT_CPU``: the
+  process gets SIGXCPU, then SIGKILL), address space (``RLIMIT_AS``: allocations fail with
+  ENOMEM / MemoryError), largest file (``RLIMIT_FSIZE``: writes past it fail with SIGXFSZ/EFBIG)
+  and ``RLIMIT_NPROC`` (which the kernel ignores for root, so it only counts for a non-root host
+  user);
+* processes, for the whole command: a pids cgroup (v1 ``/sys/fs/cgroup/pids`` or a delegated v2
+  one) with ``pids.max``; forks past it fail with EAGAIN. Without a writable pids cgroup
+  (``BwrapSandbox.cgroup`` is None) only the step timeout and the kill below bound a fork bomb;
+* disk: ``/tmp`` and ``/dev/shm`` are tmpfs mounts of ``disk_quota_bytes`` each, and
+  ``/testbed`` may grow by ``disk_quota_bytes`` over the task's initial checkout (allocated
+  blocks, hard links once): checked every second during a command (which is killed when over)
+  and after it; a command that leaves the testbed over quota is undone (the working copy is
+  restored to its state before the command) and the observation says so. Growth inside one
+  second is bounded by ``RLIMIT_FSIZE`` per file and the disk speed;
+* nothing outlives its step: ``--unshare-pid`` (the command's processes die with the namespace's
+  init), ``--die-with-parent``, the process group killed on timeout, and every process left in
+  the command's pids cgroup killed when the step ends (``setsid``/``nohup``/double forks stay in
+  both the namespace and the cgroup).
+
+Not limited: total memory of all processes together (each is under ``RLIMIT_AS``, and there
+are at most ``max_processes`` of them), disk bandwidth, CPU shares.
 """
 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import selectors
 import shutil
@@ -28,8 +53,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +64,135 @@ from bpo_envs.swebench.harness import CONDA_SHIM
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-command resource limits of the sandbox (see the module docstring for where each is
+    enforced).
+
+    Args:
+        cpu_seconds: CPU seconds one process may use (``RLIMIT_CPU``); None: the step timeout
+            rounded up (the grading run gets at least its own timeout).
+        memory_bytes: address space of one process (``RLIMIT_AS``; docker: the container's
+            memory limit).
+        max_processes: processes and threads of one command together (pids cgroup; docker:
+            ``pids_limit``).
+        max_file_bytes: the largest file a process may write (``RLIMIT_FSIZE``).
+        disk_quota_bytes: how much ``/testbed`` may grow over the task's initial checkout, and the
+            size of the ``/tmp`` and ``/dev/shm`` tmpfs mounts (local backend only).
+    """
+
+    cpu_seconds: int | None = None
+    memory_bytes: int = 4 << 30
+    max_processes: int = 512
+    max_file_bytes: int = 1 << 30
+    disk_quota_bytes: int = 2 << 30
+
+    def __post_init__(self) -> None:
+        if self.cpu_seconds is not None and (
+            not isinstance(self.cpu_seconds, int) or isinstance(self.cpu_seconds, bool)
+            or self.cpu_seconds < 1
+        ):
+            raise ValueError(f"cpu_seconds must be None or an int >= 1, got {self.cpu_seconds!r}")
+        for name, low in (("memory_bytes", 64 << 20), ("max_processes", 8),
+                          ("max_file_bytes", 1 << 20), ("disk_quota_bytes", 1 << 20)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+    def cpu_for(self, timeout: float) -> int:
+        return self.cpu_seconds if self.cpu_seconds is not None else max(1, math.ceil(timeout))
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes allocated under ``root`` (not following links; each hard-linked inode once)."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+    stack = [str(root)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_nlink > 1 and not entry.is_dir(follow_symlinks=False):
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                total += st.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+    return total
+
+
+class PidsCgroup:
+    """A pids cgroup that caps a command's processes and lets the host kill all of them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.procs = path / "cgroup.procs"
+
+    @classmethod
+    def create(cls, max_pids: int) -> PidsCgroup | None:
+        """A new cgroup with ``pids.max``; None when no writable pids hierarchy exists."""
+        name = f"bpo-swe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        parents = [Path("/sys/fs/cgroup/pids")]
+        try:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                if line.startswith("0::"):
+                    v2 = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+                    if "pids" in (v2 / "cgroup.subtree_control").read_text().split():
+                        parents.append(v2)
+        except OSError:
+            pass
+        for parent in parents:
+            if not (parent / "cgroup.procs").exists():
+                continue
+            path = parent / name
+            try:
+                path.mkdir()
+                (path / "pids.max").write_text(str(max_pids))
+            except OSError:
+                cls._rmdir(path)
+                continue
+            group = cls(path)
+            atexit.register(group.remove)
+            return group
+        return None
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in self.procs.read_text().split()]
+        except OSError:
+            return []
+
+    def kill_all(self, wait: float = 5.0) -> None:
+        deadline = time.monotonic() + wait
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+
+    @staticmethod
+    def _rmdir(path: Path) -> None:
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+
+    def remove(self) -> None:
+        self.kill_all(1.0)
+        self._rmdir(self.path)
 
 
 def require_bwrap() -> str:
@@ -68,8 +223,14 @@ def _python_dirs(python: str) -> list[str]:
 class BwrapSandbox:
     """Runs one bash command in a fresh bubblewrap sandbox with a given dir as ``/testbed``."""
 
-    def __init__(self, python: str | None = None) -> None:
+    def __init__(self, python: str | None = None, limits: SandboxLimits | None = None) -> None:
         self.bwrap = require_bwrap()
+        self.prlimit = shutil.which("prlimit")
+        if self.prlimit is None:
+            raise RuntimeError("the local SWE-bench backend needs prlimit (util-linux)")
+        self.limits = limits or SandboxLimits()
+        self.cgroup = PidsCgroup.create(self.limits.max_processes)
+        self._lock = threading.Lock()  # one command at a time per cgroup
         self.python = python or sys.executable
         self._dirs = _python_dirs(self.python)
         self._venv_bin = os.path.join(
@@ -95,7 +256,9 @@ class BwrapSandbox:
                 a += ["--symlink", os.readlink(p), "/" + name]
             elif p.is_dir():
                 a += ["--ro-bind", str(p), "/" + name]
-        a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        tmp_size = str(self.limits.disk_quota_bytes)
+        a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/tmp",
+              "--size", tmp_size, "--tmpfs", "/dev/shm"]
         for d in self._dirs:
             a += ["--ro-bind", d, d]
         for d in self._hidden:
@@ -120,13 +283,45 @@ class BwrapSandbox:
         timeout: float,
         kill_after_bytes: int,
         ro_binds: Sequence[tuple[str, str]] = (),
+        watch: Callable[[], bool] | None = None,
+        grading: bool = False,
     ) -> CommandResult:
-        argv = [*self.args(testbed, ro_binds), "bash", "-c", command]
-        return run_collected(argv, timeout, kill_after_bytes)
+        """Run ``command``; ``watch`` (polled every second) returning True kills it.
+
+        ``grading``: the CPU limit is at least ``timeout`` (a test run may use all of it).
+        """
+        lim = self.limits
+        cpu = max(lim.cpu_for(timeout), math.ceil(timeout)) if grading else lim.cpu_for(timeout)
+        argv = [
+            self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={lim.memory_bytes}",
+            f"--fsize={lim.max_file_bytes}", f"--nproc={lim.max_processes}", "--",
+            *self.args(testbed, ro_binds), "bash", "-c", command,
+        ]
+        with self._lock:
+            if self.cgroup is not None:
+                # the shell joins the cgroup before it execs, so every descendant is counted
+                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup.procs), *argv]
+            try:
+                result = run_collected(argv, timeout, kill_after_bytes, watch)
+            finally:
+                if self.cgroup is not None:
+                    self.cgroup.kill_all()
+        notes = {152: f"[killed: CPU time limit of {cpu} s per process]",
+                 153: f"[killed: file size limit of {lim.max_file_bytes} bytes]"}
+        if not result.timed_out and result.exit_code in notes:
+            sep = "" if not result.output or result.output.endswith("\n") else "\n"
+            result = replace(result, output=result.output + sep + notes[result.exit_code])
+        return result
 
 
-def run_collected(argv: list[str], timeout: float, kill_after_bytes: int) -> CommandResult:
-    """Run ``argv`` with merged stdout/stderr collected under a deadline and an output cap."""
+def run_collected(
+    argv: list[str], timeout: float, kill_after_bytes: int,
+    watch: Callable[[], bool] | None = None, watch_every: float = 1.0,
+) -> CommandResult:
+    """Run ``argv`` with merged stdout/stderr collected under a deadline and an output cap.
+
+    ``watch`` is polled every ``watch_every`` seconds; when it returns True the command is killed.
+    """
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
@@ -134,16 +329,24 @@ def run_collected(argv: list[str], timeout: float, kill_after_bytes: int) -> Com
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     collector = OutputCollector(kill_after_bytes)
-    timed_out = killed = False
+    timed_out = killed = watched = False
     deadline = time.monotonic() + timeout
+    next_watch = time.monotonic() + watch_every
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 timed_out = True
                 break
-            if not sel.select(remaining):
+            if watch is not None and now >= next_watch:
+                if watch():
+                    watched = True
+                    break
+                next_watch = now + watch_every
+            wait = remaining if watch is None else min(remaining, max(0.0, next_watch - now))
+            if not sel.select(wait):
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -151,7 +354,7 @@ def run_collected(argv: list[str], timeout: float, kill_after_bytes: int) -> Com
             if not collector.feed(chunk):
                 killed = True
                 break
-    if timed_out or killed:
+    if timed_out or killed or watched:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -358,10 +561,15 @@ def state_from_portable(store: ObjectStore, obj: dict[str, Any]) -> TreeState:
 class LocalBackend:
     """The env's view of the local backend: reset, run, capture/apply, patch, eval."""
 
-    def __init__(self, kind: Hashable, python: str | None = None) -> None:
-        self.sandbox = BwrapSandbox(python)
+    def __init__(
+        self, kind: Hashable, python: str | None = None, limits: SandboxLimits | None = None
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.sandbox = BwrapSandbox(python, self.limits)
         self.store = ObjectStore.for_kind(kind)
         self.ws = Workspace(self.store)
+        self._base_sizes: dict[str, int] = {}  # instance -> bytes of its initial testbed
+        self._base_size = 0
 
     def check(self, rows: Sequence[dict[str, Any]]) -> None:
         missing = [r["instance_id"] for r in rows if not r.get("repo_path")]
@@ -383,12 +591,38 @@ class LocalBackend:
                 self.store.initial[row["instance_id"]] = state
             return state
 
+    def _set_base(self, row: dict[str, Any]) -> None:
+        iid = row["instance_id"]
+        if iid not in self._base_sizes:
+            fork = Workspace(self.store)
+            try:
+                fork.apply(self._initial(row))
+                self._base_sizes[iid] = disk_usage(fork.testbed)
+            finally:
+                fork.close()
+        self._base_size = self._base_sizes[iid]
+
     def reset(self, row: dict[str, Any]) -> None:
         self.ws.apply(self._initial(row))
+        self._set_base(row)
 
     def run(self, command: str, timeout: float, kill_after_bytes: int) -> CommandResult:
+        quota = self.limits.disk_quota_bytes
+        limit = self._base_size + quota
+        before = self.ws.capture()  # cheap: the stat caches hash only what changed
         self.ws.mark_dirty()
-        return self.sandbox.run(self.ws.testbed, command, timeout, kill_after_bytes)
+        testbed = self.ws.testbed
+        result = self.sandbox.run(testbed, command, timeout, kill_after_bytes,
+                                  watch=lambda: disk_usage(testbed) > limit)
+        used = disk_usage(testbed)
+        if used > limit:
+            self.ws.apply(before)
+            sep = "" if not result.output or result.output.endswith("\n") else "\n"
+            result = replace(result, output=(
+                f"{result.output}{sep}[disk quota exceeded: /testbed grew by {used - self._base_size}"
+                f" bytes, the limit is {quota}; the command was killed and its changes undone]"
+            ))
+        return result
 
     def capture(self) -> TreeState:
         return self.ws.capture()
@@ -396,6 +630,7 @@ class LocalBackend:
     def apply(self, state: TreeState, row: dict[str, Any] | None) -> None:
         if row is not None:
             self._initial(row)  # the store must know the row's repo
+            self._set_base(row)
         self.ws.apply(state)
 
     def portable(self, state: TreeState, row: dict[str, Any]) -> dict[str, Any]:
@@ -424,7 +659,7 @@ class LocalBackend:
             (eval_dir / "eval.sh").write_text(script, encoding="utf-8")
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
             result = self.sandbox.run(fork.testbed, runner, timeout, 256 << 20,
-                                      ro_binds=[(str(eval_dir), "/bpo_eval")])
+                                      ro_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
             log = result.output
             if result.timed_out:
                 log += "\n" + harness.timeout_marker() + "\n"
@@ -434,3 +669,5 @@ class LocalBackend:
 
     def close(self) -> None:
         self.ws.close()
+        if self.sandbox.cgroup is not None:
+            self.sandbox.cgroup.remove()
