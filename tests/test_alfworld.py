@@ -299,3 +299,63 @@ def test_task_ids_games_and_portable_snapshots_across_processes(env: gym.Env) ->
     assert child_intro == intro
     assert child_plan == rest and child_out == expected
     assert expected[-1][2] is True
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    pytest.skip("no VmRSS in /proc/self/status")
+
+
+# RSS may wobble with the allocator by a few MiB; the leak this guards against (a NativeState
+# or translation kept per expansion) grew ~0.1 MiB per expansion, i.e. >10 MiB over the half.
+RSS_GROWTH_BOUND_MIB = 6.0
+
+
+def test_rss_flat_over_many_cheap_expansions(env: gym.Env) -> None:
+    """reset / step / snapshot / restore x3 / release on one game: RSS stops growing."""
+    import random
+
+    rng = random.Random(0)
+    task = GAME["pick_and_place_simple"]
+
+    def expansion() -> None:
+        _, info = env.reset(options={"task_id": task})
+        info = env.step(rng.choice(info["admissible_actions"]))[-1]
+        snap = bpo_envs.snapshot(env)
+        for _ in range(3):
+            bpo_envs.restore(env, snap)
+            env.step(rng.choice(info["admissible_actions"]))
+        snap.release()
+
+    n = 120
+    samples = []
+    for _ in range(2 * n):
+        expansion()
+        samples.append(_rss_mib())
+    growth = samples[-1] - samples[n]
+    assert growth < RSS_GROWTH_BOUND_MIB, f"RSS grew {growth:.1f} MiB over the last {n} expansions"
+
+
+def test_translation_cache_is_bounded_in_bytes(env: gym.Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cross-env restores re-root (one new translation pair each); the cache stays in budget."""
+    from bpo_envs.alfworld import _upstream
+
+    budget = 2 * 2**20
+    monkeypatch.setattr(_upstream, "TRANSLATION_CACHE_BYTES", budget)
+    other = gym.make("BPO-ALFWorld-v0", games_per_type=3)
+    try:
+        _, info = env.reset(options={"task_id": GAME["look_at_obj_in_light"]})
+        for i in range(4):
+            env.step(sorted(info["admissible_actions"])[i])
+            snap = bpo_envs.snapshot(env)
+            bpo_envs.restore(other, snap)  # another engine: re-rooted, a fresh translation
+            assert other.unwrapped._engine._rooted
+            snap.release()
+            assert _upstream.translation_cache_bytes() <= budget or len(_upstream._TRANSLATIONS) == 1
+        assert _upstream.translation_cache_bytes() == sum(s for _, s in _upstream._TRANSLATIONS.values())
+    finally:
+        other.close()
+        _upstream.clear_translation_cache()

@@ -101,8 +101,16 @@ def grammar_text() -> str:
 
 
 # ---- translation cache -------------------------------------------------------------------
-_TRANSLATIONS: OrderedDict[tuple[str, bool], Any] = OrderedDict()
-_TRANSLATION_CACHE_SIZE = 256
+# Every re-rooted restore translates a new problem text (two translations: plain and optimised),
+# and one translation holds 0.3-1.2 MiB of Python objects (the parsed task plus the SAS text).
+# The cache is therefore bounded by an estimate of its bytes, not by a count: 256 entries of
+# re-rooted states alone held ~200 MiB. Measured Python-side size / len(SAS text) was 1.4-3.1, so
+# _BYTES_PER_SAS_CHAR = 3 over-estimates; the cache keeps at most TRANSLATION_CACHE_BYTES of
+# estimated size (plus the newest entry, whatever its size).
+TRANSLATION_CACHE_BYTES = 48 * 2**20
+_BYTES_PER_SAS_CHAR = 3
+_TRANSLATIONS: OrderedDict[tuple[str, bool], tuple[Any, int]] = OrderedDict()
+_translation_bytes = 0
 _original_pddl2sas: Any = None
 _patch_depth = 0
 
@@ -115,22 +123,37 @@ def _key(domain: str, problem: str, optimize: bool) -> tuple[str, bool]:
     return digest.hexdigest(), bool(optimize)
 
 
+def _estimated_bytes(result: Any) -> int:
+    sas = result[1] if isinstance(result, tuple) and len(result) == 2 else result
+    return _BYTES_PER_SAS_CHAR * len(sas) if isinstance(sas, str) else 2**20
+
+
 def _cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
+    global _translation_bytes
     key = _key(domain, problem, optimize)
     with _LOCK:
         hit = _TRANSLATIONS.get(key)
         if hit is not None:
             _TRANSLATIONS.move_to_end(key)
-            return hit
+            return hit[0]
         argv = list(sys.argv)
         try:
             result = _original_pddl2sas(domain, problem, verbose=verbose, optimize=optimize)
         finally:
             sys.argv[:] = argv
-        _TRANSLATIONS[key] = result
-        while len(_TRANSLATIONS) > _TRANSLATION_CACHE_SIZE:
-            _TRANSLATIONS.popitem(last=False)
+        size = _estimated_bytes(result)
+        _TRANSLATIONS[key] = (result, size)
+        _translation_bytes += size
+        while _translation_bytes > TRANSLATION_CACHE_BYTES and len(_TRANSLATIONS) > 1:
+            _, (_, old) = _TRANSLATIONS.popitem(last=False)
+            _translation_bytes -= old
         return result
+
+
+def translation_cache_bytes() -> int:
+    """The translation cache's estimated size in bytes (at most :data:`TRANSLATION_CACHE_BYTES`
+    unless its newest entry alone is larger)."""
+    return _translation_bytes
 
 
 def _clone(obj: Any) -> Any:
@@ -227,5 +250,7 @@ def engine_patches() -> Iterator[None]:
 
 def clear_translation_cache() -> None:
     """Forget every cached translation (for benchmarks of the cold path)."""
+    global _translation_bytes
     with _LOCK:
         _TRANSLATIONS.clear()
+        _translation_bytes = 0

@@ -170,6 +170,10 @@ class ALFWorldEnv(SnapshotEnv):
         facts = FactState(key, tuple(obj["facts"]), tuple(map(tuple, obj["names"])))
         return _Saved(obj["task_id"], None, facts, bool(obj["at_start"]), facts.names, frozenset(), key)
 
+    def _release_task_state(self, inner: _Saved) -> None:
+        # the native state holds copies of every fact set; a released snapshot is never restored
+        inner.native = None
+
     def close(self) -> None:
         self._engine.close()
         super().close()
