@@ -88,7 +88,10 @@ def test_collect_loss_backward_end_to_end(warm_policy, algorithm):
     loss.backward()
     grads = [p.grad for p in policy.trainable_parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
-    assert sum(float(g.abs().sum()) for g in grads) > 0
+    # the surrogate's gradient is zero exactly when every advantage is (e.g. a group whose
+    # episodes all ended the same way); otherwise it must reach the parameters
+    if any(s.advantage != 0.0 for s in steps):
+        assert sum(float(g.abs().sum()) for g in grads) > 0
     policy.model.zero_grad(set_to_none=True)
 
 
