@@ -14,6 +14,7 @@ killed at any moment resumes (``resume=True``) losing at most the update in prog
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -112,7 +113,14 @@ class Trainer:
         env_fns: Sequence[EnvFn] | EnvPool,
         tasks: Sequence[Any],
         config: TrainerConfig | None = None,
+        **overrides: Any,
     ) -> None:
+        """``overrides`` set :class:`TrainerConfig` fields directly (``Trainer(..., updates=5)``)."""
+        if overrides:
+            unknown = set(overrides) - set(TrainerConfig.__dataclass_fields__)
+            if unknown:
+                raise TypeError(f"unknown Trainer option(s) {sorted(unknown)}; see TrainerConfig")
+            config = dataclasses.replace(config or TrainerConfig(), **overrides)
         if not tasks:
             raise ValueError("tasks must not be empty")
         if not isinstance(policy, torch.nn.Module):
