@@ -69,7 +69,7 @@ import numpy as np
 
 import bpo_envs
 from bpo_algos.compute import Budget, ComputeMeter
-from bpo_algos.policy.base import Action, Context, Policy
+from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 EnvFn = Callable[[], gym.Env]
@@ -442,7 +442,7 @@ class RolloutEngine:
             context = Context(
                 task_id=info.get("task_id", task),
                 observation=obs,
-                admissible_actions=_admissible(info),
+                admissible_actions=admissible_of(info),
                 initial_observation=obs,
             )
             tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info))
@@ -696,7 +696,7 @@ class RolloutEngine:
         tc.env_steps += 1
         node = path.node
         child = Node(
-            context=node.context.child(action.command, obs, _admissible(info)),
+            context=node.context.child(action.command, obs, admissible_of(info)),
             info=info,
             depth=node.depth + 1,
         )
@@ -715,6 +715,3 @@ class RolloutEngine:
 _DONE = object()
 
 
-def _admissible(info: dict[str, Any]) -> tuple[str, ...] | None:
-    actions = info.get("admissible_actions")
-    return tuple(actions) if actions is not None else None

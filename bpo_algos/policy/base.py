@@ -60,6 +60,12 @@ class Context:
         )
 
 
+def admissible_of(info: dict[str, Any]) -> tuple[str, ...] | None:
+    """The env's admissible actions from a step's ``info`` (None where the env gives none)."""
+    actions = info.get("admissible_actions")
+    return tuple(actions) if actions is not None else None
+
+
 def as_context(value: Any) -> Context:
     """A :class:`Context` from a Context, an ``(observation, admissible_actions)`` pair or a
     dict with those keys (handy in notebooks and tests)."""

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from bpo_algos.policy.base import Action, Context
+from bpo_algos.policy.base import Action, Context, admissible_of
 from bpo_algos.policy.prompting import format_action
 
 
@@ -30,9 +30,6 @@ class Demo:
     action: str
 
 
-def _admissible(info: dict[str, Any]) -> tuple[str, ...] | None:
-    actions = info.get("admissible_actions")
-    return tuple(actions) if actions is not None else None
 
 
 def expert_demos(env_fn: Callable[[], gym.Env], tasks: Sequence[Any], *, seed: int = 0) -> list[Demo]:
@@ -46,7 +43,7 @@ def expert_demos(env_fn: Callable[[], gym.Env], tasks: Sequence[Any], *, seed: i
     try:
         for i, task in enumerate(tasks):
             obs, info = env.reset(seed=seed + i, options={"task_id": task})
-            context = Context(info.get("task_id", task), obs, _admissible(info), initial_observation=obs)
+            context = Context(info.get("task_id", task), obs, admissible_of(info), initial_observation=obs)
             done = False
             while not done:
                 plan = list(env.unwrapped.expert_actions())
@@ -55,7 +52,7 @@ def expert_demos(env_fn: Callable[[], gym.Env], tasks: Sequence[Any], *, seed: i
                 for action in plan:
                     demos.append(Demo(context, action))
                     obs, _, terminated, truncated, info = env.step(action)
-                    context = context.child(action, obs, _admissible(info))
+                    context = context.child(action, obs, admissible_of(info))
                     done = terminated or truncated
                     if done:
                         break
