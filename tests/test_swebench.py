@@ -263,8 +263,9 @@ def test_test_patch_not_visible(env):
         row = env.unwrapped.instance()
         new_tests = [t.split("::")[1] for t in row["FAIL_TO_PASS"]]
         pkg = Path(bpo_envs.__file__).parent
+        # the Python in use is bound read-only into the sandbox; skip it (a CI venv may sit in /tmp)
         obs, *_ = env.step(
-            f"grep -rl -e {' -e '.join(new_tests)} /testbed /tmp /opt 2>/dev/null; "
+            f"grep -rl --exclude-dir={Path(sys.prefix).name} -e {' -e '.join(new_tests)} /testbed /tmp /opt 2>/dev/null; "
             f"git log --all -p | grep -c -e {' -e '.join(new_tests)}; "
             f"ls {pkg} {row['repo_path']} 2>&1 | head -3; "
             "python -c 'import bpo_envs' 2>&1 | tail -1"
