@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from bpo_algos.compute import Budget, ComputeMeter
-from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
+from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine, _check_count
 from bpo_algos.losses import AGGREGATIONS, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
 from bpo_algos.tree import Edge, RolloutTree
@@ -71,12 +71,6 @@ class Batch:
         return float(np.mean([-e.action.logprob for e in self.steps]))
 
 
-def _check_positive_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 class Algorithm:
     """Base class: topology + advantage estimator; shared collection and loss.
 
@@ -110,7 +104,7 @@ class Algorithm:
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         if max_parallel_trees is not None:
-            _check_positive_int("max_parallel_trees", max_parallel_trees, 1)
+            _check_count("max_parallel_trees", max_parallel_trees, 1)
         self.clip_eps = clip_eps
         self.clip_eps_high = clip_eps_high
         self.kl_coef = kl_coef
