@@ -18,15 +18,7 @@ import numpy as np
 
 import bpo_envs
 from bpo_envs.alfworld import TASK_TYPES, ALFWorldEnv
-
-
-def _ms(fn: Any, repeat: int) -> list[float]:
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return out
+from bpo_envs.bench import time_calls
 
 
 def _rss_mb() -> float:
@@ -49,7 +41,7 @@ def bench_task(env: ALFWorldEnv, task_id: str, steps: int, repeat: int) -> dict[
     t = time.perf_counter()
     env.reset(options={"task_id": task_id})
     first_reset = (time.perf_counter() - t) * 1000
-    reset = _ms(lambda: env.reset(options={"task_id": task_id}), repeat)
+    reset = time_calls(lambda: env.reset(options={"task_id": task_id}), repeat, ms=True)
 
     # a random admissible walk that avoids winning, to time steps and build a replay prefix
     _, info = env.reset(options={"task_id": task_id})
@@ -64,25 +56,25 @@ def bench_task(env: ALFWorldEnv, task_id: str, steps: int, repeat: int) -> dict[
         actions.append(action)
         if term or trunc:
             break
-    snap_ms = _ms(lambda: bpo_envs.snapshot(env), repeat)
+    snap_ms = time_calls(lambda: bpo_envs.snapshot(env), repeat, ms=True)
     snap = bpo_envs.snapshot(env)
     env.step(actions[0])
-    restore_ms = _ms(lambda: bpo_envs.restore(env, snap), repeat)
+    restore_ms = time_calls(lambda: bpo_envs.restore(env, snap), repeat, ms=True)
 
     def replay() -> None:
         env.reset(options={"task_id": task_id})
         for a in actions:
             env.step(a)
 
-    replay_ms = _ms(replay, max(3, repeat // 5))
+    replay_ms = time_calls(replay, max(3, repeat // 5), ms=True)
     blob = snap.portable()
 
     def reroot() -> None:
         env.reset(options={"task_id": task_id})
         bpo_envs.restore(env, snap)
 
-    reroot_ms = _ms(reroot, max(3, repeat // 5))
-    portable_ms = _ms(lambda: bpo_envs.restore(env, blob), max(3, repeat // 5))
+    reroot_ms = time_calls(reroot, max(3, repeat // 5), ms=True)
+    portable_ms = time_calls(lambda: bpo_envs.restore(env, blob), max(3, repeat // 5), ms=True)
     med = statistics.median
     return {
         "task_id": task_id,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import bpo_envs
+from bpo_envs.bench import ms_summary
 from bpo_envs.swebench import SWEBenchEnv, bundled_instances
 from bpo_envs.swebench.bundled import Commit, RepoSource, build_repo
 
@@ -41,11 +42,6 @@ def large_row(root: Path, n_files: int = 6800, per_dir: int = 10) -> dict[str, A
     row = build_repo(source, root / "large")
     row["repo_path"] = str(root / "large")
     return row
-
-
-def _ms(seconds: list[float]) -> dict[str, float]:
-    return {"median_ms": round(1000 * statistics.median(seconds), 2),
-            "min_ms": round(1000 * min(seconds), 2), "n": len(seconds)}
 
 
 def bench(backend: str, rows: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
@@ -87,8 +83,8 @@ def bench(backend: str, rows: list[dict[str, Any]], repeats: int) -> dict[str, A
             assert info["won"], info
         return {
             "first_reset_s": round(first_reset, 3),
-            "step_ls": _ms(step), "snapshot": _ms(snap_t), "restore": _ms(restore_t),
-            "fork": _ms(fork_t), "reset": _ms(reset_t), "gold_patch_and_grade": _ms(grade_t),
+            "step_ls": ms_summary(step), "snapshot": ms_summary(snap_t), "restore": ms_summary(restore_t),
+            "fork": ms_summary(fork_t), "reset": ms_summary(reset_t), "gold_patch_and_grade": ms_summary(grade_t),
             "snapshot_plus_restore_median_ms": round(
                 1000 * (statistics.median(snap_t) + statistics.median(restore_t)), 2),
         }

@@ -18,35 +18,10 @@ import tracemalloc
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 
-import bpo_envs
+from bpo_envs.bench import median_seconds, random_walk, replay_restore_ms
 from bpo_envs.webshop import generate_catalog, write_catalog
 from bpo_envs.webshop.data import get_catalog
-
-
-def _timeit(fn, n: int) -> float:
-    """Median seconds of ``fn()`` over ``n`` calls."""
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def _walk(env: gym.Env, steps: int, seed: int) -> float:
-    rng = np.random.default_rng(seed)
-    u = env.unwrapped
-    env.reset(seed=seed)
-    episode = 0
-    t = time.perf_counter()
-    for _ in range(steps):
-        *_, term, trunc, _ = env.step(u.sample_action(rng))
-        if term or trunc:
-            episode += 1
-            env.reset(seed=seed * 100_000 + episode)
-    return steps / (time.perf_counter() - t)
 
 
 def main() -> None:
@@ -71,16 +46,16 @@ def main() -> None:
     result["n_products"] = len(u.catalog.products)
     result["n_goals"] = len(u.catalog.goals)
     seeds = iter(range(10**6))
-    result["reset_us"] = _timeit(lambda: env.reset(seed=next(seeds)), 2000) * 1e6
+    result["reset_us"] = median_seconds(lambda: env.reset(seed=next(seeds)), 2000) * 1e6
 
-    rates = [_walk(env, args.steps, seed) for seed in range(args.repeats)]
+    rates = [random_walk(env, args.steps, seed).steps_per_s for seed in range(args.repeats)]
     result["steps_per_s_runs"] = rates
     result["steps_per_s"] = statistics.median(rates)
 
     queries = [u.catalog.goal(i)["instruction_text"] + f" v{i}" for i in range(2000)]
     it = iter(queries)
-    result["search_uncached_us"] = _timeit(lambda: u.catalog.index.search(next(it)), len(queries)) * 1e6
-    result["search_cached_us"] = _timeit(lambda: u.catalog.index.search(queries[0]), 2000) * 1e6
+    result["search_uncached_us"] = median_seconds(lambda: u.catalog.index.search(next(it)), len(queries)) * 1e6
+    result["search_cached_us"] = median_seconds(lambda: u.catalog.index.search(queries[0]), 2000) * 1e6
 
     # snapshot / restore just before the purchase of an expert episode
     env.reset(options={"task_id": 0})
@@ -89,19 +64,15 @@ def main() -> None:
         env.step(a)
     depth = u.elapsed_steps
     snap = u.snapshot()
-    result["snapshot_us"] = _timeit(u.snapshot, 20_000) * 1e6
-    result["restore_us"] = _timeit(lambda: u.restore(snap), 20_000) * 1e6
+    result["snapshot_us"] = median_seconds(u.snapshot, 20_000) * 1e6
+    result["restore_us"] = median_seconds(lambda: u.restore(snap), 20_000) * 1e6
     result["snapshot_plus_restore_us"] = result["snapshot_us"] + result["restore_us"]
     result["portable_bytes"] = len(snap.portable())
     blob = snap.portable()
-    result["restore_portable_us"] = _timeit(lambda: u.restore(blob), 5000) * 1e6
+    result["restore_portable_us"] = median_seconds(lambda: u.restore(blob), 5000) * 1e6
 
-    replay = bpo_envs.ReplaySnapshot(gym.make("BPO-WebShop-v0"))
-    replay.reset(seed=0, options={"task_id": 0})
-    for a in actions[:-1]:
-        replay.step(a)
-    rsnap = replay.snapshot()
-    result["replay_restore_us"] = _timeit(lambda: replay.restore(rsnap), 2000) * 1e6
+    replay_ms = replay_restore_ms(lambda: gym.make("BPO-WebShop-v0"), actions[:-1], 2000, options={"task_id": 0})
+    result["replay_restore_us"] = replay_ms * 1e3
     result["restore_depth"] = depth
     result["native_vs_replay_speedup"] = result["replay_restore_us"] / result["restore_us"]
 
