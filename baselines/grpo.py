@@ -11,7 +11,7 @@ from typing import Any
 
 from bpo_algos.advantages import GRPO_SCALES, group_advantages
 from bpo_algos.algorithm import Algorithm
-from bpo_algos.engine import _check_count
+from bpo_algos.checks import check_count
 from bpo_algos.tree import RolloutTree
 
 
@@ -22,7 +22,7 @@ class GRPO(Algorithm):
 
     def __init__(self, group_size: int = 8, scale: str = "group", eps: float = 1e-6, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.group_size = _check_count("group_size", group_size, 2)
+        self.group_size = check_count("group_size", group_size, 2)
         if scale not in GRPO_SCALES:
             raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}")
         self.scale = scale

@@ -9,7 +9,7 @@ from typing import Any
 
 from bpo_algos.advantages import group_advantages
 from bpo_algos.algorithm import Algorithm
-from bpo_algos.engine import _check_count
+from bpo_algos.checks import check_count
 from bpo_algos.tree import RolloutTree
 
 
@@ -20,7 +20,7 @@ class RLOO(Algorithm):
 
     def __init__(self, group_size: int = 8, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.group_size = _check_count("group_size", group_size, 2)
+        self.group_size = check_count("group_size", group_size, 2)
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bpo_algos.checks import check_count
 from bpo_algos.compute import Budget, ComputeMeter
-from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine, _check_count
+from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
 from bpo_algos.losses import AGGREGATIONS, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
 from bpo_algos.tree import Edge, RolloutTree
@@ -104,7 +105,7 @@ class Algorithm:
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
         if max_parallel_trees is not None:
-            _check_count("max_parallel_trees", max_parallel_trees, 1)
+            check_count("max_parallel_trees", max_parallel_trees, 1)
         self.clip_eps = clip_eps
         self.clip_eps_high = clip_eps_high
         self.kl_coef = kl_coef

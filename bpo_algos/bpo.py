@@ -32,7 +32,8 @@ import numpy as np
 
 from bpo_algos.advantages import bpo_advantages
 from bpo_algos.algorithm import Algorithm, Batch
-from bpo_algos.engine import PathState, _check_count
+from bpo_algos.checks import check_count
+from bpo_algos.engine import PathState
 from bpo_algos.tree import RolloutTree
 
 
@@ -66,17 +67,17 @@ class BPO(Algorithm):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.backbones = _check_count("backbones", backbones, 2)
-        self.siblings = _check_count("branch_factor", branch_factor, 2)
+        self.backbones = check_count("backbones", backbones, 2)
+        self.siblings = check_count("branch_factor", branch_factor, 2)
         if entropy_threshold is not None and not (
             isinstance(entropy_threshold, int | float) and np.isfinite(entropy_threshold) and entropy_threshold >= 0
         ):
             raise ValueError(f"entropy_threshold must be None or a finite number >= 0, got {entropy_threshold!r}")
         if not 0.0 <= entropy_quantile <= 1.0:
             raise ValueError(f"entropy_quantile must be in [0, 1], got {entropy_quantile}")
-        self.max_branch_points = _check_count("max_branch_points", max_branch_points, 0)
-        self.max_depth = _check_count("max_depth", max_depth, 1)
-        self.threshold_window = _check_count("threshold_window", threshold_window, 1)
+        self.max_branch_points = check_count("max_branch_points", max_branch_points, 0)
+        self.max_depth = check_count("max_depth", max_depth, 1)
+        self.threshold_window = check_count("threshold_window", threshold_window, 1)
         self.entropy_threshold = entropy_threshold
         self.entropy_quantile = float(entropy_quantile)
         self._history: deque[list[float]] = deque(maxlen=self.threshold_window)

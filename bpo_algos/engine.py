@@ -68,6 +68,7 @@ import gymnasium as gym
 import numpy as np
 
 import bpo_envs
+from bpo_algos.checks import check_count
 from bpo_algos.compute import Budget, ComputeMeter
 from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.tree import Edge, Node, RolloutTree
@@ -84,12 +85,6 @@ class EnvFailureError(RuntimeError):
 
 class ReplayMismatchError(RuntimeError):
     """Rebuilding a path by replay did not reproduce the recorded transitions."""
-
-
-def _check_count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 class EnvPool:
@@ -111,9 +106,9 @@ class EnvPool:
     ) -> None:
         if not env_fns:
             raise ValueError("env_fns must hold at least one env factory")
-        self.workers = _check_count("workers", workers, 1)
-        self.retries = _check_count("retries", retries, 0)
-        self.max_failures = _check_count("max_failures", max_failures, 1)
+        self.workers = check_count("workers", workers, 1)
+        self.retries = check_count("retries", retries, 0)
+        self.max_failures = check_count("max_failures", max_failures, 1)
         self._executor: ThreadPoolExecutor | None = None
         self._fns = list(env_fns)
         self._envs: list[gym.Env | None] = [None] * len(self._fns)

@@ -62,6 +62,11 @@ class EnvSetup:
     """Envs stepped in parallel threads (worth it where steps wait on subprocesses)."""
     policy: str | None = None
     """Overrides the preset's policy for this env."""
+    sft_epochs: int | None = None
+    """Overrides the preset's behaviour-cloning epochs for this env."""
+    eval_split: str = "held-out"
+    """``held-out``: final success on tasks never trained on; ``train``: on the train tasks
+    (fresh rollouts), for settings where the model cannot generalise from so few tasks."""
 
 
 @dataclass
@@ -70,8 +75,9 @@ class Preset:
 
     envs: dict[str, EnvSetup]
     policy: str = "tabular"
-    seeds: tuple[int, ...] = (0, 1, 2)
-    updates: int = 30
+    seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
+    """Seeds of every env, or per env (as ``updates``, ``eval_episodes`` and ``grad_batches``)."""
+    updates: int | dict[str, int] = 30
     budget_unit: str = "env_steps"
     budget: dict[str, float] = field(default_factory=dict)
     """Per-update budget per env (in ``budget_unit``)."""
@@ -84,18 +90,51 @@ class Preset:
     optimizer: str = "adam"
     max_grad_norm: float | None = None
     aggregation: str = "token-mean"
-    eval_episodes: int = 2
-    grad_batches: int = 8
+    eval_episodes: int | dict[str, int] = 2
+    grad_batches: int | dict[str, int] = 8
     sft_epochs: int = 0
+    """Behaviour-cloning epochs on the env experts' trajectories of the train tasks."""
+    sft_lr: float = 1e-3
     temperature: float = 1.0
     lora: bool = False
     vllm: bool = False
     pool_size: int = 4
+    torch_threads: int | None = None
+    """CPU threads for torch (None: torch's default). One thread makes small models faster
+    (no synchronisation) and their training bit-reproducible."""
+
+    def for_env(self, name: str, env: str) -> Any:
+        """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
+        default for an env the dict does not name)."""
+        value = getattr(self, name)
+        if isinstance(value, dict):
+            return value[env] if env in value else Preset.__dataclass_fields__[name].default
+        return value
 
 
 PRESETS: dict[str, Preset] = {
-    # Minutes on a 2-core CPU: tabular policies, agent-like TreeMDP and WebShop.
+    # About 10 minutes on a 2-core CPU: the small text-scoring model (TextScorerPolicy, ~1M
+    # parameters) warm-started by behaviour cloning on the env experts, short horizons, small
+    # task sets. ALFWorld is scored on its training games (fresh rollouts): 16 games of demos do
+    # not teach this model unseen rooms (0% held-out), so held-out success would show nothing.
     "cpu": Preset(
+        envs={
+            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15}, train_tasks=64, eval_tasks=64),
+            "alfworld": EnvSetup("BPO-ALFWorld-v0", {"max_episode_steps": 20}, train_tasks=16, eval_tasks=16, eval_split="train", sft_epochs=20),
+        },
+        policy="scorer",
+        sft_epochs=4,
+        sft_lr=3e-3,
+        seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
+        budget={"webshop": 256, "alfworld": 320},
+        updates={"webshop": 30, "alfworld": 12},
+        learning_rate=1e-3,
+        eval_episodes=4,
+        grad_batches={"webshop": 16, "alfworld": 8},
+        torch_threads=1,
+    ),
+    # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
+    "cpu-tabular": Preset(
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
@@ -136,8 +175,11 @@ PRESETS: dict[str, Preset] = {
                 train_tasks=4,
                 eval_tasks=4,
             ),
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 10}, train_tasks=4, eval_tasks=4),
+            "webshop": EnvSetup(
+                "BPO-WebShop-v0", {"max_episode_steps": 10}, train_tasks=8, eval_tasks=8, policy="scorer", sft_epochs=2
+            ),
         },
+        sft_lr=3e-3,
         budget={"treemdp": 128, "webshop": 128},
         seeds=(0, 1),
         updates=4,
@@ -170,18 +212,24 @@ PRESETS: dict[str, Preset] = {
 
 
 # ---- policies --------------------------------------------------------------------------
-def make_policy(preset: Preset, setup: EnvSetup, seed: int, make_env: Callable[[], gym.Env], tasks: list[Any]) -> Any:
+def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
     """The initial policy of one (env, seed): the same object state for every algorithm.
 
-    ``tabular`` starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
+    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy`; ``tabular``
+    starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
     is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder).
     """
     name = setup.policy or preset.policy
+    if name == "scorer":
+        from bpo_algos.policy.scorer import TextScorerPolicy
+
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed)
+        return warm_start(policy, preset, setup, tasks, seed)
     if name == "tabular":
         return TabularPolicy(temperature=preset.temperature, seed=seed)
     if name == "tabular-prior":
-        env = make_env()
+        env = env_factory(setup)()
         prior = env.unwrapped.agent_prior()
         env.close()
         return TabularPolicy.from_logits(prior, temperature=preset.temperature, seed=seed)
@@ -203,11 +251,17 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, make_env: Callable[[
         policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
     else:
         policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
-    if preset.sft_epochs:
+    return warm_start(policy, preset, setup, tasks, seed)
+
+
+def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+    """Behaviour cloning on the env expert's trajectories of ``tasks`` (``sft_epochs``)."""
+    epochs = preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs
+    if epochs:
         from bpo_algos.policy.sft import behaviour_cloning, expert_demos
 
-        demos = expert_demos(make_env, tasks, seed=seed)
-        behaviour_cloning(policy, demos, epochs=preset.sft_epochs, seed=seed)
+        demos = expert_demos(env_factory(setup), tasks, seed=seed)
+        behaviour_cloning(policy, demos, epochs=epochs, lr=preset.sft_lr, seed=seed)
     return policy
 
 
@@ -241,6 +295,10 @@ def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
     rng = np.random.default_rng(12345)
     order = [ids[i] for i in rng.permutation(len(ids))]
     train = order[: setup.train_tasks]
+    if setup.eval_split == "train":
+        return train, train[: setup.eval_tasks]
+    if setup.eval_split != "held-out":
+        raise ValueError(f"eval_split must be 'held-out' or 'train', got {setup.eval_split!r}")
     rest = order[setup.train_tasks :] or order
     return train, rest[: setup.eval_tasks]
 
@@ -281,10 +339,10 @@ def run_one(
     try:
         # gradient variance at the initial policy, the same measurement for every algorithm
         probe = make_algorithm(algorithm_name, preset, seed + 1000)
-        grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.grad_batches, budget))
+        grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.for_env('grad_batches', env_name), budget))
         algorithm = make_algorithm(algorithm_name, preset, seed)
         config = TrainerConfig(
-            updates=preset.updates,
+            updates=preset.for_env('updates', env_name),
             tasks_per_update=len(train_tasks),
             budget=budget,
             learning_rate=preset.learning_rate,
@@ -295,7 +353,7 @@ def run_one(
             progress=progress,
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
-        final_success = evaluate(policy, pool, eval_tasks, preset.eval_episodes, seed + 2000)
+        final_success = evaluate(policy, pool, eval_tasks, preset.for_env('eval_episodes', env_name), seed + 2000)
     finally:
         pool.close()
     norms = np.array([row["grad_norm"] for row in history])
@@ -338,7 +396,7 @@ def smooth(curve: np.ndarray, window: int = 3) -> np.ndarray:
     return out * window / counts
 
 
-def aggregate(runs: list[dict[str, Any]], preset: Preset, seeds: list[int], envs: list[str]) -> dict[str, Any]:
+def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str]) -> dict[str, Any]:
     unit = preset.budget_unit
     per_env: dict[str, Any] = {}
     for env in envs:
@@ -346,7 +404,12 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, seeds: list[int], envs
         mean_curves = {a: np.mean([r["curve"] for r in rows[a]], axis=0) for a in ALGORITHMS if rows[a]}
         final_train = {a: float(np.mean(c[-3:])) for a, c in mean_curves.items()}
         target = max(final_train[b] for b in BASELINES if b in final_train)
-        env_result: dict[str, Any] = {"budget": preset.budget[env], "target_success": target, "algorithms": {}}
+        env_result: dict[str, Any] = {
+            "budget": preset.budget[env],
+            "target_success": target,
+            "seeds": list(preset.for_env("seeds", env)),
+            "algorithms": {},
+        }
         for a, rs in rows.items():
             if not rs:
                 continue
@@ -366,21 +429,63 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, seeds: list[int], envs
                 "updates_to_target": int(reached[0]) + 1 if len(reached) else None,
                 "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
             }
+        env_result["bpo_vs_best_baseline"] = paired_comparison(rows, env_result["algorithms"])
+        env_result["eval_split"] = preset.envs[env].eval_split
         per_env[env] = env_result
-    # across envs: the mean of the per-env figures
+    # across envs: the mean of the per-env figures (curves resampled to a common progress grid
+    # when the envs ran different numbers of updates)
     overall: dict[str, Any] = {}
     for a in ALGORITHMS:
         items = [per_env[e]["algorithms"][a] for e in envs if a in per_env[e]["algorithms"]]
         if not items:
             continue
+        length = max(len(i["curve"]) for i in items)
+        grid = np.linspace(0.0, 1.0, length)
+        curves = [np.interp(grid, np.linspace(0.0, 1.0, len(i["curve"])), i["curve"]) for i in items]
         overall[a] = {
             "success": float(np.mean([i["success"] for i in items])),
             "compute": {k: float(np.mean([i["compute"][k] for i in items])) for k in items[0]["compute"]},
-            "curve": np.mean([i["curve"] for i in items], axis=0).tolist(),
+            "curve": np.mean(curves, axis=0).tolist(),
             "grad_norm_var": float(np.mean([i["grad_norm_var"] for i in items])),
             "updates_to_target": [i["updates_to_target"] for i in items],
         }
+    seeds = sorted({s for e in envs for s in preset.for_env("seeds", e)})
     return {"budget_unit": unit, "algorithms": overall, "per_env": per_env, "envs": envs, "seeds": seeds, "preset": _preset_dict(preset)}
+
+
+def paired_comparison(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> dict[str, Any] | None:
+    """BPO against the best baseline (highest mean final success), paired by seed.
+
+    ``success_diff``: mean over seeds of ``success_BPO(s) - success_best(s)`` and its 95%
+    t-interval (the same initial policy and tasks per seed, so seed-to-seed spread cancels);
+    ``grad_norm_var_ratio`` / ``grad_trace_var_ratio``: BPO's over the best baseline's, at the
+    initial policy and the same budget (the aim is <= 0.5); ``grad_norm_var_ratio_vs`` gives it
+    against every baseline. RLOO's advantages have BPO's scale (returns minus a baseline), GRPO's
+    are divided by the group's return std, so its gradients are larger by design.
+    """
+    baselines = [b for b in BASELINES if b in summary]
+    if "bpo" not in summary or not baselines:
+        return None
+    best = max(baselines, key=lambda b: summary[b]["success"])
+    by_seed = {r["seed"]: r["final_success"] for r in rows[best]}
+    diffs = [r["final_success"] - by_seed[r["seed"]] for r in rows["bpo"] if r["seed"] in by_seed]
+    diff, ci = mean_ci(diffs) if diffs else (float("nan"), float("nan"))
+
+    def ratio(key: str) -> float:
+        return summary["bpo"][key] / summary[best][key] if summary[best][key] > 0 else float("nan")
+
+    return {
+        "best_baseline": best,
+        "success_diff": diff,
+        "success_diff_ci95": ci,
+        "success_diff_per_seed": diffs,
+        "grad_norm_var_ratio": ratio("grad_norm_var"),
+        "grad_trace_var_ratio": ratio("grad_trace_var"),
+        "grad_norm_var_ratio_vs": {
+            b: summary["bpo"]["grad_norm_var"] / summary[b]["grad_norm_var"] if summary[b]["grad_norm_var"] > 0 else float("nan")
+            for b in baselines
+        },
+    }
 
 
 def _preset_dict(preset: Preset) -> dict[str, Any]:
@@ -394,14 +499,16 @@ def markdown(results: dict[str, Any]) -> str:
         "# BPO vs GRPO vs RLOO at matched compute",
         "",
         f"Budget unit: `{unit}` per update; seeds {results['seeds']}; means with 95% t-intervals over seeds.",
-        "`success`: final policy on held-out tasks; `grad-norm var`: variance of the gradient norm over "
+        "`success`: final policy, sampled, on held-out tasks (or on the train tasks where the env says so); "
+        "`grad-norm var`: variance of the gradient norm over "
         "independent batches at the initial policy (same budget); `updates to target`: updates to reach the best "
         "baseline's final training success.",
         "",
     ]
     for env, er in results["per_env"].items():
         lines += [
-            f"## {env} (budget {er['budget']} {unit}/update, target {er['target_success']:.3f})",
+            f"## {env} (budget {er['budget']} {unit}/update, target {er['target_success']:.3f}, "
+            f"success on {er.get('eval_split', 'held-out')} tasks, seeds {er.get('seeds')})",
             "",
             f"| algorithm | success | {unit}/update | budget used | leaves/update | env steps/update | grad-norm var | tr Cov(g) | updates to target |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -412,6 +519,17 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {r['compute']['leaves']:.1f} | {r['compute']['env_steps']:.0f} | {r['grad_norm_var']:.3g} "
                 f"| {r['grad_trace_var']:.3g} | {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
             )
+        paired = er.get("bpo_vs_best_baseline")
+        if paired:
+            lines += [
+                "",
+                f"BPO − {paired['best_baseline']} (the best baseline), paired by seed: success "
+                f"{paired['success_diff']:+.3f} ± {paired['success_diff_ci95']:.3f}; gradient-norm variance "
+                f"{paired['grad_norm_var_ratio']:.2f}×, tr Cov(g) {paired['grad_trace_var_ratio']:.2f}× the baseline's "
+                "(gradient-norm variance against each baseline: "
+                + ", ".join(f"{b} {v:.2f}×" for b, v in paired["grad_norm_var_ratio_vs"].items())
+                + ").",
+            ]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -444,7 +562,8 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         values = [results["per_env"][e]["algorithms"].get(a, {}).get("grad_norm_var", np.nan) for e in envs]
         ax.bar(np.arange(len(envs)) + (i - 1) * width, values, width, label=a)
     ax.set_xticks(np.arange(len(envs)), envs)
-    ax.set(title="gradient-norm variance at the initial policy (same budget)", ylabel="Var ||g||")
+    ax.set(title="gradient-norm variance at the initial policy (same budget)", ylabel="Var ||g|| (log scale)")
+    ax.set_yscale("log")
     ax.legend()
     fig.tight_layout()
     paths.append(out / "grad_norm_variance.png")
@@ -486,12 +605,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--updates", type=int)
     parser.add_argument("--budget-unit", choices=("env_steps", "gen_tokens", "leaves"))
     parser.add_argument("--budget", type=float, help="per-update budget (every env)")
-    parser.add_argument("--policy", help="tabular | tiny | smollm2 | a model name or folder")
+    parser.add_argument("--policy", help="scorer | tabular | tiny | smollm2 | a model name or folder")
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--group-size", type=int, help="GRPO/RLOO N")
     parser.add_argument("--backbones", type=int, help="BPO K0")
     parser.add_argument("--branch-factor", type=int, help="BPO K")
-    parser.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (LLM policies)")
+    parser.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
     parser.add_argument("--grad-batches", type=int, help="batches for the gradient-variance probe")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     parser.add_argument("--no-progress", action="store_true")
@@ -501,12 +620,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    if preset.torch_threads:
+        torch.set_num_threads(preset.torch_threads)
     (out / "preset.json").write_text(json.dumps(_preset_dict(preset), indent=2))
 
     from tqdm.auto import tqdm
 
     progress = not args.no_progress and sys.stderr.isatty()
-    jobs = [(e, s) for e in preset.envs for s in preset.seeds]
+    jobs = [(e, s) for e in preset.envs for s in preset.for_env('seeds', e)]
     runs: list[dict[str, Any]] = []
     bar = tqdm(total=len(jobs) * len(ALGORITHMS), desc="runs", disable=args.no_progress)
     for env_name, seed in jobs:
@@ -516,11 +637,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for algorithm in ALGORITHMS:
             bar.set_postfix(env=env_name, seed=seed, algorithm=algorithm)
             if not (run_dir(out, env_name, algorithm, seed) / "run.json").exists() and initial is None:
-                initial = make_policy(preset, setup, seed, env_factory(setup), train_tasks)
+                initial = make_policy(preset, setup, seed, train_tasks)
             runs.append(run_one(out, preset, env_name, algorithm, seed, initial, train_tasks, eval_tasks, progress))
             bar.update(1)
     bar.close()
-    results = aggregate(runs, preset, list(preset.seeds), list(preset.envs))
+    results = aggregate(runs, preset, list(preset.envs))
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     written = plots(results, out)

@@ -43,3 +43,28 @@ def test_compare_writes_results_and_resumes(tmp_path):
 def test_compare_rejects_unknown_env(tmp_path):
     with pytest.raises(SystemExit, match="unknown env"):
         compare.main(["--smoke", "--out", str(tmp_path / "x"), "--envs", "atari"])
+
+
+def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_path):
+    """The CPU default's path: the text scorer warm-started from WebShop's expert."""
+    out = tmp_path / "ws"
+    args = ["--smoke", "--out", str(out), "--envs", "webshop", "--seeds", "0", "1", "--updates", "2", "--no-progress"]
+    results = compare.main(args)
+    env = results["per_env"]["webshop"]
+    assert env["seeds"] == [0, 1] and env["eval_split"] == "held-out"
+    paired = env["bpo_vs_best_baseline"]
+    assert paired["best_baseline"] in ("grpo", "rloo") and len(paired["success_diff_per_seed"]) == 2
+    best = env["algorithms"][paired["best_baseline"]]
+    expected = [b - g for b, g in zip(env["algorithms"]["bpo"]["success_per_seed"], best["success_per_seed"], strict=True)]
+    assert paired["success_diff_per_seed"] == pytest.approx(expected)
+    assert set(paired["grad_norm_var_ratio_vs"]) == {"grpo", "rloo"}
+    assert "paired by seed" in (out / "results.md").read_text()
+    for a in ("bpo", "grpo", "rloo"):
+        assert len(env["algorithms"][a]["curve"]) == 2
+
+
+def test_preset_fields_per_env():
+    preset = compare.PRESETS["cpu"]
+    assert preset.for_env("updates", "webshop") != preset.for_env("updates", "alfworld")
+    assert preset.for_env("updates", "swebench") == compare.Preset.__dataclass_fields__["updates"].default
+    assert compare.task_split(preset.envs["alfworld"])[1] == compare.task_split(preset.envs["alfworld"])[0]

@@ -41,8 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from bpo_algos.checks import check_count
 from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_steps, pad_token_rows
-from bpo_algos.policy.prompting import PromptBuilder, PromptConfig, env_action
+from bpo_algos.policy.prompting import PromptBuilder, PromptConfig, env_action, format_action
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 
@@ -64,11 +65,6 @@ class _Batch:
     mask: torch.Tensor
     lengths: torch.Tensor
     logits: torch.Tensor
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 class HFPolicy(PolicyBase, nn.Module):
@@ -115,7 +111,7 @@ class HFPolicy(PolicyBase, nn.Module):
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 (the policy's distribution), got {temperature}")
         for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size), ("train_batch_size", train_batch_size)):
-            _check_positive(name, value)
+            check_count(name, value)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -344,6 +340,11 @@ class HFPolicy(PolicyBase, nn.Module):
         return result
 
     # ---- Policy --------------------------------------------------------------------------
+    def recorded_action(self, context: Context, command: str) -> Action:
+        """The :class:`Action` whose answer states ``command`` at ``context`` (behaviour cloning)."""
+        text = format_action(command, self.prompts.config)
+        return Action(text, self.prompts.action_ids(command), (), command, self.prompt_ids(context))
+
     def prompt_ids(self, context: Context) -> tuple[int, ...]:
         return self.prompts.prompt_ids(context)
 
@@ -353,7 +354,7 @@ class HFPolicy(PolicyBase, nn.Module):
         ``share_prefix`` overrides the policy's setting (False: each of the ``n`` rows
         prefills its own copy of the prompt, the baseline prefix sharing is measured against).
         """
-        _check_positive("n", n)
+        check_count("n", n)
         if not contexts:
             return []
         share = self.share_prefix if share_prefix is None else share_prefix

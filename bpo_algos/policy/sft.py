@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from bpo_algos.policy.base import Action, Context, admissible_of
-from bpo_algos.policy.prompting import format_action
 
 
 @dataclass(frozen=True)
@@ -68,12 +67,16 @@ class _Step:
 
 
 def demo_steps(policy: Any, demos: Sequence[Demo]) -> list[_Step]:
-    """``demos`` as recorded steps (prompt and answer token ids) for ``policy.token_logprobs``."""
+    """``demos`` as recorded steps for ``policy.token_logprobs`` (``policy.recorded_action``).
+
+    Demos the policy cannot express are left out: a choice policy picks among the admissible
+    actions, and an expert may act outside them (WebShop's expert types its own search query).
+    """
     steps = []
     for demo in demos:
-        ids = policy.prompts.action_ids(demo.action)
-        text = format_action(demo.action, policy.prompts.config)
-        steps.append(_Step(demo.context, Action(text, ids, (), demo.action, policy.prompt_ids(demo.context))))
+        action = policy.recorded_action(demo.context, demo.action)
+        if action is not None:
+            steps.append(_Step(demo.context, action))
     return steps
 
 
@@ -87,7 +90,7 @@ def behaviour_cloning(
     optimizer: torch.optim.Optimizer | None = None,
     seed: int = 0,
 ) -> list[float]:
-    """Train ``policy`` (an ``HFPolicy`` or subclass) to imitate ``demos``.
+    """Train ``policy`` (an ``HFPolicy`` or a ``ChoicePolicy``) to imitate ``demos``.
 
     Minimises the mean negative log-likelihood per answer token, ``epochs`` passes over the
     demos in a seeded shuffled order. Returns the loss of every batch. A ``VLLMPolicy`` has
@@ -98,6 +101,10 @@ def behaviour_cloning(
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs}, {batch_size}")
     steps = demo_steps(policy, demos)
+    if not steps:
+        raise ValueError(f"none of the {len(demos)} demos is an action {type(policy).__name__} can take")
+    with torch.no_grad():  # a tabular policy creates its entries on first sight
+        policy.token_logprobs(steps)
     params = policy.trainable_parameters()
     optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = np.random.default_rng(seed)
@@ -113,7 +120,8 @@ def behaviour_cloning(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
-    policy.clear_cache()
+    if hasattr(policy, "clear_cache"):
+        policy.clear_cache()
     if hasattr(policy, "sync_weights"):
         policy.sync_weights()
     return losses

@@ -1,5 +1,7 @@
 """``TabularPolicy``: a softmax table keyed by observation string (for TreeMDP and tests).
 
+A :class:`~bpo_algos.policy.choice.ChoicePolicy` whose scores are a table lookup.
+
 ``pi(a | obs) = softmax(theta[obs] / temperature)[a]`` over the admissible actions of ``obs``,
 in the order the env lists them. An entry of zero logits appears the first time an observation
 is seen; entries live in an ``nn.ParameterDict`` in insertion order, so ``parameters()`` has a
@@ -12,11 +14,11 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_context, as_steps
+from bpo_algos.policy.base import Context, StepLike, as_steps
+from bpo_algos.policy.choice import ChoicePolicy
 
 
 def _key(observation: str) -> str:
@@ -24,18 +26,13 @@ def _key(observation: str) -> str:
     return "o" + hashlib.blake2b(observation.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
 
 
-class TabularPolicy(PolicyBase, nn.Module):
+class TabularPolicy(ChoicePolicy):
     """A softmax table over admissible actions, one entry per observation."""
 
     def __init__(self, temperature: float = 1.0, seed: int = 0) -> None:
-        PolicyBase.__init__(self)
-        nn.Module.__init__(self)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        super().__init__(temperature=temperature, seed=seed)
         self.table = nn.ParameterDict()
-        self._rng = np.random.default_rng(seed)
-        self._reference: dict[str, torch.Tensor] | None = None
+        self._reference_table: dict[str, torch.Tensor] | None = None
 
     # ---- table ---------------------------------------------------------------------------
     def logits(self, observation: str, n_actions: int) -> nn.Parameter:
@@ -71,80 +68,24 @@ class TabularPolicy(PolicyBase, nn.Module):
             raise ValueError(f"no admissible actions at {observation[:60]!r}: a tabular policy needs them")
         return torch.log_softmax(self.logits(observation, len(actions)) / self.temperature, dim=-1)
 
-    # ---- Policy --------------------------------------------------------------------------
-    def seed(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def rng_state(self) -> Any:
-        return self._rng.bit_generator.state
-
-    def set_rng_state(self, state: Any) -> None:
-        self._rng.bit_generator.state = state
-
-    def _probs(self, context: Context) -> tuple[np.ndarray, tuple[str, ...]]:
-        context = as_context(context)
-        actions = context.admissible_actions
-        if not actions:
-            raise ValueError(
-                f"TabularPolicy needs admissible actions; none at {context.observation[:60]!r}"
-            )
-        with torch.no_grad():
-            logp = self.log_probs(context.observation, actions).double().numpy()
-        return logp, actions
-
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
-        """``n`` i.i.d. samples per context; token id = index in the admissible list."""
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        out: list[list[Action]] = []
-        for context in contexts:
-            logp, actions = self._probs(context)
-            probs = np.exp(logp)
-            picks = self._rng.choice(len(actions), size=n, p=probs / probs.sum())
-            prompt = (int(_key(as_context(context).observation)[1:9], 16),)
-            out.append(
-                [Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks]
-            )
-            self.meter.gen_tokens += n
-            self.meter.prefill_tokens += 1
-        self.meter.policy_calls += 1
-        return out
-
-    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
-        """Exact entropy ``-sum_a pi(a|h) log pi(a|h)`` over the admissible actions."""
-        out = []
-        for context in contexts:
-            logp, _ = self._probs(context)
-            out.append(float(-(np.exp(logp) * logp).sum()))
-            self.meter.prefill_tokens += 1
-        self.meter.policy_calls += 1
-        return out
-
-    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
-        """``[n_steps, 1]`` differentiable log-probs of the recorded actions (steps or a Batch)."""
-        steps = as_steps(steps)
-        rows = [
-            self.log_probs(s.context.observation, s.context.admissible_actions or ())[
-                s.action.token_ids[0]
-            ]
-            for s in steps
-        ]
-        return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
+    # ---- ChoicePolicy ------------------------------------------------------------------
+    def scores(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
+        return [self.logits(c.observation, len(c.admissible_actions or ())) for c in contexts]
 
     # ---- reference policy (k3 KL) --------------------------------------------------------
     def set_reference(self) -> None:
         """Freeze the current table as the reference policy (unseen entries: zero logits)."""
-        self._reference = {k: v.detach().clone() for k, v in self.table.items()}
+        self._reference_table = {k: v.detach().clone() for k, v in self.table.items()}
 
     def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
         steps = as_steps(steps)
-        if self._reference is None:
+        if self._reference_table is None:
             self.set_reference()
-        assert self._reference is not None
+        assert self._reference_table is not None
         rows = []
         for s in steps:
             actions = s.context.admissible_actions or ()
-            logits = self._reference.get(_key(s.context.observation), torch.zeros(len(actions)))
+            logits = self._reference_table.get(_key(s.context.observation), torch.zeros(len(actions)))
             rows.append(torch.log_softmax(logits / self.temperature, dim=-1)[s.action.token_ids[0]])
         return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
 

@@ -1,0 +1,151 @@
+"""``ChoicePolicy``: a softmax over the env's admissible actions, whatever scores them.
+
+``pi(a | h) = softmax(s_theta(h, A(h)) / temperature)[a]`` for ``a`` in the admissible list
+``A(h)`` of the context, in the order the env lists it. A subclass only says how the scores
+``s_theta`` are computed (:meth:`ChoicePolicy.scores`); sampling, the exact decision entropy,
+the differentiable log-probs for the loss, the frozen reference for the k3 KL and the
+behaviour-cloning target are shared. An action is one "token": its index in ``A(h)``, so
+``gen_tokens`` counts actions and ``prefill_tokens`` counts scored contexts.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bpo_algos.checks import check_count
+from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_context, as_steps
+
+
+def context_key(text: str) -> int:
+    """A stable 32-bit id of ``text`` (recorded as the action's prompt id)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest(), "big")
+
+
+class ChoicePolicy(PolicyBase, nn.Module):
+    """Base class of the policies that pick one of the admissible actions.
+
+    Subclasses implement :meth:`scores`; they may override :meth:`set_reference` and
+    :meth:`reference_scores` when a frozen copy of the module is not the right reference.
+    """
+
+    def __init__(self, temperature: float = 1.0, seed: int = 0) -> None:
+        PolicyBase.__init__(self)
+        nn.Module.__init__(self)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+        self._rng = np.random.default_rng(seed)
+        self._reference: nn.Module | None = None
+
+    # ---- what a subclass provides --------------------------------------------------------
+    def scores(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
+        """Differentiable scores, one 1-D tensor per context over its admissible actions."""
+        raise NotImplementedError
+
+    # ---- shared --------------------------------------------------------------------------
+    @staticmethod
+    def _admissible(context: Context) -> tuple[str, ...]:
+        if not context.admissible_actions:
+            raise ValueError(
+                f"a choice policy needs admissible actions; none at {context.observation[:60]!r}"
+            )
+        return context.admissible_actions
+
+    def log_probs_of(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
+        """Differentiable log-probabilities over each context's admissible actions."""
+        contexts = [as_context(c) for c in contexts]
+        for context in contexts:
+            self._admissible(context)
+        return [torch.log_softmax(s / self.temperature, dim=-1) for s in self.scores(contexts)]
+
+    def action_distribution(self, context: Any) -> dict[str, float]:
+        """``{action: probability}`` at one context (for inspection)."""
+        context = as_context(context)
+        with torch.no_grad():
+            probs = self.log_probs_of([context])[0].exp().tolist()
+        return dict(zip(self._admissible(context), probs, strict=True))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def seed(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def rng_state(self) -> Any:
+        return self._rng.bit_generator.state
+
+    def set_rng_state(self, state: Any) -> None:
+        self._rng.bit_generator.state = state
+
+    def recorded_action(self, context: Context, command: str) -> Action | None:
+        """The :class:`Action` that chooses ``command`` at ``context`` (behaviour cloning), or
+        None when ``command`` is not one of the admissible actions there."""
+        context = as_context(context)
+        actions = self._admissible(context)
+        if command not in actions:
+            return None
+        return Action(command, (actions.index(command),), (0.0,), None, (context_key(context.observation),))
+
+    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
+        """``n`` i.i.d. samples per context; token id = index in the admissible list."""
+        check_count("n", n)
+        contexts = [as_context(c) for c in contexts]
+        if not contexts:
+            return []
+        with torch.no_grad():
+            all_logp = [lp.double().numpy() for lp in self.log_probs_of(contexts)]
+        out: list[list[Action]] = []
+        for context, logp in zip(contexts, all_logp, strict=True):
+            actions = self._admissible(context)
+            probs = np.exp(logp)
+            picks = self._rng.choice(len(actions), size=n, p=probs / probs.sum())
+            prompt = (context_key(context.observation),)
+            out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks])
+            self.meter.gen_tokens += n
+            self.meter.prefill_tokens += 1
+        self.meter.policy_calls += 1
+        return out
+
+    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
+        """Exact entropy ``-sum_a pi(a|h) log pi(a|h)`` over the admissible actions."""
+        contexts = [as_context(c) for c in contexts]
+        if not contexts:
+            return []
+        with torch.no_grad():
+            all_logp = self.log_probs_of(contexts)
+        self.meter.prefill_tokens += len(contexts)
+        self.meter.policy_calls += 1
+        return [float(-(lp.double().exp() * lp.double()).sum()) for lp in all_logp]
+
+    def _picked(self, all_logp: Sequence[torch.Tensor], steps: Sequence[StepLike]) -> torch.Tensor:
+        rows = [lp[s.action.token_ids[0]] for lp, s in zip(all_logp, steps, strict=True)]
+        return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
+
+    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        """``[n_steps, 1]`` differentiable log-probs of the recorded actions (steps or a Batch)."""
+        steps = as_steps(steps)
+        return self._picked(self.log_probs_of([s.context for s in steps]), steps)
+
+    # ---- reference policy (k3 KL) --------------------------------------------------------
+    def set_reference(self) -> None:
+        """Freeze a copy of the current policy as the reference."""
+        reference = copy.deepcopy(self)
+        reference._reference = None
+        for p in reference.parameters():
+            p.requires_grad_(False)
+        self._reference = reference
+
+    def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        steps = as_steps(steps)
+        if self._reference is None:
+            self.set_reference()
+        assert self._reference is not None
+        with torch.no_grad():
+            return self._reference.token_logprobs(steps)

@@ -1,0 +1,128 @@
+"""TextScorerPolicy and the ChoicePolicy contract: a distribution over the admissible actions
+that sampling, entropy, the loss and the reference all agree on; behaviour cloning teaches it
+the WebShop expert; checkpoints and copies keep it exactly."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import bpo_envs  # noqa: F401
+from baselines import RLOO
+from bpo_algos import EnvPool
+from bpo_algos.policy import Context
+from bpo_algos.policy.scorer import TextScorerPolicy, hashed_ngrams, mentions
+from bpo_algos.policy.sft import behaviour_cloning, demo_steps, expert_demos
+
+RESULTS = (
+    "Instruction: [SEP] i need a clear phone case [SEP] Back to Search [SEP] B01 [SEP] Red Wallet "
+    "Case [SEP] $9.99 [SEP] B02 [SEP] Clear Slim Phone Case [SEP] $12.00"
+)
+ACTIONS = ("click[back to search]", "click[b01]", "click[b02]")
+
+
+def _context(observation: str = RESULTS, actions: tuple[str, ...] = ACTIONS) -> Context:
+    return Context("t0", observation, actions, initial_observation="i need a clear phone case")
+
+
+def _webshop() -> gym.Env:
+    return gym.make("BPO-WebShop-v0", max_episode_steps=10)
+
+
+def test_mentions_are_the_text_after_each_argument_up_to_the_next():
+    found = mentions(RESULTS, ACTIONS, 200)
+    assert found[0] == " [SEP] "  # cut where the next argument (b01) is mentioned
+    assert "Red Wallet Case" in found[1] and "B02" not in found[1] and "Clear Slim" not in found[1]
+    assert "Clear Slim Phone Case" in found[2]
+    assert mentions("nothing here", ("go north", "look"), 50) == ("", "")
+
+
+def test_hashing_is_stable_and_bounded():
+    ids = hashed_ngrams("Put a clean Apple in the fridge", 1000)
+    assert ids == hashed_ngrams("put a clean apple in the fridge", 1000)
+    assert len(ids) == 7 + 6 and all(0 <= i < 1000 for i in ids)
+
+
+def test_distribution_sampling_entropy_and_loss_agree():
+    policy = TextScorerPolicy(seed=3)
+    context = _context()
+    dist = policy.action_distribution(context)
+    assert list(dist) == list(ACTIONS) and math.isclose(sum(dist.values()), 1.0, rel_tol=1e-6)
+    [entropy] = policy.decision_entropy([context])
+    assert entropy == pytest.approx(-sum(p * math.log(p) for p in dist.values()), rel=1e-5)
+
+    [samples] = policy.sample([context], 4000)
+    counts = {a: 0 for a in ACTIONS}
+    for s in samples:
+        assert s.command in ACTIONS and s.token_ids == (ACTIONS.index(s.command),)
+        counts[s.command] += 1
+    for a in ACTIONS:  # 4-sigma binomial bounds: false alarm < 1e-4 per action
+        p = dist[a]
+        assert abs(counts[a] / 4000 - p) < 4 * math.sqrt(p * (1 - p) / 4000)
+
+    steps = [type("S", (), {"context": context, "action": s})() for s in samples[:5]]
+    logp = policy.token_logprobs(steps)
+    assert logp.shape == (5, 1) and logp.requires_grad
+    assert torch.allclose(logp[:, 0], torch.tensor([s.logprobs[0] for s in samples[:5]]), atol=1e-5)
+    assert torch.allclose(policy.reference_token_logprobs(steps), logp.detach())
+    logp.sum().backward()
+    assert policy.hidden.weight.grad is not None and policy.embedding.weight.grad.abs().sum() > 0
+
+
+def test_same_seed_same_model_and_copies_are_independent():
+    a, b = TextScorerPolicy(seed=7), TextScorerPolicy(seed=7)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert not torch.equal(a.hidden.weight, TextScorerPolicy(seed=8).hidden.weight)
+    clone = copy.deepcopy(a)
+    with torch.no_grad():
+        clone.out.bias.add_(1.0)
+    assert a.action_distribution(_context()) == b.action_distribution(_context())
+    restored = TextScorerPolicy(seed=0)
+    restored.load_state_dict(a.state_dict())
+    assert restored.action_distribution(_context()) == a.action_distribution(_context())
+
+
+def test_bad_input_names_the_problem():
+    policy = TextScorerPolicy()
+    with pytest.raises(ValueError, match="admissible actions"):
+        policy.sample([Context("t", "free text only", None)], 1)
+    with pytest.raises(ValueError, match="n must be"):
+        policy.sample([_context()], 0)
+    with pytest.raises(ValueError, match="buckets"):
+        TextScorerPolicy(buckets=0)
+    assert policy.recorded_action(_context(), "click[b99]") is None
+
+
+def test_behaviour_cloning_teaches_the_webshop_expert():
+    env = _webshop()
+    tasks = list(env.unwrapped.task_ids())[:24]
+    env.close()
+    demos = expert_demos(_webshop, tasks, seed=0)
+    policy = TextScorerPolicy(seed=0)
+    steps = demo_steps(policy, demos)
+    # the expert types its own search query, which is not one of the listed searches
+    assert 0 < len(steps) < len(demos)
+
+    def expert_logp() -> float:
+        with torch.no_grad():
+            return float(policy.token_logprobs(steps).mean())
+
+    before = expert_logp()
+    torch.manual_seed(0)
+    losses = behaviour_cloning(policy, demos, epochs=8, lr=3e-3, seed=0)
+    assert losses[-1] < losses[0] and expert_logp() > before + 0.5
+
+    pool = EnvPool([_webshop] * 2)
+    try:
+        uniform = RLOO(group_size=4, seed=1).collect(TextScorerPolicy(seed=0), pool, tasks).success_rate()
+        cloned = RLOO(group_size=4, seed=1).collect(policy, pool, tasks).success_rate()
+    finally:
+        pool.close()
+    # 96 episodes each: the cloned policy buys the right product far more often than chance
+    assert cloned > uniform + 0.1, (uniform, cloned)
+    assert np.isfinite(cloned)
