@@ -8,6 +8,9 @@ fresh randomness. From those samples:
   direction and a few random unit directions (coordinates alone are too skewed);
 * variance: ``tr Cov(g)`` (the expected squared distance to the mean), the variance along the
   true gradient's direction, and the variance of ``||g||``;
+* noise-to-signal: ``tr Cov(g) / ||E g||^2``, with ``||E g||^2`` estimated without bias as
+  ``||mean||^2 - tr Cov(g) / n``. Scale-free: GRPO's std-divided advantages inflate its
+  gradient (and its variances) by a constant, not its noise-to-signal ratio;
 * per unit of compute: variance x mean cost per sample. Averaging ``B / c`` independent samples
   of cost ``c`` within a budget ``B`` gives variance ``var * c / B``, so ``var * c`` is the
   budget-free figure of merit (lower is better).
@@ -121,7 +124,10 @@ def variance_summary(samples: GradientSamples, truth: torch.Tensor | None = None
         "trace_var": total_var,
         "grad_norm_mean": float(norms.mean()),
         "grad_norm_var": float(norms.var(unbiased=True)),
+        # ||E g||^2 without the upward bias of the sample mean's norm: E||mean||^2 = ||E g||^2 + tr Cov / n
+        "signal": float(mean.norm() ** 2) - total_var / len(g),
     }
+    out["noise_to_signal"] = total_var / out["signal"] if out["signal"] > 0 else float("inf")
     out["trace_var_x_env_steps"] = total_var * out["cost"]["env_steps"]
     out["trace_var_x_leaves"] = total_var * out["cost"]["leaves"]
     if truth is not None:

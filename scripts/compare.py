@@ -368,6 +368,7 @@ def run_one(
         "compute_cumulative": [row["compute_total"][preset.budget_unit] for row in history],
         "grad_norm_var_initial": grads["grad_norm_var"],
         "grad_trace_var_initial": grads["trace_var"],
+        "grad_noise_to_signal_initial": grads["noise_to_signal"],
         "grad_norm_var_train": float(norms.var(ddof=1)) if len(norms) > 1 else 0.0,
         "seconds": time.perf_counter() - start,
     }
@@ -425,6 +426,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str]) -> di
                 "compute_curve": np.mean([r["compute_cumulative"] for r in rs], axis=0).tolist(),
                 "grad_norm_var": float(np.mean([r["grad_norm_var_initial"] for r in rs])),
                 "grad_trace_var": float(np.mean([r["grad_trace_var_initial"] for r in rs])),
+                "grad_noise_to_signal": float(np.median([r.get("grad_noise_to_signal_initial", np.nan) for r in rs])),
                 "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
                 "updates_to_target": int(reached[0]) + 1 if len(reached) else None,
                 "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
@@ -485,6 +487,9 @@ def paired_comparison(rows: dict[str, list[dict[str, Any]]], summary: dict[str, 
             b: summary["bpo"]["grad_norm_var"] / summary[b]["grad_norm_var"] if summary[b]["grad_norm_var"] > 0 else float("nan")
             for b in baselines
         },
+        "noise_to_signal_ratio_vs": {
+            b: summary["bpo"]["grad_noise_to_signal"] / summary[b]["grad_noise_to_signal"] for b in baselines
+        },
     }
 
 
@@ -501,7 +506,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Budget unit: `{unit}` per update; seeds {results['seeds']}; means with 95% t-intervals over seeds.",
         "`success`: final policy, sampled, on held-out tasks (or on the train tasks where the env says so); "
         "`grad-norm var`: variance of the gradient norm over "
-        "independent batches at the initial policy (same budget); `updates to target`: updates to reach the best "
+        "independent batches at the initial policy (same budget); `noise/signal`: tr Cov(g) / ||E g||^2 there "
+        "(median over seeds; scale-free, so GRPO's std scaling does not count); `updates to target`: updates to reach the best "
         "baseline's final training success.",
         "",
     ]
@@ -510,14 +516,16 @@ def markdown(results: dict[str, Any]) -> str:
             f"## {env} (budget {er['budget']} {unit}/update, target {er['target_success']:.3f}, "
             f"success on {er.get('eval_split', 'held-out')} tasks, seeds {er.get('seeds')})",
             "",
-            f"| algorithm | success | {unit}/update | budget used | leaves/update | env steps/update | grad-norm var | tr Cov(g) | updates to target |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| algorithm | success | {unit}/update | budget used | leaves/update | env steps/update | grad-norm var | tr Cov(g) "
+            "| noise/signal | updates to target |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for a, r in er["algorithms"].items():
             lines.append(
                 f"| {a} | {r['success']:.3f} ± {r['success_ci95']:.3f} | {r['compute'][unit]:.0f} | {r['budget_used_ratio']:.2f} "
                 f"| {r['compute']['leaves']:.1f} | {r['compute']['env_steps']:.0f} | {r['grad_norm_var']:.3g} "
-                f"| {r['grad_trace_var']:.3g} | {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
+                f"| {r['grad_trace_var']:.3g} | {r.get('grad_noise_to_signal', float('nan')):.3g} "
+                f"| {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
             )
         paired = er.get("bpo_vs_best_baseline")
         if paired:
@@ -528,6 +536,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{paired['grad_norm_var_ratio']:.2f}×, tr Cov(g) {paired['grad_trace_var_ratio']:.2f}× the baseline's "
                 "(gradient-norm variance against each baseline: "
                 + ", ".join(f"{b} {v:.2f}×" for b, v in paired["grad_norm_var_ratio_vs"].items())
+                + "; noise/signal: "
+                + ", ".join(f"{b} {v:.2f}×" for b, v in paired["noise_to_signal_ratio_vs"].items())
                 + ").",
             ]
         lines.append("")

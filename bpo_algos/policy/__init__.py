@@ -1,4 +1,4 @@
-"""Policies: the protocol, the tabular policy, and (with the ``hf``/``vllm`` extras) LLM policies.
+"""Policies: the protocol, the choice policies (tabular, text scorer), and (with the ``hf``/``vllm`` extras) LLM policies.
 
 ``HFPolicy`` and ``VLLMPolicy`` are imported on first access, so ``import bpo_algos`` does not
 import ``transformers`` (or ``vllm``).
@@ -15,7 +15,9 @@ from bpo_algos.policy.base import (
     action_mask,
     pad_token_rows,
 )
+from bpo_algos.policy.choice import ChoicePolicy
 from bpo_algos.policy.prompting import PromptConfig
+from bpo_algos.policy.scorer import TextScorerPolicy
 from bpo_algos.policy.tabular import TabularPolicy
 
 _LAZY = {
@@ -25,12 +27,14 @@ _LAZY = {
 
 __all__ = [
     "Action",
+    "ChoicePolicy",
     "Context",
     "HFPolicy",
     "Policy",
     "PolicyBase",
     "PromptConfig",
     "TabularPolicy",
+    "TextScorerPolicy",
     "Turn",
     "VLLMPolicy",
     "action_mask",
