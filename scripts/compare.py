@@ -99,6 +99,10 @@ class Preset:
     lora: bool = False
     vllm: bool = False
     pool_size: int = 4
+    tensorboard: bool = False
+    """Also log every run to TensorBoard (``runs/<env>/<algorithm>/seed<s>/tensorboard``)."""
+    wandb_project: str | None = None
+    """Also log every run to this W&B project."""
     torch_threads: int | None = None
     """CPU threads for torch (None: torch's default). One thread makes small models faster
     (no synchronisation) and their training bit-reproducible."""
@@ -351,6 +355,8 @@ def run_one(
             seed=seed,
             out_dir=folder,
             progress=progress,
+            tensorboard=preset.tensorboard,
+            wandb_project=preset.wandb_project,
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
         final_success = evaluate(policy, pool, eval_tasks, preset.for_env('eval_episodes', env_name), seed + 2000)
@@ -599,6 +605,13 @@ def build_preset(args: argparse.Namespace) -> Preset:
             setattr(preset, key, value)
     if args.seeds is not None:
         preset.seeds = tuple(args.seeds)
+    preset.tensorboard = preset.tensorboard or args.tensorboard
+    preset.wandb_project = args.wandb_project or preset.wandb_project
+    import importlib.util
+
+    for wanted, package in ((preset.tensorboard, "tensorboard"), (preset.wandb_project, "wandb")):
+        if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
+            raise SystemExit(f"logging to {package} needs `pip install {package}`")
     if args.budget is not None:
         preset.budget = {e: args.budget for e in preset.envs}
     Budget(preset.budget_unit, 1)  # validates the unit
@@ -622,6 +635,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--branch-factor", type=int, help="BPO K")
     parser.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
     parser.add_argument("--grad-batches", type=int, help="batches for the gradient-variance probe")
+    parser.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
+    parser.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

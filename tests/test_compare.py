@@ -68,3 +68,13 @@ def test_preset_fields_per_env():
     assert preset.for_env("updates", "webshop") != preset.for_env("updates", "alfworld")
     assert preset.for_env("updates", "swebench") == compare.Preset.__dataclass_fields__["updates"].default
     assert compare.task_split(preset.envs["alfworld"])[1] == compare.task_split(preset.envs["alfworld"])[0]
+
+
+def test_missing_logger_fails_before_training(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(SystemExit, match="pip install wandb"):
+        compare.main(["--smoke", "--out", str(tmp_path / "w"), "--wandb-project", "bpo"])
+    assert not (tmp_path / "w" / "runs").exists()
