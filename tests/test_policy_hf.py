@@ -227,6 +227,10 @@ def test_full_finetune_reference_is_a_frozen_copy(tiny_path):
         policy.model.model.embed_tokens.weight.mul_(1.5)
     assert torch.allclose(policy.reference_token_logprobs(steps), before, atol=ATOL)
     assert (policy.token_logprobs(steps).detach() - before).abs().max() > 1e-2
+    # a checkpoint saved with the reference loads into a fresh policy and keeps that reference
+    fresh = HFPolicy(tiny_path, max_new_tokens=6, seed=1)
+    fresh.load_state_dict(policy.state_dict())
+    assert torch.allclose(fresh.reference_token_logprobs(steps), before, atol=ATOL)
 
 
 def test_random_model_output_is_an_invalid_action_in_the_env(policy):

@@ -80,8 +80,9 @@ def test_same_seed_same_model_and_copies_are_independent():
     assert not torch.equal(a.hidden.weight, TextScorerPolicy(seed=8).hidden.weight)
     clone = copy.deepcopy(a)
     with torch.no_grad():
-        clone.out.bias.add_(1.0)
+        clone.hidden.weight.mul_(3.0)
     assert a.action_distribution(_context()) == b.action_distribution(_context())
+    assert clone.action_distribution(_context()) != a.action_distribution(_context())
     restored = TextScorerPolicy(seed=0)
     restored.load_state_dict(a.state_dict())
     assert restored.action_distribution(_context()) == a.action_distribution(_context())
@@ -126,3 +127,20 @@ def test_behaviour_cloning_teaches_the_webshop_expert():
     # 96 episodes each: the cloned policy buys the right product far more often than chance
     assert cloned > uniform + 0.1, (uniform, cloned)
     assert np.isfinite(cloned)
+
+
+def test_a_checkpoint_with_a_reference_loads_into_a_fresh_policy():
+    """With a KL term the reference is made on first use and saved with the weights; a resumed
+    run must get that reference back, not a new one from the trained weights."""
+    policy = TextScorerPolicy(seed=1)
+    policy.set_reference()
+    with torch.no_grad():
+        policy.hidden.weight.mul_(3.0)  # training moves the policy away from its reference
+    fresh = TextScorerPolicy(seed=2)
+    fresh.load_state_dict(policy.state_dict())
+    for name, value in policy.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+    [samples] = policy.sample([_context()], 3)
+    steps = [type("S", (), {"context": _context(), "action": s})() for s in samples]
+    assert torch.equal(fresh.reference_token_logprobs(steps), policy.reference_token_logprobs(steps))
+    assert not torch.equal(fresh.reference_token_logprobs(steps), fresh.token_logprobs(steps).detach())

@@ -159,6 +159,16 @@ class PolicyBase:
         """Per-token log-probs under the reference policy (for the k3 KL), no gradient."""
         raise NotImplementedError(f"{type(self).__name__} has no reference policy")
 
+    def _prepare_reference_load(self, state_dict: Any) -> None:
+        """Make the frozen reference before loading a checkpoint that holds one.
+
+        A reference copy is a submodule, so a checkpoint saved after it was made holds its
+        weights under ``_reference.``; a fresh policy has none yet and would refuse those keys.
+        Making it first lets loading restore it, so the KL keeps its original anchor.
+        """
+        if getattr(self, "_reference", None) is None and any(k.startswith("_reference.") for k in state_dict):
+            self.set_reference()  # type: ignore[attr-defined]
+
     def rng_state(self) -> Any:
         """The sampling RNG state, for checkpoints."""
         raise NotImplementedError

@@ -32,7 +32,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
     """Base class of the policies that pick one of the admissible actions.
 
     Subclasses implement :meth:`scores`; they may override :meth:`set_reference` and
-    :meth:`reference_scores` when a frozen copy of the module is not the right reference.
+    :meth:`reference_token_logprobs` when a frozen copy of the module is not the right reference.
     """
 
     def __init__(self, temperature: float = 1.0, seed: int = 0) -> None:
@@ -124,14 +124,12 @@ class ChoicePolicy(PolicyBase, nn.Module):
         self.meter.policy_calls += 1
         return [float(-(lp.double().exp() * lp.double()).sum()) for lp in all_logp]
 
-    def _picked(self, all_logp: Sequence[torch.Tensor], steps: Sequence[StepLike]) -> torch.Tensor:
-        rows = [lp[s.action.token_ids[0]] for lp, s in zip(all_logp, steps, strict=True)]
-        return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
-
     def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
         """``[n_steps, 1]`` differentiable log-probs of the recorded actions (steps or a Batch)."""
         steps = as_steps(steps)
-        return self._picked(self.log_probs_of([s.context for s in steps]), steps)
+        all_logp = self.log_probs_of([s.context for s in steps])
+        rows = [lp[s.action.token_ids[0]] for lp, s in zip(all_logp, steps, strict=True)]
+        return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
 
     # ---- reference policy (k3 KL) --------------------------------------------------------
     def set_reference(self) -> None:
@@ -149,3 +147,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
         assert self._reference is not None
         with torch.no_grad():
             return self._reference.token_logprobs(steps)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):  # type: ignore[override]
+        self._prepare_reference_load(state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)

@@ -460,6 +460,10 @@ class HFPolicy(PolicyBase, nn.Module):
             return
         self._reference = copy.deepcopy(self.model).requires_grad_(False).eval()
 
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):  # type: ignore[override]
+        self._prepare_reference_load(state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     @torch.no_grad()
     def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
         """Per-token log-probs under the reference policy (no gradient)."""
