@@ -479,23 +479,18 @@ def paired_comparison(rows: dict[str, list[dict[str, Any]]], summary: dict[str, 
     diffs = [r["final_success"] - by_seed[r["seed"]] for r in rows["bpo"] if r["seed"] in by_seed]
     diff, ci = mean_ci(diffs) if diffs else (float("nan"), float("nan"))
 
-    def ratio(key: str) -> float:
-        return summary["bpo"][key] / summary[best][key] if summary[best][key] > 0 else float("nan")
+    def ratio(key: str, baseline: str) -> float:
+        return summary["bpo"][key] / summary[baseline][key] if summary[baseline][key] > 0 else float("nan")
 
     return {
         "best_baseline": best,
         "success_diff": diff,
         "success_diff_ci95": ci,
         "success_diff_per_seed": diffs,
-        "grad_norm_var_ratio": ratio("grad_norm_var"),
-        "grad_trace_var_ratio": ratio("grad_trace_var"),
-        "grad_norm_var_ratio_vs": {
-            b: summary["bpo"]["grad_norm_var"] / summary[b]["grad_norm_var"] if summary[b]["grad_norm_var"] > 0 else float("nan")
-            for b in baselines
-        },
-        "noise_to_signal_ratio_vs": {
-            b: summary["bpo"]["grad_noise_to_signal"] / summary[b]["grad_noise_to_signal"] for b in baselines
-        },
+        "grad_norm_var_ratio": ratio("grad_norm_var", best),
+        "grad_trace_var_ratio": ratio("grad_trace_var", best),
+        "grad_norm_var_ratio_vs": {b: ratio("grad_norm_var", b) for b in baselines},
+        "noise_to_signal_ratio_vs": {b: ratio("grad_noise_to_signal", b) for b in baselines},
     }
 
 
