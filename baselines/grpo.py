@@ -12,6 +12,7 @@ from typing import Any
 from bpo_algos.advantages import GRPO_SCALES, group_advantages
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.checks import check_count
+from bpo_algos.registry import register_algorithm
 from bpo_algos.tree import RolloutTree
 
 
@@ -37,3 +38,6 @@ class GRPO(Algorithm):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "group_size": self.group_size, "scale": self.scale}
+
+
+register_algorithm("grpo", GRPO)

@@ -10,6 +10,7 @@ from typing import Any
 from bpo_algos.advantages import group_advantages
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.checks import check_count
+from bpo_algos.registry import register_algorithm
 from bpo_algos.tree import RolloutTree
 
 
@@ -31,3 +32,6 @@ class RLOO(Algorithm):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "group_size": self.group_size}
+
+
+register_algorithm("rloo", RLOO)

@@ -67,7 +67,7 @@ def group_advantages(tree: RolloutTree, estimator: str, scale: str = "group", ep
 
 
 def bpo_advantages(tree: RolloutTree) -> None:
-    """BPO per-step advantages (DESIGN.md rule 4).
+    """BPO per-step advantages (docs/unbiasedness.md, rule 4).
 
     For a step ``t`` on a path that left its nearest branch node ``b`` (the step's own source,
     if that is a branch node) through child ``k``::

@@ -7,7 +7,7 @@ the other ``K - 1`` are forked from the snapshot and rolled to the end. At most 
 points per path; forked siblings branch again only while their nesting level is below
 ``max_depth``.
 
-Unbiasedness (DESIGN.md rules 1-4):
+Unbiasedness (docs/unbiasedness.md, rules 1-4):
 
 1. The branch decision at ``h`` uses only ``H(pi(.|h))``, computed before any action is
    sampled at ``h``, the path's own branch count (part of ``h``) and a threshold fixed from
@@ -34,6 +34,7 @@ from bpo_algos.advantages import bpo_advantages
 from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.checks import check_count
 from bpo_algos.engine import PathState
+from bpo_algos.registry import register_algorithm
 from bpo_algos.tree import RolloutTree
 
 
@@ -127,3 +128,6 @@ class BPO(Algorithm):
             "max_branch_points": self.max_branch_points,
             "max_depth": self.max_depth,
         }
+
+
+register_algorithm("bpo", BPO)

@@ -1,7 +1,7 @@
 """The compute meter and per-batch budgets.
 
 Every algorithm collects through the same engine, which counts the same things, so a comparison
-can fix one unit for all algorithms and report the others (DESIGN.md §3).
+can fix one unit for all algorithms and report the others.
 """
 
 from __future__ import annotations

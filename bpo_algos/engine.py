@@ -6,7 +6,7 @@ decision entropy and how many actions to sample there given that entropy. The en
 
 1. resets an env of the pool on the task, then repeatedly, for every path that holds an env:
 2. asks ``policy.decision_entropy`` for the paths the topology wants it for (before any
-   sampling: DESIGN.md rule 1), lets the topology choose ``n`` per path;
+   sampling: docs/unbiasedness.md, rule 1), lets the topology choose ``n`` per path;
 3. samples ``n`` i.i.d. actions per path (one batched ``policy.sample`` call per distinct
    ``n``; rule 2: never deduplicated);
 4. where ``n > 1``, snapshots the env (a branch node) and queues ``n - 1`` sibling paths, each

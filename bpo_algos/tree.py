@@ -5,7 +5,7 @@ step. A *branch node* has ``K`` child edges, i.i.d. samples from the policy at `
 branches into ``N`` for GRPO/RLOO, ``K0`` for BPO); every other inner node has one. A leaf is a
 finished episode.
 
-DESIGN.md rule 3, computed by :meth:`RolloutTree.finalize`:
+docs/unbiasedness.md, rule 3, computed by :meth:`RolloutTree.finalize`:
 
 * weight: ``w(e) = prod over branch nodes b above e (including e's source) of 1 / K_b``, so each
   branch node's subtree counts as one sample and the leaf weights of a tree sum to 1;

@@ -1,6 +1,6 @@
 """The snapshot contract: :class:`Snapshot`, the snapshottable env base and wrapper-aware helpers.
 
-Contract (DESIGN.md §2): after ``env.restore(s)``, any action sequence yields exactly the
+Contract (docs/snapshots.md): after ``env.restore(s)``, any action sequence yields exactly the
 observations, rewards, flags and ``info`` that the env produced (or would produce) from the
 moment ``s`` was taken. A snapshot stays valid across later steps, other restores and resets,
 until :meth:`Snapshot.release` (or garbage collection). :meth:`Snapshot.portable` gives bytes

@@ -6,7 +6,7 @@ sampled text. Every policy (tabular, transformers, vLLM) implements the same thr
 
 * ``sample(contexts, n)`` — ``n`` i.i.d. samples per context (never deduplicated);
 * ``decision_entropy(contexts)`` — the entropy of the policy's distribution at each context,
-  computed without sampling (DESIGN.md rule 1: exact over the admissible actions, or of the
+  computed without sampling (docs/unbiasedness.md, rule 1: exact over the admissible actions, or of the
   first action token);
 * ``token_logprobs(steps)`` — differentiable per-token log-probs of recorded actions, a
   ``[n_steps, max_action_tokens]`` tensor padded with zeros past each action's length.
@@ -130,7 +130,7 @@ class StepLike(Protocol):
 
 @runtime_checkable
 class Policy(Protocol):
-    """The binding policy interface (DESIGN.md §3)."""
+    """The binding policy interface (docs/unbiasedness.md states the rules it serves)."""
 
     meter: ComputeMeter
 

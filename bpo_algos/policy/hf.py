@@ -18,7 +18,7 @@ Mechanics:
   ``decision_entropy``, by ``token_logprobs`` (a weight update follows the loss), whenever a
   trainable parameter was modified in place since (:meth:`HFPolicy.weights_version`), and by
   :meth:`HFPolicy.clear_cache`.
-* **Decision entropy** (DESIGN.md rule 1): with admissible actions, the exact entropy of
+* **Decision entropy** (docs/unbiasedness.md, rule 1): with admissible actions, the exact entropy of
   ``pi`` restricted to the admissible answers ``<action>a</action><eos>`` and renormalised,
   every answer scored in one pass that shares the prompt's KV; without, the entropy of the
   first token after the opening action tag (the first action token).

@@ -1,6 +1,6 @@
 """Prompts and action parsing shared by every LLM policy (HF, vLLM, SFT).
 
-A prompt shows the model (DESIGN.md §3, issue 6):
+A prompt shows the model:
 
 * the task: the reset observation (omitted when it is the current observation);
 * the last ``history`` (observation, action) turns of the path (default 2), older ones elided;
