@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-turns", type=int, default=8, help="tool calls per rollout")
     parser.add_argument("--warm-start", type=int, default=40, help="behaviour-cloning steps before GRPO (0: none)")
     parser.add_argument("--warm-turns", type=int, default=1, help="expert steps per warm-start conversation")
+    parser.add_argument("--temperature", type=float, default=0.5, help="GRPO sampling temperature")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default=None)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_tool_calling_iterations=args.max_turns,
         learning_rate=args.lr,
         beta=0.0,
-        temperature=1.0,
+        temperature=args.temperature,
         logging_steps=1,
         save_strategy="no",
         report_to="none",

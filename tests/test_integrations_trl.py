@@ -116,6 +116,7 @@ def test_several_envs_in_one_run():
     assert tree.get_reward() == plain.step("a0")[1] and tree.episode.done
 
 
+@pytest.mark.slow
 def test_grpo_trainer_takes_the_factory():
     """TRL's own constructor: the env's get_reward becomes a reward column, act the only tool."""
     import torch

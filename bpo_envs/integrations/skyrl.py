@@ -40,7 +40,7 @@ import bpo_envs
 from bpo_envs.integrations import require
 from bpo_envs.prompting import Context, PromptConfig, build_messages, env_action
 
-skyrl_gym = require("skyrl_gym", "skyrl-gym", "skyrl", minimum="0.2")
+skyrl_gym = require("skyrl_gym", "skyrl-gym", "skyrl", minimum="0.1.1")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
 
 _STATE_FORMAT = "bpo-skyrl-episode-v1"

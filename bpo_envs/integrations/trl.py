@@ -1,6 +1,6 @@
 """The BPO envs in TRL's ``GRPOTrainer`` environment mode (``environment_factory``).
 
-TRL (>= 1.7) runs a multi-turn agent episode as tool calls: it makes one environment instance
+TRL (>= 1.8) runs a multi-turn agent episode as tool calls: it makes one environment instance
 per rollout with ``factory()``, calls ``reset(**row)`` with the dataset row and appends the
 returned string to the row's last prompt message, exposes every public method of the env class
 as a tool, runs the model until it answers without a tool call, and scores the rollout with the
@@ -43,7 +43,7 @@ import bpo_envs
 from bpo_envs.integrations import require
 from bpo_envs.prompting import Context, PromptConfig, build_messages
 
-require("trl", "trl", "trl", minimum="1.7")
+require("trl", "trl", "trl", minimum="1.8", below="2")
 
 TOOL_SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. Read the task and the current observation, "
@@ -108,7 +108,12 @@ class BPOToolEnv:
         return self._env
 
     @property
-    def episode(self) -> Episode:
+    def episode(self) -> Episode | None:
+        """The current episode's record; None before the first ``reset`` (TRL < 1.9 reads every
+        property of a fresh instance, so this one must not raise)."""
+        return self._episode
+
+    def _current(self) -> Episode:
         if self._episode is None:
             raise RuntimeError("no episode yet: TRL calls reset(**row) before the first turn")
         return self._episode
@@ -121,7 +126,7 @@ class BPOToolEnv:
         """
         if state is not None:
             _restore_portable(self, state)
-            return self._message(self.episode.context, first=True)
+            return self._message(self._current().context, first=True)
         if task_id is None and seed is None:
             raise ValueError(
                 f"the dataset row for {self.env_id} has neither a task_id nor a seed column "
@@ -145,7 +150,7 @@ class BPOToolEnv:
         Returns:
             The environment's next observation.
         """
-        episode = self.episode
+        episode = self._current()
         if episode.done:
             episode.calls_after_end += 1
             return "The episode is over; do not call act again."
@@ -166,7 +171,7 @@ class BPOToolEnv:
 
     def get_reward(self) -> float:
         """The env's return since ``reset``: the sum of the step rewards (0 without a step)."""
-        return float(sum(self.episode.rewards))
+        return float(sum(self._current().rewards))
 
     def _message(self, context: Context, *, first: bool = False) -> str:
         """The user content of the project's chat format for ``context`` (TRL adds the system message).
@@ -276,7 +281,7 @@ class EpisodeSnapshot:
 def snapshot(tool_env: BPOToolEnv) -> EpisodeSnapshot:
     """Save ``tool_env``'s episode (docs/snapshots.md: the env's full state, plus the history
     and rewards the adapter keeps for prompts and ``get_reward``)."""
-    return EpisodeSnapshot(bpo_envs.snapshot(tool_env.env), copy.deepcopy(tool_env.episode))
+    return EpisodeSnapshot(bpo_envs.snapshot(tool_env.env), copy.deepcopy(tool_env._current()))
 
 
 def restore(tool_env: BPOToolEnv, snap: EpisodeSnapshot) -> None:
@@ -294,7 +299,7 @@ def portable_state(tool_env: BPOToolEnv, *, keep_rewards: bool = False) -> bytes
     policies see a mid-episode decision point. ``get_reward`` counts only the rewards after the
     resume unless ``keep_rewards``. The bytes are a pickle: load only states you made.
     """
-    episode = copy.deepcopy(tool_env.episode)
+    episode = copy.deepcopy(tool_env._current())
     if not keep_rewards:
         episode.rewards = []
     payload = {
@@ -323,4 +328,4 @@ def _restore_portable(tool_env: BPOToolEnv, state: bytes) -> None:
 
 def episodes(environments: Sequence[BPOToolEnv] | None) -> list[Episode]:
     """The episodes of ``GRPOTrainer.environments`` (the current batch's instances)."""
-    return [e.episode for e in environments or ()]
+    return [e._current() for e in environments or ()]
