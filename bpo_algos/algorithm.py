@@ -152,6 +152,7 @@ class Algorithm:
             if not isinstance(env_fns, EnvPool):
                 pool.close()
         for tree in result.trees:
+            tree.algorithm = self.name
             self.compute_advantages(tree)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.kl_coef:
