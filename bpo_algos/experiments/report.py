@@ -89,12 +89,14 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             compute = np.asarray(r["compute_curve"])
             for ax, xs in ((axes[0][j], x), (axes[1][j], compute)):
                 ax.plot(xs, mean, label=a, color=colours[a])
-                ax.fill_between(xs, mean - band, mean + band, color=colours[a], alpha=0.2, linewidth=0)
+                # a success rate lives in [0, 1]; the t-band of few seeds can reach past it
+                ax.fill_between(xs, np.clip(mean - band, 0, 1), np.clip(mean + band, 0, 1), color=colours[a], alpha=0.2, linewidth=0)
         seeds = len(results["per_env"][env].get("seeds") or [])
         axes[0][j].set(title=f"{env}: training success", xlabel="update", ylabel=f"batch success (mean of {seeds} seeds, 95% band)")
         axes[1][j].set(title=f"{env}: success vs compute", xlabel=results["budget_unit"], ylabel="batch success")
-        axes[0][j].legend()
-        axes[1][j].legend()
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_ylim(-0.02, 1.02)
+            ax.legend()
     fig.tight_layout()
     paths.append(out / "success.png")
     fig.savefig(paths[-1], dpi=110)
@@ -107,13 +109,17 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         values = [er["algorithms"][a]["success"] for a in names]
         errors = [er["algorithms"][a]["success_ci95"] for a in names]
         ax = axes[0][j]
-        ax.bar(range(len(names)), values, yerr=errors, capsize=5, color=[colours[a] for a in names])
+        low = [min(e, v) for v, e in zip(values, errors, strict=True)]
+        high = [min(e, 1 - v) for v, e in zip(values, errors, strict=True)]
+        ax.bar(range(len(names)), values, yerr=[low, high], capsize=5, color=[colours[a] for a in names])
+        for k, (v, e) in enumerate(zip(values, errors, strict=True)):
+            ax.annotate(f"{v:.3f} ± {e:.3f}", (k, min(1.0, v + high[k])), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=8)
         for k, a in enumerate(names):
             for s in er["algorithms"][a]["success_per_seed"]:
                 ax.plot(k, s, "k.", alpha=0.5, markersize=4)
         ax.set_xticks(range(len(names)), names)
         ax.set(title=f"{env}: final success ({er.get('eval_split', 'held-out')} tasks)", ylabel="success (mean, 95% CI; dots: seeds)")
-        ax.set_ylim(0, max(1e-3, max(v + e for v, e in zip(values, errors, strict=True))) * 1.15)
+        ax.set_ylim(0, 1.08)
     fig.tight_layout()
     paths.append(out / "final_success.png")
     fig.savefig(paths[-1], dpi=110)
