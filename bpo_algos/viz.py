@@ -215,6 +215,79 @@ def _branch_text(node: Node) -> str:
     return text
 
 
+_STYLES: dict[str, dict[str, Any]] = {
+    # marker styles shared by the nodes and the legend (sizes in points, scaled with the rows)
+    "won": {"marker": "o", "ms": 6, "color": _WON},
+    "lost": {"marker": "x", "ms": 6, "mew": 1.6, "color": _LOST},
+    "step limit": {"marker": "s", "ms": 5, "mfc": "white", "mec": _CUT, "mew": 1.3},
+    "unfinished": {"marker": "o", "ms": 5, "mfc": "white", "mec": _CUT, "mew": 1.0},
+    "branch": {"marker": "D", "ms": 5.5, "mfc": "white", "mec": "#111111", "mew": 1.1},
+    "root": {"marker": "o", "ms": 6, "color": "#111111"},
+}
+
+
+def _style(name: str, scale: float = 1.0) -> dict[str, Any]:
+    return {k: v * scale if k in ("ms", "mew") else v for k, v in _STYLES[name].items()}
+
+
+def _leaf_kind(edge: Edge) -> str:
+    if edge.won:
+        return "won"
+    if edge.terminated:
+        return "lost"
+    return "step limit" if edge.truncated else "unfinished"  # unfinished: a tree built by hand
+
+
+@dataclass
+class _Sizes:
+    """The picture's geometry (inches unless named ``_pt``), from the tree's rows and width."""
+
+    rows: int
+    row_in: float
+    font: float
+    unit_pt: float  # points per x unit
+    marker: float  # marker scale
+    axes_w: float
+    axes_h: float
+    left: float = 0.75
+    right: float = 1.75
+    top: float = 0.75
+    bottom: float = 0.95
+    pad_l: float = 0.12  # x units
+    pad_r: float = 0.08
+
+    @classmethod
+    def of(cls, layout: _Layout) -> _Sizes:
+        rows = max(len(layout.terminals), 1)
+        row_in = min(_ROW_IN, _MAX_AXES_H_IN / rows)
+        axes_h = rows * row_in
+        span = layout.width + cls.pad_l + cls.pad_r
+        # a few long rows: keep the picture from turning into a strip (labels shorten to fit)
+        max_w = min(_MAX_AXES_W_IN, max(12.0, 8.0 + 2.0 * axes_h))
+        axes_w = min(max(span * _UNIT_IN, 4.0), max_w)
+        return cls(
+            rows=rows,
+            row_in=row_in,
+            font=min(_FONT, row_in * 72 * 0.27),
+            unit_pt=axes_w / span * 72,
+            marker=max(0.35, min(1.0, row_in / _ROW_IN)),
+            axes_w=axes_w,
+            axes_h=axes_h,
+        )
+
+    @property
+    def labels(self) -> bool:
+        return self.font >= 3.5
+
+    @property
+    def fig_w(self) -> float:
+        return self.left + self.axes_w + self.right
+
+    @property
+    def fig_h(self) -> float:
+        return self.bottom + self.axes_h + self.top
+
+
 def draw_tree(tree: RolloutTree, path: str | os.PathLike[str], *, dpi: int = 150, title: str | None = None) -> Path:
     """Draw ``tree`` into ``path``: PNG or SVG by its suffix (see the module docstring).
 
@@ -228,127 +301,113 @@ def draw_tree(tree: RolloutTree, path: str | os.PathLike[str], *, dpi: int = 150
     if not isinstance(tree, RolloutTree):
         raise TypeError(f"draw_tree needs a RolloutTree, got {type(tree).__name__}")
     mpl = _matplotlib()
-    from matplotlib.collections import LineCollection
     from matplotlib.colors import LinearSegmentedColormap, Normalize
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
     layout = _layout(tree)
-    rows = max(len(layout.terminals), 1)
-    row_in = min(_ROW_IN, _MAX_AXES_H_IN / rows)
-    font = min(_FONT, row_in * 72 * 0.27)
-    show_labels = font >= 3.5
-    pad_l, pad_r = 0.12, 0.08  # x units
-    span = layout.width + pad_l + pad_r
-    axes_w = min(max(span * _UNIT_IN, 4.0), _MAX_AXES_W_IN)
-    unit_pt = axes_w / span * 72
-    axes_h = rows * row_in
-    left, right, top, bottom = 0.75, 1.75, 0.75, 0.95
-    fig_w, fig_h = left + axes_w + right, bottom + axes_h + top
-
-    adv = [e.advantage for s in layout.segments for e in s.edges]
-    scale = max((abs(a) for a in adv), default=0.0) or 1.0
+    size = _Sizes.of(layout)
+    scale = max((abs(e.advantage) for s in layout.segments for e in s.edges), default=0.0) or 1.0
     norm = Normalize(-scale, scale)
     cmap = LinearSegmentedColormap.from_list("advantage", _ADVANTAGE_COLOURS)
-    w_max = max((e.weight for s in layout.segments for e in s.edges), default=0.0) or 1.0
 
-    with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "bpo-gym", "font.size": font}):
-        fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
-        ax = fig.add_axes((left / fig_w, bottom / fig_h, axes_w / fig_w, axes_h / fig_h))
-        ax.set_xlim(-pad_l, layout.width + pad_r)
-        ax.set_ylim(rows - 0.5, -0.5)
+    with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "bpo-gym", "font.size": size.font}):
+        fig = Figure(figsize=(size.fig_w, size.fig_h), dpi=dpi)
+        ax = fig.add_axes((size.left / size.fig_w, size.bottom / size.fig_h, size.axes_w / size.fig_w, size.axes_h / size.fig_h))
+        ax.set_xlim(-size.pad_l, layout.width + size.pad_r)
+        ax.set_ylim(size.rows - 0.5, -0.5)
         for side in ("top", "right", "left"):
             ax.spines[side].set_visible(False)
         ax.set_yticks([])
-
-        x, y = layout.x, layout.y
-        pieces, colours, widths, ticks = [], [], [], []
-        brackets = []
-        for seg in layout.segments:
-            row = y[id(seg.end)]
-            for edge in seg.edges:
-                x0, x1 = x[id(edge.parent)], x[id(edge.child)]
-                pieces.append(((x0, row), (x1, row)))
-                colours.append(cmap(norm(edge.advantage)))
-                widths.append(0.9 + 3.1 * edge.weight / w_max)
-            steps = len(seg.edges)
-            if steps > 1 and (x[id(seg.end)] - x[id(seg.start)]) * unit_pt / steps >= 3.0:
-                ticks.extend((x[id(e.child)], row) for e in seg.edges[:-1])
-            brackets.append(((x[id(seg.start)], y[id(seg.start)]), (x[id(seg.start)], row)))
-        ax.add_collection(LineCollection(brackets, colors="#9a9a9a", linewidths=0.8, zorder=1))
-        ax.add_collection(LineCollection(pieces, colors=colours, linewidths=widths, capstyle="butt", zorder=2))
-        if ticks:
-            ax.scatter(*zip(*ticks, strict=True), marker="|", s=(font * 0.9) ** 2, c="#555555", linewidths=0.6, zorder=3)
-
-        if show_labels:
-            for seg in layout.segments:
-                _label_segment(ax, seg, x, y[id(seg.end)], unit_pt, font)
-
-        # nodes: root, branch nodes, leaves
-        for node in layout.inner:
-            nx, ny = x[id(node)], y[id(node)]
-            if node.parent is None:
-                ax.plot([nx], [ny], "o", ms=6, color="#111111", zorder=5)
-                ax.annotate(
-                    _branch_text(node), (nx, ny), xytext=(-5, 0), textcoords="offset points",
-                    ha="right", va="center", fontsize=font + 0.5, fontweight="bold", color="#111111",
-                )
-                continue
-            ax.plot([nx], [ny], "D", ms=5.5, mfc="white", mec="#111111", mew=1.1, zorder=5)
-            if show_labels:
-                ax.annotate(
-                    _branch_text(node), (nx, ny), xytext=(-4, -2), textcoords="offset points",
-                    ha="right", va="top", fontsize=font, fontweight="bold", color="#111111", zorder=6,
-                )
-        for node in layout.terminals:
-            if node.parent is None:
-                continue
-            edge = node.parent
-            nx, ny = x[id(node)], y[id(node)]
-            if edge.won:
-                ax.plot([nx], [ny], "o", ms=6, color=_WON, zorder=5)
-            elif edge.truncated and not edge.terminated:
-                ax.plot([nx], [ny], "s", ms=5, mfc="white", mec=_CUT, mew=1.3, zorder=5)
-            elif edge.terminated:
-                ax.plot([nx], [ny], "x", ms=6, color=_LOST, mew=1.6, zorder=5)
-            else:  # an unfinished path (a tree built by hand): an open circle
-                ax.plot([nx], [ny], "o", ms=5, mfc="white", mec=_CUT, zorder=5)
-            if show_labels:
-                ax.annotate(
-                    f"R={layout.returns[id(node)]:.2f}", (nx, ny), xytext=(6, 0), textcoords="offset points",
-                    ha="left", va="center", fontsize=font, color=_WON if edge.won else "#333333",
-                )
+        _draw_steps(ax, layout, size, cmap, norm)
+        _draw_nodes(ax, layout, size)
         if not tree.root.children:
             ax.text(0.5, 0.5, "no steps", transform=ax.transAxes, ha="center", va="center")
-
-        _depth_axis(ax, layout, unit_pt, font)
-        head, sub = _title(tree, layout)
-        fig.text(left / fig_w, 1 - 0.12 / fig_h, title or head, ha="left", va="top", fontsize=11, fontweight="bold")
-        fig.text(left / fig_w, 1 - 0.42 / fig_h, sub, ha="left", va="top", fontsize=8)
-
-        bar_h = min(axes_h, 3.0)
-        cax = fig.add_axes(((left + axes_w + 0.9) / fig_w, (bottom + axes_h - bar_h) / fig_h, 0.14 / fig_w, bar_h / fig_h))
-        from matplotlib.cm import ScalarMappable
-
-        bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
-        bar.set_label("advantage", fontsize=8)
-        bar.ax.tick_params(labelsize=7)
-
-        handles = [
-            Line2D([], [], ls="", marker="o", ms=6, color=_WON, label="won"),
-            Line2D([], [], ls="", marker="x", ms=6, mew=1.6, color=_LOST, label="lost"),
-            Line2D([], [], ls="", marker="s", ms=5, mfc="white", mec=_CUT, mew=1.3, label="step limit"),
-            Line2D([], [], ls="", marker="D", ms=5.5, mfc="white", mec="#111111", label="branch node: K samples, H = decision entropy"),
-            Line2D([], [], color="#777777", lw=3.5, label="line width ∝ weight"),
-        ]
-        fig.legend(
-            handles=handles, loc="lower left", bbox_to_anchor=(left / fig_w, 0.04 / fig_h),
-            ncol=len(handles), fontsize=7, frameon=False, handlelength=1.6, columnspacing=1.2,
-        )
+        _depth_axis(ax, layout, size.unit_pt, size.font)
+        _decorate(fig, tree, layout, size, cmap, norm, title)
         path.parent.mkdir(parents=True, exist_ok=True)
-        metadata = {"Date": None} if fmt == "svg" else None
-        fig.savefig(path, format=fmt, dpi=dpi, metadata=metadata)
+        fig.savefig(path, format=fmt, dpi=dpi, metadata={"Date": None} if fmt == "svg" else None)
     return path
+
+
+def _draw_steps(ax: Any, layout: _Layout, size: _Sizes, cmap: Any, norm: Any) -> None:
+    """One coloured piece per step, brackets from branch nodes, ticks between steps, labels."""
+    from matplotlib.collections import LineCollection
+
+    x, y = layout.x, layout.y
+    w_max = max((e.weight for s in layout.segments for e in s.edges), default=0.0) or 1.0
+    pieces, colours, widths, ticks, brackets = [], [], [], [], []
+    for seg in layout.segments:
+        row = y[id(seg.end)]
+        for edge in seg.edges:
+            pieces.append(((x[id(edge.parent)], row), (x[id(edge.child)], row)))
+            colours.append(cmap(norm(edge.advantage)))
+            widths.append(0.9 + 3.1 * edge.weight / w_max)
+        steps = len(seg.edges)
+        if steps > 1 and (x[id(seg.end)] - x[id(seg.start)]) * size.unit_pt / steps >= 3.0:
+            ticks.extend((x[id(e.child)], row) for e in seg.edges[:-1])
+        brackets.append(((x[id(seg.start)], y[id(seg.start)]), (x[id(seg.start)], row)))
+    ax.add_collection(LineCollection(brackets, colors="#9a9a9a", linewidths=0.8, zorder=1))
+    ax.add_collection(LineCollection(pieces, colors=colours, linewidths=widths, capstyle="butt", zorder=2))
+    if ticks:
+        ax.scatter(*zip(*ticks, strict=True), marker="|", s=(size.font * 0.9) ** 2, c="#555555", linewidths=0.6, zorder=3)
+    if size.labels:
+        for seg in layout.segments:
+            _label_segment(ax, seg, x, y[id(seg.end)], size.unit_pt, size.font)
+
+
+def _draw_nodes(ax: Any, layout: _Layout, size: _Sizes) -> None:
+    """The root, the branch nodes (with K and H) and the leaves (with their return)."""
+    x, y, font = layout.x, layout.y, size.font
+    for node in layout.inner:
+        at = (x[id(node)], y[id(node)])
+        if node.parent is None:
+            ax.plot(*at, **_style("root", size.marker), zorder=5)
+            ax.annotate(
+                _branch_text(node), at, xytext=(-5, 0), textcoords="offset points",
+                ha="right", va="center", fontsize=font + 0.5, fontweight="bold", color="#111111",
+            )
+            continue
+        ax.plot(*at, **_style("branch", size.marker), zorder=5)
+        if size.labels:
+            ax.annotate(
+                _branch_text(node), at, xytext=(-4, -2), textcoords="offset points",
+                ha="right", va="top", fontsize=font, fontweight="bold", color="#111111", zorder=6,
+            )
+    for node in layout.terminals:
+        if node.parent is None:
+            continue
+        at = (x[id(node)], y[id(node)])
+        ax.plot(*at, **_style(_leaf_kind(node.parent), size.marker), zorder=5)
+        if size.labels:
+            ax.annotate(
+                f"R={layout.returns[id(node)]:.2f}", at, xytext=(6, 0), textcoords="offset points",
+                ha="left", va="center", fontsize=font, color=_WON if node.parent.won else "#333333",
+            )
+
+
+def _decorate(fig: Any, tree: RolloutTree, layout: _Layout, size: _Sizes, cmap: Any, norm: Any, title: str | None) -> None:
+    """Title lines, the advantage colorbar and the legend."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.lines import Line2D
+
+    fw, fh = size.fig_w, size.fig_h
+    head, sub = _title(tree, layout)
+    fig.text(size.left / fw, 1 - 0.12 / fh, title or head, ha="left", va="top", fontsize=11, fontweight="bold")
+    fig.text(size.left / fw, 1 - 0.42 / fh, sub, ha="left", va="top", fontsize=8)
+    bar_h = min(size.axes_h, 3.0)
+    cax = fig.add_axes(((size.left + size.axes_w + 0.9) / fw, (size.bottom + size.axes_h - bar_h) / fh, 0.14 / fw, bar_h / fh))
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    bar.set_label("advantage", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    handles = [
+        *(Line2D([], [], ls="", label=name, **_style(name)) for name in ("won", "lost", "step limit")),
+        Line2D([], [], ls="", label="branch node: K samples, H = decision entropy", **_style("branch")),
+        Line2D([], [], color="#777777", lw=3.5, label="line width ∝ weight"),
+    ]
+    fig.legend(
+        handles=handles, loc="lower left", bbox_to_anchor=(size.left / fw, 0.04 / fh),
+        ncol=len(handles), fontsize=7, frameon=False, handlelength=1.6, columnspacing=1.2,
+    )
 
 
 def _text_pt(text: str, font: float, em: float) -> float:
