@@ -531,9 +531,11 @@ def draw_run(
     for f in files:
         trees = load_trees(f)
         folder = f.parent if out is None else Path(out) / f.parent.relative_to(base)
+        run = f.parent.parent.relative_to(base).as_posix() if f.parent.parent != base else base.name
         for i, tree in enumerate(trees[:max_trees]):
             target = folder / f"{_stem(f)}-tree{i:02d}-task{_safe(tree.task_id)}.{fmt}"
-            written.append(draw_tree(tree, target))
+            title = " · ".join(str(p) for p in (run, _stem(f), f"task {tree.task_id}", tree.algorithm) if p)
+            written.append(draw_tree(tree, target, title=title))
     return written
 
 
