@@ -201,3 +201,11 @@ def test_trainer_saves_trees_and_bpo_trees_draws_them(tmp_path, capsys):
     assert "no run directory" in capsys.readouterr().err
     with pytest.raises(ValueError, match="save_trees_every"):
         TrainerConfig(save_trees_every=-1)
+
+
+def test_python_m_bpo_algos_viz_answers_help():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "bpo_algos.viz", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: bpo-trees" in done.stdout
