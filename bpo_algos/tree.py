@@ -11,6 +11,11 @@ docs/unbiasedness.md, rule 3, computed by :meth:`RolloutTree.finalize`:
   branch node's subtree counts as one sample and the leaf weights of a tree sum to 1;
 * value: ``Q(e) = r(e) + mean_{e' out of child(e)} Q(e')`` — the weighted mean, over the leaves
   below ``e``, of the reward collected from ``e`` on.
+
+:meth:`RolloutTree.to_dict` / :meth:`RolloutTree.from_dict` and :func:`save_trees` /
+:func:`load_trees` keep a tree for looking at later (``bpo_algos.viz``): structure, action
+texts, rewards, weights, values, advantages, entropies, branch factors, ``won``, task id,
+algorithm and compute, without the tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bpo_algos.compute import ComputeMeter
 from bpo_algos.policy.base import Action, Context
@@ -188,7 +195,7 @@ class RolloutTree:
                 "weight": edge.weight,
                 "q": edge.q,
                 "advantage": edge.advantage,
-                "info": _scalar_info(edge.info),
+                "info": {**_scalar_info(edge.info), "won": edge.won},
             }
             nodes.append(record)
         return {
@@ -266,11 +273,13 @@ def _node_dict(node: Node, parent: int | None, observations: bool) -> dict[str, 
 
 def _scalar_info(info: dict[str, Any]) -> dict[str, Any]:
     """The short scalar entries of an env's ``info`` (``won``, scores, ids), not its lists."""
-    return {
-        k: v
-        for k, v in info.items()
-        if isinstance(k, str) and (isinstance(v, bool | int | float) or (isinstance(v, str) and len(v) <= 200))
-    }
+    out: dict[str, Any] = {}
+    for k, v in info.items():
+        if isinstance(v, np.generic):  # numpy's bool_ and int64 are no JSON types
+            v = v.item()
+        if isinstance(k, str) and (isinstance(v, bool | int | float) or (isinstance(v, str) and len(v) <= 200)):
+            out[k] = v
+    return out
 
 
 def _jsonable_task_id(task_id: Any) -> Any:

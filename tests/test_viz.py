@@ -122,6 +122,16 @@ def test_saved_trees_load_back_and_draw_the_same_picture(tmp_path):
     assert len(load_trees(plain)) == 1
 
 
+def test_numpy_info_values_survive_the_round_trip():
+    tree = collect("grpo")[0]
+    leaf = tree.leaf_edges()[0]
+    leaf.info = {**leaf.info, "won": np.bool_(True), "score": np.float32(0.5), "steps": np.int64(3), "big": list(range(9))}
+    loaded = RolloutTree.from_dict(json.loads(json.dumps(tree.to_dict())))
+    info = loaded.leaf_edges()[0].info
+    assert info["won"] is True and info["score"] == 0.5 and info["steps"] == 3 and "big" not in info
+    assert loaded.leaf_edges()[0].won
+
+
 def test_observations_are_kept_only_when_asked(tmp_path):
     tree = collect("rloo")[0]
     kept = RolloutTree.from_dict(tree.to_dict(observations=True))
