@@ -3,8 +3,9 @@
 Per update it draws tasks with its own seeded generator (so every algorithm sees the same task
 sequence for the same seed), collects a batch within the budget, takes ``epochs`` optimizer
 steps on the algorithm's loss, and appends one JSON line to ``out_dir/metrics.jsonl``: success
-rate, mean return, loss, gradient norm (before clipping), entropy, the compute meter of the
-batch and the running total. TensorBoard and W&B receive the same scalars when asked for and
+rate, mean return, loss, gradient norm (before clipping), entropy, how the trees branched
+(:meth:`~bpo_algos.algorithm.Batch.shape_stats`), the compute meter of the batch and the
+running total. TensorBoard and W&B receive the same scalars when asked for and
 installed.
 
 Checkpoints (``out_dir/checkpoint.pt``: policy, optimizer, RNG states, algorithm state such as
@@ -259,6 +260,7 @@ class Trainer:
             "decision_entropy": float(np.mean(batch.entropies)) if batch.entropies else None,
             "n_trees": batch.n_trees,
             "n_steps": len(batch.steps),
+            **batch.shape_stats(),
             "compute": batch.compute.to_dict(),
             "compute_total": self.total_compute.to_dict(),
             "seconds": seconds,
@@ -352,7 +354,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.update = state["update"]
         self.history = list(state["history"])
-        self.total_compute = ComputeMeter(**state["total_compute"])
+        self.total_compute = ComputeMeter.from_dict(state["total_compute"])
         if self.out_dir is not None:
             # rows logged after the checkpoint belong to an update that will be redone
             lines = "".join(json.dumps(row) + "\n" for row in self.history)

@@ -135,6 +135,11 @@ class RolloutTree:
     def branch_nodes(self) -> list[Node]:
         return [n for n in self.nodes() if n.is_branch]
 
+    @property
+    def branch_points(self) -> int:
+        """Inner branch nodes: branch nodes other than the root (0 for a GRPO/RLOO fan)."""
+        return sum(1 for n in self.branch_nodes() if n is not self.root)
+
     def finalize(self) -> None:
         """Compute every edge's weight and value ``Q`` (rule 3)."""
 

@@ -56,8 +56,6 @@ def build_preset(args: argparse.Namespace) -> Preset:
         if unknown:
             raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
         preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
-        for e in args.envs:
-            preset.budget.setdefault(e, PRESETS["gpu"].budget.get(e, 512))
     if args.algorithms:
         for module in args.import_modules or ():
             importlib.import_module(module)  # registers the user's algorithms
@@ -86,6 +84,16 @@ def build_preset(args: argparse.Namespace) -> Preset:
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
     if args.budget is not None:
         preset.budget = {e: args.budget for e in preset.envs}
+    elif args.budget_unit is not None and args.budget_unit != PRESETS[name].budget_unit:
+        raise SystemExit(
+            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {args.budget_unit} "
+            f"give --budget in {args.budget_unit}"
+        )
+    missing = [e for e in preset.envs if e not in preset.budget]
+    if missing:
+        raise SystemExit(
+            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
+        )
     Budget(preset.budget_unit, 1)  # validates the unit
     return preset
 

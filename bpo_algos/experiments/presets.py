@@ -113,7 +113,7 @@ PRESETS: dict[str, Preset] = {
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
-                {"depth": 8, "n_actions": 3, "decisive_levels": (5,), "observe": "state", "n_tasks": 16, "seed": 0},
+                {"depth": 8, "n_actions": 3, "decisive_levels": (5,), "observe": "state", "n_tasks": 32, "seed": 0},
                 train_tasks=16,
                 eval_tasks=16,
                 policy="tabular-prior",
@@ -146,7 +146,7 @@ PRESETS: dict[str, Preset] = {
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
-                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 4, "seed": 0},
+                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 8, "seed": 0},
                 train_tasks=4,
                 eval_tasks=4,
             ),

@@ -13,7 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from bpo_algos.compute import COMPUTE_UNITS
+
 logger = logging.getLogger(__name__)
+
+
+METER_COLUMNS = (*COMPUTE_UNITS, "resets", "failures", "dropped_steps")
+"""Every compute-meter field, in the order of the per-env compute table."""
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -46,6 +56,16 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {r['grad_trace_var']:.3g} | {r.get('grad_noise_to_signal', float('nan')):.3g} "
                 f"| {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
             )
+        meters = [k for k in METER_COLUMNS if all(k in r["compute"] for r in er["algorithms"].values())]
+        lines += [
+            "",
+            "Compute per update (every meter; the budget unit is one of them):",
+            "",
+            "| algorithm | " + " | ".join(k.replace("_", " ") for k in meters) + " |",
+            "|---|" + "---:|" * len(meters),
+        ]
+        for a, r in er["algorithms"].items():
+            lines.append(f"| {a} | " + " | ".join(_number(r["compute"][k]) for k in meters) + " |")
         paired = er.get("treatment_vs_best_baseline")
         if paired:
             lines += [
