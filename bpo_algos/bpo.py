@@ -17,7 +17,9 @@ Unbiasedness (docs/unbiasedness.md, rules 1-4):
 2. Siblings are i.i.d. samples, never deduplicated.
 3. Weights: a step's weight is ``prod 1/K_b`` over the branch nodes above it (root: ``1/K0``).
 4. Advantage: ``A_t = G_k(t) - mean_{j != k} G_j`` from the nearest branch node
-   (:func:`bpo_algos.advantages.bpo_advantages`).
+   (:func:`bpo_algos.advantages.bpo_advantages`); with ``baseline="anchored"`` or
+   ``"anchored+history"``, the state-anchored baseline of rule 6 where a step has same-key
+   edges outside its lineage (:mod:`bpo_algos.baseline_choice`).
 
 So ``sum_t w_t A_t grad log pi(a_t | h_t)``, averaged over trees, is an unbiased estimate of
 the policy gradient of the expected return.
@@ -30,15 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.advantages import bpo_advantages
+from bpo_algos.advantages import AnchorKey
 from bpo_algos.algorithm import Algorithm, Batch
+from bpo_algos.baseline_choice import AnchoredBaselineMixin, BaselineChoice
 from bpo_algos.checks import check_count
 from bpo_algos.engine import PathState
 from bpo_algos.registry import register_algorithm
-from bpo_algos.tree import RolloutTree
 
 
-class BPO(Algorithm):
+class BPO(AnchoredBaselineMixin, Algorithm):
     """Branching Policy Optimization.
 
     Args:
@@ -51,6 +53,11 @@ class BPO(Algorithm):
         max_branch_points: ``M``, branch points per path.
         max_depth: nesting levels of branching (1 = forked siblings do not branch again).
         threshold_window: earlier batches whose entropies set the adaptive threshold.
+        baseline: ``"tree"`` (rule 4), ``"anchored"`` or ``"anchored+history"`` (rule 6; see
+            :mod:`bpo_algos.baseline_choice`).
+        anchor_key: ``key(tree, node) -> hashable`` for the anchored baselines (default: the
+            task and the observation).
+        history_window: earlier batches pooled by ``"anchored+history"``.
         **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
     """
 
@@ -65,9 +72,16 @@ class BPO(Algorithm):
         max_branch_points: int = 1,
         max_depth: int = 1,
         threshold_window: int = 2,
+        baseline: str = "tree",
+        anchor_key: AnchorKey | None = None,
+        history_window: int = 4,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.baseline = baseline
+        self.baseline_choice = BaselineChoice(
+            baseline, plain="tree", plain_estimator="bpo", anchor_key=anchor_key, history_window=history_window
+        )
         self.backbones = check_count("backbones", backbones, 2)
         self.siblings = check_count("branch_factor", branch_factor, 2)
         if entropy_threshold is not None and not (
@@ -100,10 +114,8 @@ class BPO(Algorithm):
             return 1
         return self.siblings
 
-    def compute_advantages(self, tree: RolloutTree) -> None:
-        bpo_advantages(tree)
-
     def end_batch(self, batch: Batch) -> None:
+        self.baseline_choice.end_batch(batch.trees)
         if self.entropy_threshold is not None or not batch.entropies:
             return
         self._history.append(list(batch.entropies))
@@ -111,12 +123,18 @@ class BPO(Algorithm):
         self.threshold = float(np.quantile(pooled, self.entropy_quantile))
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "threshold": self.threshold, "history": list(self._history)}
+        return {
+            **super().state_dict(),
+            "threshold": self.threshold,
+            "history": list(self._history),
+            "baseline": self.baseline_choice.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.threshold = state["threshold"]
         self._history = deque(state["history"], maxlen=self.threshold_window)
+        self.baseline_choice.load_state_dict(state.get("baseline", {}))
 
     def config(self) -> dict[str, Any]:
         return {
@@ -127,7 +145,10 @@ class BPO(Algorithm):
             "entropy_quantile": self.entropy_quantile,
             "max_branch_points": self.max_branch_points,
             "max_depth": self.max_depth,
+            **self.baseline_choice.config(),
         }
 
 
 register_algorithm("bpo", BPO)
+register_algorithm("bpo-anchored", lambda **options: BPO(**{"baseline": "anchored", **options}))
+register_algorithm("bpo-anchored+history", lambda **options: BPO(**{"baseline": "anchored+history", **options}))
