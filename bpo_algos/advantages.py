@@ -490,7 +490,7 @@ def tree_grpo_advantages(
             if not tree_leaves:
                 continue
             intra = _verl_group_norm(np.array([r for _, r in tree_leaves]), "group", eps)
-            leaf_adv = {id(edge): next(inter) + a for (edge, _), a in zip(tree_leaves, intra, strict=True)}
+            leaf_adv = {id(edge): float(next(inter) + a) for (edge, _), a in zip(tree_leaves, intra, strict=True)}
             _spread_leaf_advantages(trees[i], leaf_adv, len(tree_leaves))
 
 
