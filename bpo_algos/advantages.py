@@ -265,16 +265,14 @@ class AnchorHistory:
         self._rebuild()
 
 
-def anchored_baselines(
+def anchored_sets(
     tree: RolloutTree,
     anchor_key: AnchorKey = observation_key,
     *,
-    history: AnchorHistory | None = None,
     include_self: bool = False,
     exclude_lineage: bool = True,
-) -> list[tuple[Edge, float | None]]:
-    """``(edge, baseline)`` for every edge of ``tree``: the mean ``Q`` over ``S(e)``, or None
-    when ``S(e)`` (with the history's same-key edges) is empty.
+) -> list[tuple[Edge, Hashable, list[Edge]]]:
+    """``(edge, key, S(e))`` for every edge of ``tree``, depth-first.
 
     ``S(e)`` = the edges ``e'`` of this tree with ``key(e') == key(e)`` that are neither ``e``
     nor an ancestor nor a descendant of ``e`` (docs/unbiasedness.md, rule 6). ``include_self``
@@ -293,17 +291,37 @@ def anchored_baselines(
         key = anchor_key(tree, edge.parent)
         keys.append(key)
         groups.setdefault(key, []).append(i)
-    out: list[tuple[Edge, float | None]] = []
+    out = []
     for i, edge in enumerate(order):
-        total, count = history.pooled(keys[i]) if history is not None else (0.0, 0)
+        members = []
         for j in groups[keys[i]]:
             if j == i:
                 if include_self:
-                    total, count = total + edge.q, count + 1
+                    members.append(edge)
                 continue
             if exclude_lineage and (i < j <= end[i] or j < i <= end[j]):
                 continue
-            total, count = total + order[j].q, count + 1
+            members.append(order[j])
+        out.append((edge, keys[i], members))
+    return out
+
+
+def anchored_baselines(
+    tree: RolloutTree,
+    anchor_key: AnchorKey = observation_key,
+    *,
+    history: AnchorHistory | None = None,
+    include_self: bool = False,
+    exclude_lineage: bool = True,
+) -> list[tuple[Edge, float | None]]:
+    """``(edge, baseline)`` for every edge of ``tree``: the mean ``Q`` over ``S(e)``
+    (:func:`anchored_sets`) joined by the history's same-key edges, or None when that is empty."""
+    out: list[tuple[Edge, float | None]] = []
+    sets = anchored_sets(tree, anchor_key, include_self=include_self, exclude_lineage=exclude_lineage)
+    for edge, key, members in sets:
+        total, count = history.pooled(key) if history is not None else (0.0, 0)
+        total += sum(e.q for e in members)
+        count += len(members)
         out.append((edge, total / count if count else None))
     return out
 

@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 import bpo_envs  # noqa: F401 - registers the ids
-from baselines import GRPO, RLOO
+from baselines import GRPO, RLOO, GiGPO, TreeGRPO
 from bpo_algos import BPO, Budget, TabularPolicy
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import flat_gradient, gradient_samples, variance_summary
@@ -93,9 +93,18 @@ def configurations(quick: bool) -> dict[str, Callable[[], Algorithm]]:
         "bpo-K0=2-K=3-M2-q0.5": lambda: BPO(backbones=2, branch_factor=3, max_branch_points=2, entropy_quantile=0.5, **common),
         "bpo-K0=2-K=4-q0.95": lambda: BPO(backbones=2, branch_factor=4, entropy_quantile=0.95, **common),
         "bpo-nested-K0=2-K=2-d2": lambda: BPO(backbones=2, branch_factor=2, max_depth=2, entropy_quantile=0.5, **common),
+        # state-anchored baselines (docs/unbiasedness.md, rule 6) and the published step-level methods
+        "rloo-4-anchored": lambda: RLOO(group_size=4, baseline="anchored", **common),
+        "rloo-4-anchored+history": lambda: RLOO(group_size=4, baseline="anchored+history", **common),
+        "bpo-K0=2-K=4-q0.8-anchored": lambda: BPO(backbones=2, branch_factor=4, entropy_quantile=0.8, baseline="anchored", **common),
+        "bpo-K0=2-K=4-q0.8-anchored+history": lambda: BPO(
+            backbones=2, branch_factor=4, entropy_quantile=0.8, baseline="anchored+history", **common
+        ),
+        "gigpo-4": lambda: GiGPO(group_size=4, **common),
+        "tree-grpo-m2n2l1k3": lambda: TreeGRPO(**common),
     }
     if quick:
-        keep = ("rloo-4", "grpo-4", "bpo-K0=2-K=2-h>0", "bpo-K0=2-K=4-q0.8")
+        keep = ("rloo-4", "grpo-4", "bpo-K0=2-K=2-h>0", "bpo-K0=2-K=4-q0.8", "rloo-4-anchored", "gigpo-4", "tree-grpo-m2n2l1k3")
         configs = {k: v for k, v in configs.items() if k in keep}
     return configs
 
@@ -128,6 +137,11 @@ def exact_gradient(tree: Any, policy: TabularPolicy) -> torch.Tensor:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"settings": {}, "reference": REFERENCE, "args": vars(args)}
     configs = configurations(args.quick)
+    if args.configs:
+        unknown = sorted(set(args.configs) - set(configs))
+        if unknown:
+            raise SystemExit(f"unknown --configs {unknown}; known: {', '.join(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.configs or k == REFERENCE}
     for name in args.settings:
         setting = SETTINGS[name]
         tree, policy, make = fixed_policy(setting, args.seed)
@@ -200,7 +214,10 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['matched_budget']['grad_norm_var']:.3g} ({r.get('matched_grad_norm_var', float('nan')):.2f}) |"
             )
         lines.append("")
-    lines.append("GRPO divides by the group std, so its mean is not the gradient (large |z| is expected).")
+    lines.append(
+        "GRPO, GiGPO and Tree-GRPO are biased as published (std divisions; group means that include "
+        "the sample itself), so a large |z| is expected of them."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -212,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=20, help="batches that set adaptive thresholds first")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--configs", nargs="+", help="only these configurations (and the reference)")
     parser.add_argument("--quick", action="store_true", help="fewer configs and samples (~1 min)")
     args = parser.parse_args(argv)
     if args.quick:
