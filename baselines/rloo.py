@@ -9,6 +9,7 @@ key with steps of the other trajectories (or of earlier batches) gets
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from bpo_algos.advantages import AnchorKey
@@ -66,5 +67,6 @@ class RLOO(AnchoredBaselineMixin, Algorithm):
 
 
 register_algorithm("rloo", RLOO)
-register_algorithm("rloo-anchored", lambda **options: RLOO(**{"baseline": "anchored", **options}))
-register_algorithm("rloo-anchored+history", lambda **options: RLOO(**{"baseline": "anchored+history", **options}))
+# partials keep the signature, so the main job passes the preset's shared fields (backbones, ...)
+register_algorithm("rloo-anchored", partial(RLOO, baseline="anchored"))
+register_algorithm("rloo-anchored+history", partial(RLOO, baseline="anchored+history"))

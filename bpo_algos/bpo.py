@@ -28,6 +28,7 @@ the policy gradient of the expected return.
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -150,5 +151,6 @@ class BPO(AnchoredBaselineMixin, Algorithm):
 
 
 register_algorithm("bpo", BPO)
-register_algorithm("bpo-anchored", lambda **options: BPO(**{"baseline": "anchored", **options}))
-register_algorithm("bpo-anchored+history", lambda **options: BPO(**{"baseline": "anchored+history", **options}))
+# partials keep the signature, so the main job passes the preset's shared fields (backbones, ...)
+register_algorithm("bpo-anchored", partial(BPO, baseline="anchored"))
+register_algorithm("bpo-anchored+history", partial(BPO, baseline="anchored+history"))

@@ -255,3 +255,13 @@ def test_gigpo_collects_a_fan():
     (tree,) = batch.trees
     assert len(tree.root.children) == 4 and all(len(n.children) <= 1 for n in tree.nodes() if n is not tree.root)
     assert any(e.advantage != 0 for e in tree.edges())
+
+
+def test_the_main_job_passes_shared_preset_fields_to_the_anchored_variants():
+    from bpo_algos.experiments.presets import PRESETS
+    from bpo_algos.experiments.runner import algorithm_options
+
+    preset = PRESETS["cpu"]
+    assert algorithm_options("bpo-anchored", preset, 0)["backbones"] == preset.backbones
+    assert algorithm_options("rloo-anchored", preset, 0)["group_size"] == preset.group_size
+    assert algorithm_options("gigpo", preset, 0)["group_size"] == preset.group_size
