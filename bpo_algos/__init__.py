@@ -1,5 +1,6 @@
 """Branching Policy Optimization and the shared rollout machinery (engine, trees, meter, loss)."""
 
+from bpo_algos.advantages import estimate_advantages, register_advantage, registered_advantages
 from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.bpo import BPO
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
@@ -10,6 +11,9 @@ from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 __all__ = [
+    "estimate_advantages",
+    "register_advantage",
+    "registered_advantages",
     "make_algorithm",
     "register_algorithm",
     "registered_algorithms",

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bpo_algos.advantages import estimate_advantages
 from bpo_algos.checks import check_count
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
@@ -142,8 +143,22 @@ class Algorithm:
         return 1
 
     # ---- estimator -----------------------------------------------------------------------
-    def compute_advantages(self, tree: RolloutTree) -> None:
-        raise NotImplementedError
+    advantage_estimator: str = ""
+    """Name of the registered estimator (:mod:`bpo_algos.advantages`) this algorithm uses."""
+
+    def advantage_options(self) -> dict[str, Any]:
+        """Keyword options for the estimator (state from earlier batches included)."""
+        return {}
+
+    def engine_tasks(self, tasks: Sequence[Any]) -> Sequence[Any]:
+        """The task sequence the engine builds one tree for each of (Tree-GRPO: ``M`` per task)."""
+        return tasks
+
+    def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
+        """Write ``edge.advantage`` for every edge of the batch's finalized ``trees``."""
+        if not self.advantage_estimator:
+            raise NotImplementedError(f"{type(self).__name__} names no advantage_estimator")
+        estimate_advantages(self.advantage_estimator, trees, **self.advantage_options())
 
     def end_batch(self, batch: Batch) -> None:
         """Hook after a batch is collected (adaptive state uses only earlier batches)."""
@@ -166,7 +181,7 @@ class Algorithm:
                 seed=int(self._rng.integers(2**31 - 1)),
             )
             prior = self._tree_costs.get(budget.unit) if budget is not None else None
-            result = engine.run(policy, self, tasks, budget, prior_costs=prior)
+            result = engine.run(policy, self, self.engine_tasks(tasks), budget, prior_costs=prior)
         finally:
             if not isinstance(env_fns, EnvPool):
                 pool.close()
@@ -174,7 +189,7 @@ class Algorithm:
             self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
         for tree in result.trees:
             tree.algorithm = self.name
-            self.compute_advantages(tree)
+        self.compute_advantages(result.trees)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.kl_coef:
             with torch.no_grad():

@@ -23,7 +23,9 @@ Unbiasedness (docs/unbiasedness.md, rules 1-4):
 2. Siblings are i.i.d. samples, never deduplicated.
 3. Weights: a step's weight is ``prod 1/K_b`` over the branch nodes above it (root: ``1/K0``).
 4. Advantage: ``A_t = G_k(t) - mean_{j != k} G_j`` from the nearest branch node
-   (:func:`bpo_algos.advantages.bpo_advantages`).
+   (:func:`bpo_algos.advantages.bpo_advantages`); with ``baseline="anchored"`` or
+   ``"anchored+history"``, the state-anchored baseline of rule 6 where a step has same-key
+   edges outside its lineage (:mod:`bpo_algos.baseline_choice`).
 
 So ``sum_t w_t A_t grad log pi(a_t | h_t)``, averaged over trees, is an unbiased estimate of
 the policy gradient of the expected return.
@@ -32,16 +34,17 @@ the policy gradient of the expected return.
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from bpo_algos.advantages import bpo_advantages
+from bpo_algos.advantages import AnchorKey
 from bpo_algos.algorithm import Algorithm, Batch
+from bpo_algos.baseline_choice import AnchoredBaselineMixin, BaselineChoice
 from bpo_algos.checks import check_count
 from bpo_algos.engine import PathState
 from bpo_algos.registry import register_algorithm
-from bpo_algos.tree import RolloutTree
 
 SCORING = ("all", "eligible")
 
@@ -51,7 +54,7 @@ def _ties(entropy: Any, threshold: float) -> Any:
     return np.isclose(entropy, threshold, rtol=1e-9, atol=1e-12)
 
 
-class BPO(Algorithm):
+class BPO(AnchoredBaselineMixin, Algorithm):
     """Branching Policy Optimization.
 
     Args:
@@ -73,6 +76,11 @@ class BPO(Algorithm):
             step); the threshold's sample is then the eligible decisions only, which lie earlier
             in the episode (before each path's ``M``-th branch point), so the quantile describes
             the decisions it is applied to. Either way it uses earlier batches only (rule 1).
+        baseline: ``"tree"`` (rule 4), ``"anchored"`` or ``"anchored+history"`` (rule 6; see
+            :mod:`bpo_algos.baseline_choice`).
+        anchor_key: ``key(tree, node) -> hashable`` for the anchored baselines (default: the
+            task and the observation).
+        history_window: earlier batches pooled by ``"anchored+history"``.
         **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
     """
 
@@ -88,9 +96,16 @@ class BPO(Algorithm):
         max_depth: int = 1,
         threshold_window: int = 2,
         scoring: str = "all",
+        baseline: str = "tree",
+        anchor_key: AnchorKey | None = None,
+        history_window: int = 4,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.baseline = baseline
+        self.baseline_choice = BaselineChoice(
+            baseline, plain="tree", plain_estimator="bpo", anchor_key=anchor_key, history_window=history_window
+        )
         self.backbones = check_count("backbones", backbones, 2)
         self.siblings = check_count("branch_factor", branch_factor, 2)
         if entropy_threshold is not None and not (
@@ -150,10 +165,8 @@ class BPO(Algorithm):
         steps, leaves = path(0, 0)
         return {"env_steps": self.backbones * steps, "leaves": self.backbones * leaves}
 
-    def compute_advantages(self, tree: RolloutTree) -> None:
-        bpo_advantages(tree)
-
     def end_batch(self, batch: Batch) -> None:
+        self.baseline_choice.end_batch(batch.trees)
         if self.entropy_threshold is not None or not batch.entropies:
             return
         self._history.append(list(batch.entropies))
@@ -172,6 +185,7 @@ class BPO(Algorithm):
             "history": list(self._history),
             "tie_probability": self.tie_probability,
             "tie_rng": self._tie_rng.bit_generator.state,
+            "baseline": self.baseline_choice.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -181,6 +195,7 @@ class BPO(Algorithm):
         self.tie_probability = state.get("tie_probability", 0.0)
         if "tie_rng" in state:
             self._tie_rng.bit_generator.state = state["tie_rng"]
+        self.baseline_choice.load_state_dict(state.get("baseline", {}))
 
     def config(self) -> dict[str, Any]:
         return {
@@ -192,7 +207,11 @@ class BPO(Algorithm):
             "max_branch_points": self.max_branch_points,
             "max_depth": self.max_depth,
             "scoring": self.scoring,
+            **self.baseline_choice.config(),
         }
 
 
 register_algorithm("bpo", BPO)
+# partials keep the signature, so the main job passes the preset's shared fields (backbones, ...)
+register_algorithm("bpo-anchored", partial(BPO, baseline="anchored"))
+register_algorithm("bpo-anchored+history", partial(BPO, baseline="anchored+history"))

@@ -13,7 +13,13 @@ decision entropy and how many actions to sample there given that entropy. The en
    carrying its already-sampled action and the snapshot; the path itself continues with the
    first sample, so the backbone's own action is one of the siblings;
 5. steps the envs (``pool.step_many``); a finished path frees its env, onto which a queued
-   sibling is restored (preferring the env that took its snapshot).
+   sibling is restored (preferring the env that took its snapshot);
+6. when a tree's last path ends, a topology with an ``expansions`` hook (Tree-GRPO) may name
+   nodes of the finished tree to grow again: each gets a fresh path from that node (one new
+   i.i.d. action, rolled to the end), its env brought there by restoring the node's snapshot
+   (a topology with ``snapshot_nodes = True`` has one taken at every decision node) or else by
+   a rebuild (:mod:`bpo_algos.recovery`); the tree is finalized when the hook names no more
+   nodes.
 
 Trees in flight at once are bounded by ``max_parallel_trees``. Under a :class:`Budget` a new
 tree starts only while the batch is expected to end closer to the budget with it
@@ -39,6 +45,7 @@ Env failures are retried, rebuilt or dropped by :class:`~bpo_algos.recovery.Fail
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -54,6 +61,8 @@ from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.recovery import EnvFailureError, FailureHandler, FailureRecord, ReplayMismatchError
 from bpo_algos.tree import Edge, Node, RolloutTree
 from bpo_envs.pool import EnvFn, EnvPool, StepResult
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "EngineResult",
@@ -89,6 +98,10 @@ class Topology(Protocol):
         """How many i.i.d. actions to sample here (1 = no branch). Must not look at actions."""
         ...
 
+    # Optional (read with getattr): ``snapshot_nodes: bool`` (snapshot every decision node
+    # while its tree is open) and ``expansions(tree, round) -> Sequence[Node]`` (nodes of the
+    # finished tree to grow by one more path each; called with round 0, 1, ... until empty).
+
 
 @dataclass(eq=False)
 class _SharedSnapshot:
@@ -107,6 +120,7 @@ class TreeBuild:
     task: Any = None
     seed: int = 0
     dropped: bool = False
+    expansion_round: int = 0
     snapshots: dict[int, _SharedSnapshot] = field(default_factory=dict)
     """Snapshots still held, by ``id`` of their node (rebuild sources after a failure)."""
 
@@ -221,7 +235,7 @@ class RolloutEngine:
 
         while True:
             self._attach_waiting(waiting, ready)
-            in_flight -= self._finish_done(trees)
+            in_flight -= self._finish_done(trees, waiting)
             while (
                 tasks_left
                 and in_flight < self.max_parallel_trees
@@ -245,7 +259,7 @@ class RolloutEngine:
                     )
                 break
             self._advance(ready, waiting, entropies)
-            in_flight -= self._finish_done(trees)
+            in_flight -= self._finish_done(trees, waiting)
             ready = [p for p in ready if p.env is not None]
 
         meter.seconds = time.perf_counter() - start
@@ -414,6 +428,14 @@ class RolloutEngine:
         if terminated or truncated:
             self._charge(path.build, leaves=1)
             return True
+        if getattr(self._topology, "snapshot_nodes", False):
+            try:
+                snap = bpo_envs.snapshot(path.env)
+            except Exception:  # noqa: BLE001 - an expansion from here then rebuilds by replay
+                logger.warning("snapshot of a node for later expansion failed", exc_info=True)
+            else:
+                self._charge(path.build, snapshots=1)
+                path.build.snapshots[id(child)] = _SharedSnapshot(snap, path.env, pending=0, node=child)
         return False
 
     # ---- envs for waiting paths ---------------------------------------------------------
@@ -501,11 +523,16 @@ class RolloutEngine:
             return PathState(build, tree.root, env=env, is_root=True)
         return None
 
-    def _finish_done(self, trees: list[RolloutTree]) -> int:
-        """Finalize the trees whose last path ended; returns how many."""
+    def _finish_done(self, trees: list[RolloutTree], waiting: deque[PathState]) -> int:
+        """Finalize the trees whose last path ended (unless the topology grows them again);
+        returns how many."""
         done = list(self._done)
         self._done.clear()
+        finished = 0
         for build in done:
+            if not build.dropped and self._expand(build, waiting):
+                continue
+            finished += 1
             build.finished = True
             for shared in list(build.snapshots.values()):
                 shared.snapshot.release()
@@ -514,4 +541,19 @@ class RolloutEngine:
                 trees.remove(build.tree)
                 continue
             build.tree.finalize()
-        return len(done)
+        return finished
+
+    def _expand(self, build: TreeBuild, waiting: deque[PathState]) -> bool:
+        """Queue the topology's expansions of ``build``'s finished tree; True if any."""
+        hook = getattr(self._topology, "expansions", None)
+        if hook is None:
+            return False
+        nodes = list(hook(build.tree, build.expansion_round))
+        build.expansion_round += 1
+        for node in nodes:
+            if node.is_leaf:
+                raise ValueError("an expansion node must be a decision point, not a leaf")
+            node.branch_factor = max(node.branch_factor, len(node.children)) + 1
+            waiting.append(PathState(build, node, rebuild=True))
+        build.open_paths += len(nodes)
+        return bool(nodes)
