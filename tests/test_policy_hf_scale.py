@@ -18,6 +18,7 @@ from bpo_algos import Trainer, TrainerConfig  # noqa: E402
 from bpo_algos.policy import Context, HFPolicy  # noqa: E402
 from bpo_algos.policy.base import Turn  # noqa: E402
 from bpo_algos.policy.tiny import tiny_model_path  # noqa: E402
+from bpo_algos.tree import RolloutTree
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +34,11 @@ class SignedRLOO(RLOO):
     """RLOO with advantages +-1 by step parity: an untrained model's rewards are all equal, and
     a zero advantage leaves nothing to learn from."""
 
-    def compute_advantages(self, tree):
-        super().compute_advantages(tree)
-        for i, edge in enumerate(tree.edges()):
-            edge.advantage = 1.0 if i % 2 else -1.0
+    def compute_advantages(self, trees):
+        super().compute_advantages(trees)
+        for tree in [trees] if isinstance(trees, RolloutTree) else trees:
+            for i, edge in enumerate(tree.edges()):
+                edge.advantage = 1.0 if i % 2 else -1.0
 
 
 def _changed_share(precision: str, tiny_path) -> float:
