@@ -14,7 +14,6 @@ import numpy as np
 
 from bpo_algos.compute import COMPUTE_UNITS
 
-
 METER_COLUMNS = (*COMPUTE_UNITS, "resets", "failures", "dropped_steps")
 """Every compute-meter field, in the order of the per-env compute table."""
 

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
-from baselines import RLOO
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, variance_summary
