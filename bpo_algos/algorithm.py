@@ -173,6 +173,7 @@ class Algorithm:
         if result.trees:
             self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
         for tree in result.trees:
+            tree.algorithm = self.name
             self.compute_advantages(tree)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.kl_coef:

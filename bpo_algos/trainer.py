@@ -31,6 +31,7 @@ from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.compute import Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool
 from bpo_algos.policy.base import Policy
+from bpo_algos.tree import save_trees
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -58,6 +59,8 @@ class TrainerConfig:
         wandb_group: the W&B group (e.g. one comparison), so its runs are read together.
         wandb_config: the run's configuration shown in W&B (e.g. the preset).
         progress: show a progress bar.
+        save_trees_every: every this many updates (and at the last), save the batch's rollout
+            trees to ``out_dir/trees/updateNNNNN.json.gz`` (0: never); ``bpo-trees`` draws them.
     """
 
     updates: int = 50
@@ -78,6 +81,7 @@ class TrainerConfig:
     wandb_group: str | None = None
     wandb_config: dict[str, Any] | None = None
     progress: bool = False
+    save_trees_every: int = 0
 
     def __post_init__(self) -> None:
         for name in ("updates", "tasks_per_update", "epochs"):
@@ -92,6 +96,8 @@ class TrainerConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if isinstance(self.save_trees_every, bool) or not isinstance(self.save_trees_every, int) or self.save_trees_every < 0:
+            raise ValueError(f"save_trees_every must be an int >= 0, got {self.save_trees_every!r}")
         self.budget = Budget.parse(self.budget)
 
 
@@ -212,6 +218,9 @@ class Trainer:
         row = self._row(batch, losses, norms, time.perf_counter() - start)
         self.history.append(row)
         self._log(row)
+        every = self.config.save_trees_every
+        if self.out_dir is not None and every and (self.update % every == 0 or self.update == self.config.updates):
+            save_trees(batch.trees, self.out_dir / "trees" / f"update{self.update:05d}.json.gz")
         if self.out_dir is not None and self.config.checkpoint_every and self.update % self.config.checkpoint_every == 0:
             self.save_checkpoint(self.out_dir / "checkpoint.pt")
         return row

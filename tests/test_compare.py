@@ -28,6 +28,10 @@ def test_compare_writes_results_and_resumes(tmp_path):
     assert max(used) / min(used) < 1.25  # the same budget per update
     assert (out / "results.md").read_text().startswith("# BPO vs GRPO vs RLOO")
     assert (out / "success.png").stat().st_size > 0 and (out / "grad_norm_variance.png").stat().st_size > 0
+    # one example tree per env and algorithm, linked from results.md
+    assert saved["example_trees"] == {"treemdp": {a: f"trees/treemdp-{a}.png" for a in ("bpo", "grpo", "rloo")}}
+    assert all((out / "trees" / f"treemdp-{a}.png").read_bytes().startswith(b"\x89PNG") for a in ("bpo", "grpo", "rloo"))
+    assert "[bpo](trees/treemdp-bpo.png)" in (out / "results.md").read_text()
 
     # an interrupted run: one run lost its result and the aggregate was never written
     shutil.rmtree(out / "runs" / "treemdp" / "rloo" / "seed1")

@@ -15,7 +15,9 @@ budget in one compute unit (``--budget-unit``; the others are reported). Then:
 
 Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``; a user's own
 with ``--import MODULE`` after ``bpo_algos.register_algorithm``). Writes to ``--out``:
-``results.json``, ``results.md`` (means and 95% intervals over seeds) and PNG plots.
+``results.json``, ``results.md`` (means and 95% intervals over seeds), PNG plots and one
+example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked from
+``results.md``).
 ``--resume`` continues an interrupted run: finished runs are kept, unfinished ones resume from
 their last checkpoint.
 
@@ -40,7 +42,7 @@ import torch
 
 from bpo_algos.compute import COMPUTE_UNITS, Budget
 from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
-from bpo_algos.experiments.report import markdown, plots
+from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split
 from bpo_algos.experiments.stats import aggregate
 from bpo_algos.registry import registered_algorithms
@@ -169,9 +171,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             bar.update(1)
     bar.close()
     results = aggregate(runs, preset, list(preset.envs))
+    results["example_trees"] = example_trees(runs, out)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
-    written = plots(results, out)
+    written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
     return results

@@ -229,6 +229,7 @@ def run_one(
             wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
             wandb_group=preset.wandb_group,
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
+            save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
         final_success = evaluate(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
