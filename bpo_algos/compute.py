@@ -127,8 +127,8 @@ def should_start(amount: float, spent: float, open_costs: Sequence[float], known
     the trees already finished, or a prior). An open tree that has cost ``c`` is expected to
     cost the mean of the known costs above ``c`` (``c`` itself when none is above), with their
     variance. With ``end`` the expected total of the batch with the new tree and ``sd`` the
-    standard deviation of what the open trees and the new one still cost (their spread, plus
-    the error of the estimated means, which is shared by all of them), the tree starts when
+    standard deviation of what the open trees still cost (their spread, plus the error of the
+    estimated mean, which is shared by them and the new tree), the tree starts when
 
         ``end - mean / 2 + z * sd <= amount``
 
@@ -143,7 +143,8 @@ def should_start(amount: float, spent: float, open_costs: Sequence[float], known
     known = np.asarray(known_costs, dtype=float)
     mean = float(known.mean())
     spread = float(known.var(ddof=1)) if known.size > 1 else 0.0
-    end, variance = spent + mean, spread  # the new tree
+    # the new tree's own spread is no risk beyond one tree's cost; the open trees' spreads add up
+    end, variance = spent + mean, 0.0
     for c in open_costs:
         above = known[known > c]
         if above.size:

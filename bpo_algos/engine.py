@@ -268,20 +268,18 @@ class RolloutEngine:
     # ---- the budget's start rule ----------------------------------------------------------
     def _budget_allows(self, budget: Budget | None, builds: list[TreeBuild]) -> bool:
         """Whether to start another tree (see :func:`~bpo_algos.compute.should_start`)."""
-        if budget is None:
-            return True
+        if budget is None or not builds:
+            return True  # a batch has at least one tree
         unit = budget.unit
         spent = time.perf_counter() - self._start if unit == "seconds" else self._meter.get(unit)
         open_costs = [b.tree.compute.get(unit) for b in builds if not b.finished]
-        if not open_costs:
-            return spent < budget.amount
-        # this batch's finished trees are the ones that finished first (the cheap ones), so
-        # the previous batch's trees are the better sample once there is one
-        known = self._prior_costs or [b.tree.compute.get(unit) for b in builds if b.finished]
+        # the previous batch's trees and this batch's finished ones (which lean cheap: they
+        # finished first; the open trees' conditional costs make up for it)
+        known = self._prior_costs + [b.tree.compute.get(unit) for b in builds if b.finished]
         if not known:
             prior = (self._static_prior or {}).get(unit)
             if prior is None:  # no estimate yet: one tree at a time until one finishes
-                return False
+                return not open_costs and spent < budget.amount
             known = [prior]
         return should_start(budget.amount, spent, open_costs, known)
 

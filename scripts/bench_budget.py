@@ -58,12 +58,13 @@ def run(unit: str, amount: float, depth: int, batches: int, parallels: list[int]
                     "max_parallel_trees": parallel,
                     "used_over_budget": ratios,
                     "used_over_budget_max": max(ratios),
+                    "used_over_budget_min": min(ratios),
                     "used_over_budget_mean": float(np.mean(ratios)),
                     "overshoot_in_trees_max": max(overshoot_trees),
                     "trees_per_batch": trees,
                 }
             )
-            print(f"{name:5s} parallel={parallel:2d} used/budget mean {np.mean(ratios):.3f} max {max(ratios):.3f}", file=sys.stderr)
+            print(f"{name:5s} parallel={parallel:2d} used/budget mean {np.mean(ratios):.3f} min {min(ratios):.3f} max {max(ratios):.3f}", file=sys.stderr)
     return {"unit": unit, "budget": amount, "depth": depth, "batches": batches, "rows": rows}
 
 

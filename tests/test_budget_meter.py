@@ -126,3 +126,17 @@ def test_env_layer_does_not_import_the_algorithm_layer():
 
     assert bpo_algos.EnvPool is engine.EnvPool is bpo_envs.pool.EnvPool
     assert engine.EnvFailureError is bpo_algos.recovery.EnvFailureError
+
+
+def test_eligible_scoring_stops_scoring_a_path_after_its_branch_points():
+    def run(scoring):
+        algorithm = BPO(backbones=2, branch_factor=3, entropy_threshold=0.0, max_branch_points=1, scoring=scoring, seed=0)
+        return algorithm.collect(TabularPolicy(), [tree(5)] * 2, [0])
+
+    every, eligible = run("all"), run("eligible")
+    # both branch at depth 1 on each backbone; "all" then scores the backbones' later steps too
+    assert every.shape_stats()["branch_points_per_tree"] == eligible.shape_stats()["branch_points_per_tree"] == 2
+    assert len(eligible.entropies) == 2 and len(every.entropies) == 2 * 4
+    assert eligible.compute.score_tokens < every.compute.score_tokens
+    with pytest.raises(ValueError, match="scoring"):
+        BPO(scoring="some")

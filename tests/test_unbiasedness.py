@@ -72,6 +72,9 @@ CONFIGS = {
     "bpo-K0=4-K=3-M=2": lambda: BPO(backbones=4, branch_factor=3, entropy_threshold=0.0, max_branch_points=2, aggregation="step-sum", seed=3),
     "bpo-nested-depth2": lambda: BPO(backbones=2, branch_factor=2, entropy_threshold=0.0, max_branch_points=2, max_depth=2, aggregation="step-sum", seed=4),
     "bpo-adaptive-quantile": lambda: BPO(backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.5, aggregation="step-sum", seed=5),
+    "bpo-adaptive-eligible-scoring": lambda: BPO(
+        backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.5, scoring="eligible", aggregation="step-sum", seed=11
+    ),
 }
 
 
