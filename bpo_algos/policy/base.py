@@ -108,8 +108,10 @@ class Policy(Protocol):
 class PolicyBase:
     """Shared plumbing: the usage meter, seeding and optional reference log-probs.
 
-    Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` in ``self.meter``;
-    the engine reads the difference around each call.
+    Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` (generation) and
+    ``score_tokens`` (decision-entropy passes: the prompt and every candidate scored) in
+    ``self.meter``; the engine reads the difference around each call and charges it to the
+    trees the call served.
     """
 
     def __init__(self) -> None:
