@@ -90,6 +90,7 @@ def warm_start(model: Any, tokenizer: Any, conversations: list[list[dict[str, An
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="BPO-WebShop-v0")
+    parser.add_argument("--env-kwargs", default="{}", help='gym.make kwargs as JSON, e.g. \'{"depth": 2}\' for TreeMDP')
     parser.add_argument("--model", default="tiny", help="tiny | smollm2 | a local model folder")
     parser.add_argument("--steps", type=int, default=2, help="GRPO updates")
     parser.add_argument("--tasks", type=int, default=8, help="training tasks (the env's first ones)")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     started = time.perf_counter()
     torch.manual_seed(args.seed)
-    env_class = environment_factory(args.env)
+    env_class = environment_factory(args.env, **json.loads(args.env_kwargs))
     probe = env_class()
     task_ids = list(probe.env.unwrapped.task_ids())[: args.tasks]
     dataset = make_dataset(env_class, task_ids)
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     summary = {
         "env": args.env,
+        "env_kwargs": json.loads(args.env_kwargs),
         "model": args.model,
         "steps": args.steps,
         "num_generations": args.num_generations,
