@@ -4,8 +4,8 @@ from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.bpo import BPO
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.engine import EnvPool, RolloutEngine
-from bpo_algos.registry import make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.policy import Action, Context, Policy, TabularPolicy, TextScorerPolicy
+from bpo_algos.registry import make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_algos.tree import Edge, Node, RolloutTree
 

@@ -53,6 +53,9 @@ class TrainerConfig:
         resume: continue from ``out_dir/checkpoint.pt`` when it exists.
         tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
         wandb_project: also log to this W&B project (needs ``wandb``).
+        wandb_name: the W&B run's name (e.g. ``env/algorithm/seed``).
+        wandb_group: the W&B group (e.g. one comparison), so its runs are read together.
+        wandb_config: the run's configuration shown in W&B (e.g. the preset).
         progress: show a progress bar.
     """
 
@@ -70,6 +73,9 @@ class TrainerConfig:
     resume: bool = True
     tensorboard: bool = False
     wandb_project: str | None = None
+    wandb_name: str | None = None
+    wandb_group: str | None = None
+    wandb_config: dict[str, Any] | None = None
     progress: bool = False
 
     def __post_init__(self) -> None:
@@ -269,7 +275,22 @@ class Trainer:
                 import wandb
             except ImportError as exc:  # pragma: no cover
                 raise ImportError("wandb_project needs `pip install wandb`") from exc
-            self._writers.append(wandb.init(project=self.config.wandb_project, dir=str(self.out_dir), resume="allow"))
+            # the run id lives in out_dir, so a resumed run continues the same W&B run
+            id_file = self.out_dir / "wandb_id.txt"
+            if not id_file.exists():
+                run_id = wandb.util.generate_id().encode()
+                _atomic_write(id_file, lambda fh: fh.write(run_id))
+            self._writers.append(
+                wandb.init(
+                    project=self.config.wandb_project,
+                    id=id_file.read_text().strip(),
+                    name=self.config.wandb_name,
+                    group=self.config.wandb_group,
+                    config={"algorithm": self.algorithm.config(), **(self.config.wandb_config or {})},
+                    dir=str(self.out_dir),
+                    resume="allow",
+                )
+            )
 
     def _log(self, row: dict[str, Any]) -> None:
         if self.out_dir is None:

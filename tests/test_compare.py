@@ -1,16 +1,15 @@
-"""scripts/compare.py end to end on a small TreeMDP: outputs, matched budgets, resume."""
+"""bpo-compare end to end on a small TreeMDP: outputs, matched budgets, resume."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import compare  # noqa: E402
+from bpo_algos.experiments import compare
+from bpo_algos.experiments.presets import PRESETS, Preset
+from bpo_algos.experiments.runner import task_split
 
 ARGS = ["--envs", "treemdp", "--seeds", "0", "1", "--updates", "3", "--budget", "200", "--grad-batches", "3", "--no-progress"]
 
@@ -64,10 +63,10 @@ def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_pa
 
 
 def test_preset_fields_per_env():
-    preset = compare.PRESETS["cpu"]
+    preset = PRESETS["cpu"]
     assert preset.for_env("updates", "webshop") != preset.for_env("updates", "alfworld")
-    assert preset.for_env("updates", "swebench") == compare.Preset.__dataclass_fields__["updates"].default
-    assert compare.task_split(preset.envs["alfworld"])[1] == compare.task_split(preset.envs["alfworld"])[0]
+    assert preset.for_env("updates", "swebench") == Preset.__dataclass_fields__["updates"].default
+    assert task_split(preset.envs["alfworld"])[1] == task_split(preset.envs["alfworld"])[0]
 
 
 def test_missing_logger_fails_before_training(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ For every setting (a TreeMDP and a fixed tabular policy) and every algorithm con
 
 Writes ``variance.json`` and ``variance.md`` to ``--out``; ratios are against RLOO(4).
 
-    python scripts/variance.py --out results/variance          # ~10 min on 2 cores
-    python scripts/variance.py --quick --out /tmp/variance     # ~1 min
+    bpo-variance --out results/variance          # ~10 min on 2 cores
+    bpo-variance --quick --out /tmp/variance     # ~1 min
 """
 
 from __future__ import annotations
@@ -227,5 +227,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``bpo-variance``)."""
     main()
+
+
+if __name__ == "__main__":
+    cli()
