@@ -122,20 +122,63 @@ def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     return lambda: gym.make(setup.env_id, **setup.kwargs)
 
 
+def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
+    """The envs the final policy is evaluated on: the training envs for ``"held-out"`` and
+    ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
+    if setup.eval_split in ("held-out", "train"):
+        return env_factory(setup)
+    kwargs = {**setup.kwargs, "split": setup.eval_split}
+    return lambda: gym.make(setup.env_id, **kwargs)
+
+
+def _shuffled_ids(make: Callable[[], gym.Env], seed: int = 12345) -> tuple[list[Any], dict[str, Any] | None]:
+    env = make()
+    try:
+        ids = list(env.unwrapped.task_ids())
+        provenance = getattr(env.unwrapped, "provenance", None)
+        info = provenance() if callable(provenance) else None
+    finally:
+        env.close()
+    rng = np.random.default_rng(seed)
+    return [ids[i] for i in rng.permutation(len(ids))], info
+
+
 def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
-    """Deterministic train and held-out eval tasks (the same for every algorithm and seed)."""
-    env = env_factory(setup)()
-    ids = list(env.unwrapped.task_ids())
-    env.close()
-    rng = np.random.default_rng(12345)
-    order = [ids[i] for i in rng.permutation(len(ids))]
+    """Deterministic train and eval tasks (the same for every algorithm and seed).
+
+    Train tasks: the first ``train_tasks`` of a fixed shuffle of the training env's tasks. Eval
+    tasks: ``"held-out"``: the next ``eval_tasks`` of that shuffle; ``"train"``: the first
+    ``eval_tasks`` train tasks; a split name: the first ``eval_tasks`` of a fixed shuffle of that
+    split's tasks (disjoint from training when the env's splits are).
+    """
+    train, eval_tasks, _ = _split_with_provenance(setup)
+    return train, eval_tasks
+
+
+def _split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    order, train_prov = _shuffled_ids(env_factory(setup))
     train = order[: setup.train_tasks]
     if setup.eval_split == "train":
-        return train, train[: setup.eval_tasks]
-    if setup.eval_split != "held-out":
-        raise ValueError(f"eval_split must be 'held-out' or 'train', got {setup.eval_split!r}")
-    rest = order[setup.train_tasks :] or order
-    return train, rest[: setup.eval_tasks]
+        eval_tasks, eval_prov = train[: setup.eval_tasks], train_prov
+    elif setup.eval_split == "held-out":
+        rest = order[setup.train_tasks :] or order
+        eval_tasks, eval_prov = rest[: setup.eval_tasks], train_prov
+    else:
+        # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
+        eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
+        eval_tasks = eval_order[: setup.eval_tasks]
+    data = {
+        "train": {**(train_prov or {"env": setup.env_id}), "tasks_used": len(train)},
+        "eval": {**(eval_prov or {"env": setup.env_id}), "tasks_used": len(eval_tasks), "eval_split": setup.eval_split},
+    }
+    return train, eval_tasks, data
+
+
+def data_provenance(setup: EnvSetup) -> dict[str, Any]:
+    """What each env's results were made from: ``{"train": ..., "eval": ...}``, each the env's
+    ``provenance()`` (data source, split, task count; see :mod:`bpo_envs.provenance`) plus
+    ``tasks_used``, the tasks the main job drew from it."""
+    return _split_with_provenance(setup)[2]
 
 
 def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> float:
@@ -168,6 +211,7 @@ def run_one(
         return json.loads(done.read_text())
     setup = preset.envs[env_name]
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    separate_eval = setup.eval_split not in ("held-out", "train")
     budget = Budget(preset.budget_unit, preset.budget[env_name])
     policy = copy.deepcopy(initial)
     start = time.perf_counter()
@@ -193,6 +237,9 @@ def run_one(
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
+        if separate_eval:  # another split: its own envs (task ids are per split)
+            pool.close()
+            pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
         final_success = evaluate(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
     finally:
         pool.close()
