@@ -43,7 +43,7 @@ import torch
 from bpo_algos.compute import COMPUTE_UNITS, Budget
 from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
-from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split
+from bpo_algos.experiments.runner import data_provenance, make_policy, run_dir, run_one, task_split
 from bpo_algos.experiments.stats import aggregate
 from bpo_algos.registry import registered_algorithms
 
@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bar.close()
     results = aggregate(runs, preset, list(preset.envs))
     results["example_trees"] = example_trees(runs, out)
+    for env_name, setup in preset.envs.items():
+        # which data and split made these numbers (generator + version, or files + hash)
+        results["per_env"][env_name]["data"] = data_provenance(setup)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -24,6 +25,8 @@ from bpo_envs.alfworld.generator import (
     GenerationFailed,
     generate_problem,
 )
+
+log = logging.getLogger(__name__)
 
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
@@ -86,8 +89,42 @@ def _fill_goal(game: dict[str, Any], traj: dict[str, Any], task_id: str) -> dict
     return dict(game, grammar=game["grammar"].replace("UNKNOWN GOAL", goal))
 
 
+def _listing(root: Path, task_types: tuple[str, ...]) -> tuple[list[str], int]:
+    """The playable games under a split folder, as alfworld's ``collect_game_files`` lists them:
+    not ``movable``/``Sliced`` task folders, of the wanted task type (``traj_data.json``'s, else
+    the folder name's), and marked ``solvable: true`` in ``game.tw-pddl`` (a game without the key
+    or marked false is skipped). Returns ``(task ids, number skipped as unsolvable)``."""
+    ids, unsolvable = [], 0
+    for game_path in sorted(root.glob(f"*/*/{GAME_FILE}")):
+        task_dir = game_path.parent.parent.name
+        if "movable" in task_dir or "Sliced" in task_dir:
+            continue  # alfworld skips these too
+        task_type = task_dir.split("-", 1)[0]
+        traj_path = game_path.parent / TRAJ_FILE
+        if traj_path.is_file():
+            try:
+                task_type = json.loads(traj_path.read_text()).get("task_type", task_type)
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+                raise ValueError(f"malformed {traj_path}: {exc}") from exc
+        if task_type not in task_types:
+            continue
+        if read_game(game_path).get("solvable") is not True:
+            unsolvable += 1
+            continue
+        ids.append(f"{task_dir}/{game_path.parent.name}")
+    return ids, unsolvable
+
+
+_LISTINGS: dict[tuple[str, tuple[str, ...], int], tuple[list[str], int]] = {}
+_LISTINGS_LOCK = threading.Lock()
+
+
 class DataGames:
-    """Games from an ALFWorld data folder (``$ALFWORLD_DATA`` or its ``json_2.1.1`` child)."""
+    """Games from an ALFWorld data folder (``$ALFWORLD_DATA`` or its ``json_2.1.1`` child).
+
+    Only games marked solvable are listed (see :func:`_listing`); the listing is read once per
+    process and folder (again when the split folder's entries change).
+    """
 
     def __init__(self, data_dir: str | os.PathLike, split: str, task_types: Sequence[str] | None) -> None:
         if split not in SPLITS:
@@ -102,20 +139,39 @@ class DataGames:
             )
         self.split = split
         self.task_types = _check_task_types(task_types)
-        ids = []
-        for game_path in sorted(self.root.glob(f"*/*/{GAME_FILE}")):
-            task_dir = game_path.parent.parent.name
-            if "movable" in task_dir or "Sliced" in task_dir:
-                continue  # alfworld skips these too
-            if task_dir.split("-", 1)[0] not in self.task_types:
-                continue
-            ids.append(f"{task_dir}/{game_path.parent.name}")
+        key = (str(self.root), self.task_types, self.root.stat().st_mtime_ns)
+        with _LISTINGS_LOCK:
+            if key not in _LISTINGS:
+                _LISTINGS[key] = _listing(self.root, self.task_types)
+            ids, self.unsolvable = _LISTINGS[key]
+        if self.unsolvable:
+            log.info("ALFWorld: skipped %d games not marked solvable under %s", self.unsolvable, self.root)
         if not ids:
             raise FileNotFoundError(
-                f"no {GAME_FILE} games of types {list(self.task_types)} under {self.root}"
+                f"no solvable {GAME_FILE} games of types {list(self.task_types)} under {self.root}"
+                + (f" ({self.unsolvable} not marked solvable)" if self.unsolvable else "")
             )
-        self._ids = ids
+        self._ids = list(ids)
         self.identity = ("data", str(self.root), self.task_types)
+
+    def provenance(self) -> dict[str, Any]:
+        """The data folder, a SHA-256 of every listed game's files, the split and counts."""
+        from bpo_envs.provenance import hash_files
+
+        files = []
+        for task_id in self._ids:
+            files.append(self.root / task_id / GAME_FILE)
+            if (self.root / task_id / TRAJ_FILE).is_file():
+                files.append(self.root / task_id / TRAJ_FILE)
+        return {
+            "data_source": "data_dir",
+            "data_dir": str(self.root.parent),
+            "files_sha256": hash_files(files, root=self.root),
+            "split": self.split,
+            "task_count": len(self._ids),
+            "skipped_unsolvable": self.unsolvable,
+            "task_types": list(self.task_types),
+        }
 
     def task_ids(self) -> list[str]:
         return list(self._ids)
@@ -126,8 +182,8 @@ class DataGames:
     def game(self, task_id: str) -> dict[str, Any]:
         folder = self.root / task_id
         game = read_game(folder / GAME_FILE)
-        if game.get("solvable") is False:
-            raise ValueError(f"{folder / GAME_FILE} is marked unsolvable")
+        if game.get("solvable") is not True:
+            raise ValueError(f"{folder / GAME_FILE} is not marked solvable")
         traj_path = folder / TRAJ_FILE
         traj: dict[str, Any] = {}
         if traj_path.is_file():
@@ -167,6 +223,19 @@ class GeneratedGames:
 
     def task_type(self, task_id: str) -> str:
         return task_id.split("/", 1)[0]
+
+    def provenance(self) -> dict[str, Any]:
+        """The generator (module, version, seed), the split and counts."""
+        return {
+            "data_source": "bundled-generator",
+            "generator": "bpo_envs.alfworld.generator",
+            "generator_version": GENERATOR_VERSION,
+            "generator_seed": self.seed,
+            "games_per_type": self.games_per_type,
+            "split": self.split,
+            "task_count": len(self._ids),
+            "task_types": list(self.task_types),
+        }
 
     def game(self, task_id: str) -> dict[str, Any]:
         path = self.root / task_id / GAME_FILE
