@@ -1,14 +1,23 @@
 """The docker backend: SWE-bench images (or a local image for ``repo_path`` rows) via docker-py.
 
 Containers start with ``init=True`` and no network, run ``sleep infinity`` and take one
-``docker exec`` per step (``timeout -s KILL`` and ``head -c`` bound time and output). A snapshot
-is ``container.commit()`` (the whole filesystem; not processes); restore and fork start a new
-container from that image; containers are removed with ``remove(force=True)`` (a plain stop
-waits for the grace period). Grading applies the diff of ``/testbed`` against ``base_commit``
-(taken in a fork of the final state) to a fresh container of the instance image and runs the
-swebench eval script there. ``portable()`` carries ``/testbed`` only (a tar), rebuilt on the
-instance image by the receiver. Unlike the local backend, a process an agent starts in the
+``docker exec`` per step (``timeout -s KILL`` and ``head -c`` bound time and output). Each
+command runs as ``bash -c`` in ``/testbed`` with ``BASH_ENV=/root/.bashrc`` (as mini-swe-agent
+and the official images expect: their ``.bashrc`` activates the conda env ``testbed``, so the
+agent's ``python`` and ``pytest`` are the instance's), plus mini-swe-agent's non-interactive
+variables (``PAGER=cat`` ...). A snapshot is ``container.commit()`` (the whole filesystem; not
+processes); restore and fork start a new container from that image; containers are removed
+with ``remove(force=True)`` (a plain stop waits for the grace period).
+
+Grading applies the diff of ``/testbed`` against ``base_commit`` (taken in a fork of the final
+state) to a fresh container of the instance image with swebench's fallbacks and runs the
+swebench eval script there as the harness does (``bash eval.sh``, no ``BASH_ENV``: the script
+activates the env itself), on Docker's default network unless ``grading_network=False`` (eval
+scripts may ``pip install -e .``). ``portable()`` carries ``/testbed`` only (a tar), rebuilt on
+the instance image by the receiver. Unlike the local backend, a process an agent starts in the
 background stays alive across steps (and keeps its step open until the timeout).
+
+Images: see ``bpo_envs.swebench.images`` (official names, ``images_dir`` tarballs, never a pull).
 
 Limits (``SandboxLimits``): every container gets ``pids_limit`` (max_processes), ``mem_limit``
 with no extra swap (memory_bytes, for the whole container) and an ``RLIMIT_FSIZE`` ulimit
@@ -30,11 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.swebench.images import ImageStore, row_image_names
 from bpo_envs.swebench.local import SandboxLimits
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 
 DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
 SNAPSHOT_REPO = "bpo-gym/swebench-snapshot"
+BASH_ENV = "/root/.bashrc"
+AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
+             "TQDM_DISABLE": "1"}
+"""Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
 
 
 def docker_client() -> Any:
@@ -81,10 +95,13 @@ class DockerBackend:
     _all_snapshots: set[str] = set()
 
     def __init__(
-        self, kind: Hashable, image: str | None = None, limits: SandboxLimits | None = None
+        self, kind: Hashable, image: str | None = None, limits: SandboxLimits | None = None,
+        *, images_dir: str | Path | None = None, grading_network: bool = True,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.client = docker_client()
+        self.store = ImageStore(self.client, images_dir)
+        self.grading_network = bool(grading_network)
         self.base_image = image or DEFAULT_IMAGE
         self.container: Any = None
         self._images: dict[str, str] = {}
@@ -92,40 +109,23 @@ class DockerBackend:
 
     # ---- images ----------------------------------------------------------------------
     def _has_image(self, name: str) -> bool:
-        import docker
-
-        try:
-            self.client.images.get(name)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
-
-    def _swebench_names(self, row: dict[str, Any]) -> list[str]:
-        key = f"sweb.eval.x86_64.{row['instance_id'].lower()}:latest"
-        return [key, "swebench/" + key.replace("__", "_1776_")]
+        return self.store.has(name)
 
     def instance_image(self, row: dict[str, Any]) -> str:
-        """The image of ``row``: its ``image`` column, swebench's name, or one built locally."""
+        """The image of ``row``: its ``image`` column or swebench's names, or one built locally."""
         iid = row["instance_id"]
         if iid in self._images:
             return self._images[iid]
-        if row.get("image"):
-            names = [row["image"]]
-        elif row.get("repo_path"):
-            names = [f"bpo-gym/sweb.eval.{iid.lower()}:{row['base_commit'][:12]}"]
+        names = row_image_names(row)
+        if row.get("repo_path") and not row.get("image") and not self.store.present(names):
+            name = f"bpo-gym/sweb.eval.{iid.lower()}:{row['base_commit'][:12]}"
             with self._build_lock:
-                if not self._has_image(names[0]):
-                    self._build(row, names[0])
-        else:
-            names = self._swebench_names(row)
-        for name in names:
-            if self._has_image(name):
-                self._images[iid] = name
-                return name
-        raise RuntimeError(
-            f"no local image for {iid} (looked for {names}); nothing can be pulled here: build or "
-            "load it first (swebench.harness.prepare_images with DOCKER_BUILDKIT=0)"
-        )
+                if not self._has_image(name):
+                    self._build(row, name)
+            self._images[iid] = name
+            return name
+        self._images[iid] = self.store.find(iid, names)
+        return self._images[iid]
 
     def _build(self, row: dict[str, Any], name: str) -> None:
         """Commit ``base_image`` + the repo at base_commit in /testbed as ``name``."""
@@ -150,23 +150,21 @@ class DockerBackend:
             box.remove(force=True)
 
     def check(self, rows: Sequence[dict[str, Any]]) -> None:
-        for row in rows:
-            if not (row.get("image") or row.get("repo_path")):
-                names = self._swebench_names(row)
-                if not any(self._has_image(n) for n in names):
-                    raise ValueError(
-                        f"{row['instance_id']}: no `image`, no `repo_path` and none of {names} "
-                        "exists locally"
-                    )
+        """Every row without ``repo_path`` has its image here or a tarball in ``images_dir``."""
+        missing = [row for row in rows if not row.get("repo_path")
+                   and not self.store.available(row["instance_id"], row_image_names(row))]
+        if missing:
+            self.store.find(missing[0]["instance_id"], row_image_names(missing[0]))  # raises
 
     # ---- containers ------------------------------------------------------------------
-    def _start(self, image: str) -> Any:
+    def _start(self, image: str, network: bool = False) -> Any:
         import docker
 
         lim = self.limits
         fsize = docker.types.Ulimit(name="fsize", soft=lim.max_file_bytes, hard=lim.max_file_bytes)
         return self.client.containers.run(
-            image, ["sleep", "infinity"], detach=True, init=True, network_mode="none",
+            image, ["sleep", "infinity"], detach=True, init=True,
+            network_mode=None if network else "none",
             working_dir="/testbed", labels={"bpo-gym": "swebench"},
             pids_limit=lim.max_processes, mem_limit=lim.memory_bytes,
             memswap_limit=lim.memory_bytes, ulimits=[fsize],
@@ -197,13 +195,17 @@ class DockerBackend:
                 thread.join()
         self._removals = [t for t in self._removals if t.is_alive()]
 
-    def _exec(self, box: Any, script: str, timeout: float, cap: int) -> CommandResult:
+    def _exec(self, box: Any, script: str, timeout: float, cap: int, agent: bool = True) -> CommandResult:
+        """Run ``script``; ``agent``: in the agent's environment (``BASH_ENV``, ``AGENT_ENV``)."""
+        # only the inner shell reads BASH_ENV (sourcing a conda activation twice costs time)
+        bash_env = f"BASH_ENV={BASH_ENV} " if agent else ""
         wrapped = (
-            f"timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null 2>&1 "
+            f"{bash_env}timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null 2>&1 "
             f"| head -c {cap}; exit ${{PIPESTATUS[0]}}"
         )
         api = self.client.api
-        exec_id = api.exec_create(box.id, ["bash", "-c", wrapped], workdir="/testbed")["Id"]
+        exec_id = api.exec_create(box.id, ["bash", "-c", wrapped], workdir="/testbed",
+                                  environment=dict(AGENT_ENV) if agent else None)["Id"]
         collector = OutputCollector(cap)
         started = time.monotonic()
         for chunk in api.exec_start(exec_id, stream=True):
@@ -270,7 +272,7 @@ class DockerBackend:
         try:
             result = self._exec(
                 fork, f"git -c core.fileMode=false add -A && git diff --cached --binary {row['base_commit']}",
-                120, 256 << 20,
+                120, 256 << 20, agent=False,
             )
         finally:
             fork.remove(force=True)
@@ -280,12 +282,12 @@ class DockerBackend:
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
         from bpo_envs.swebench import harness
 
-        box = self._start(self.instance_image(row))
+        box = self._start(self.instance_image(row), network=self.grading_network)
         try:
             box.put_archive("/", _tar({"bpo_eval/patch.diff": patch.encode(),
                                        "bpo_eval/eval.sh": script.encode()}))
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
-            result = self._exec(box, runner, timeout, 256 << 20)
+            result = self._exec(box, runner, timeout, 256 << 20, agent=False)
         finally:
             box.remove(force=True)
         log = result.output
