@@ -14,20 +14,28 @@ state) to a fresh container of the instance image with swebench's fallbacks and 
 swebench eval script there as the harness does (``bash eval.sh``, no ``BASH_ENV``: the script
 activates the env itself), on Docker's default network unless ``grading_network=False`` (eval
 scripts may ``pip install -e .``). ``portable()`` carries ``/testbed`` only (a tar), rebuilt on
-the instance image by the receiver. Unlike the local backend, a process an agent starts in the
-background stays alive across steps (and keeps its step open until the timeout).
+the instance image by the receiver. As in the local backend, nothing outlives its step: when a
+command ends, every process but the container's init and main process is killed (with bash
+builtins only, so it works under a fork bomb at ``pids_limit``); a snapshot (a filesystem
+commit) therefore holds the whole state.
 
 Images: see ``bpo_envs.swebench.images`` (official names, ``images_dir`` tarballs, never a pull).
 
 Limits (``SandboxLimits``): every container gets ``pids_limit`` (max_processes), ``mem_limit``
 with no extra swap (memory_bytes, for the whole container) and an ``RLIMIT_FSIZE`` ulimit
-(max_file_bytes). Not enforced here: CPU seconds (the exec timeout bounds a step) and the disk
-quota (docker's ``storage_opt`` needs overlay2 on xfs with project quotas).
+(max_file_bytes). The disk quota (disk_quota_bytes) bounds the container's writable layer since
+its last reset or restore: with overlay2 its upper directory is measured on the host once a
+second during a step, and a step that exceeds it is killed (its files are kept, the observation
+says so; docker's own ``storage_opt`` needs xfs project quotas). Under another storage driver the
+quota is not enforced (logged once). CPU seconds are not limited per process: the step timeout
+bounds a command.
 """
 
 from __future__ import annotations
 
 import io
+import logging
+import os
 import shlex
 import tarfile
 import tempfile
@@ -43,12 +51,35 @@ from bpo_envs.swebench.images import ImageStore, row_image_names
 from bpo_envs.swebench.local import SandboxLimits
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 
+log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
 SNAPSHOT_REPO = "bpo-gym/swebench-snapshot"
 BASH_ENV = "/root/.bashrc"
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
+
+# Kill every process but init (1), the container's main ``sleep`` (the lowest-pid child of 1 named
+# sleep), this shell and the pids given: first ``kill -STOP -1`` (the kernel signals every
+# process at once, so a fork bomb cannot outrun it), then SIGKILL to each, then SIGCONT to the
+# survivors. Bash builtins only: it must work with every pid of ``pids_limit`` taken.
+REAP = r"""__bpo_reap() {
+  local main=999999999 p st f n keep=" 1 $$ $* "
+  kill -STOP -1 2>/dev/null
+  for p in /proc/[0-9]*; do
+    read -r st < "$p/stat" 2>/dev/null || continue
+    f=(${st##*) })
+    n=${p#/proc/}
+    if [ "${f[1]}" = 1 ] && [ "${st#*(sleep) }" != "$st" ] && [ "$n" -lt "$main" ]; then main=$n; fi
+  done
+  keep="$keep$main "
+  for p in /proc/[0-9]*; do
+    n=${p#/proc/}
+    [ "${keep#* $n }" != "$keep" ] || kill -KILL "$n" 2>/dev/null
+  done
+  kill -CONT $main $* 2>/dev/null
+}
+"""
 
 
 def docker_client() -> Any:
@@ -93,6 +124,7 @@ class DockerBackend:
     # snapshot images of every backend in this process: a fork restored into another env keeps
     # using an image after its own env closed, so each close() retries all of them
     _all_snapshots: set[str] = set()
+    _warned_quota = False
 
     def __init__(
         self, kind: Hashable, image: str | None = None, limits: SandboxLimits | None = None,
@@ -195,26 +227,93 @@ class DockerBackend:
                 thread.join()
         self._removals = [t for t in self._removals if t.is_alive()]
 
+    def _upper_dir(self, box: Any) -> Path | None:
+        """The host folder of ``box``'s writable layer (overlay2), or None."""
+        data = (box.attrs.get("GraphDriver") or {}).get("Data") or {}
+        upper = data.get("UpperDir")
+        if upper and os.path.isdir(upper):
+            return Path(upper)
+        if not DockerBackend._warned_quota:
+            DockerBackend._warned_quota = True
+            log.warning("docker storage driver %r: the disk quota is not enforced",
+                        (box.attrs.get("GraphDriver") or {}).get("Name"))
+        return None
+
+    @staticmethod
+    def _disk_bytes(root: Path) -> int:
+        """Bytes allocated under ``root`` (hard links counted once)."""
+        total, seen, stack = 0, set(), [str(root)]
+        while stack:
+            try:
+                entries = os.scandir(stack.pop())
+            except OSError:
+                continue
+            with entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    if (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        total += st.st_blocks * 512
+        return total
+
     def _exec(self, box: Any, script: str, timeout: float, cap: int, agent: bool = True) -> CommandResult:
-        """Run ``script``; ``agent``: in the agent's environment (``BASH_ENV``, ``AGENT_ENV``)."""
+        """Run ``script``; ``agent``: in the agent's environment (``BASH_ENV``, ``AGENT_ENV``),
+        with the disk quota watched, and every process it leaves killed afterwards."""
         # only the inner shell reads BASH_ENV (sourcing a conda activation twice costs time)
         bash_env = f"BASH_ENV={BASH_ENV} " if agent else ""
+        # head reads a pipe that processes the command leaves behind may hold open: they are
+        # killed before the pipe is closed and head is waited for
         wrapped = (
-            f"{bash_env}timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null 2>&1 "
-            f"| head -c {cap}; exit ${{PIPESTATUS[0]}}"
+            f"{REAP}exec 3> >(head -c {cap}) 2>/dev/null; out=$!\n"
+            f"{bash_env}timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null >&3 2>&3\n"
+            "rc=$?; __bpo_reap $out; exec 3>&-; wait $out; exit $rc"
         )
         api = self.client.api
         exec_id = api.exec_create(box.id, ["bash", "-c", wrapped], workdir="/testbed",
                                   environment=dict(AGENT_ENV) if agent else None)["Id"]
         collector = OutputCollector(cap)
         started = time.monotonic()
-        for chunk in api.exec_start(exec_id, stream=True):
-            collector.feed(chunk)
+        upper = self._upper_dir(box) if agent else None
+        over = threading.Event()
+        done = threading.Event()
+        quota = self.limits.disk_quota_bytes
+
+        def watch() -> None:
+            while not done.wait(1.0):
+                if self._disk_bytes(upper) > quota:
+                    over.set()
+                    api.exec_start(api.exec_create(box.id, ["bash", "-c", REAP + "__bpo_reap"])["Id"])
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True) if upper is not None else None
+        if watcher is not None:
+            watcher.start()
+        try:
+            for chunk in api.exec_start(exec_id, stream=True):
+                collector.feed(chunk)
+        finally:
+            done.set()
+            if watcher is not None:
+                watcher.join()
         rc = api.exec_inspect(exec_id)["ExitCode"]
         text, elided = collector.result()
         # timeout(1) -s KILL exits 128 + 9 when it fired
-        timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5
+        timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5 and not over.is_set()
         killed = collector.total_bytes >= cap
+        if upper is not None and (over.is_set() or self._disk_bytes(upper) > quota):
+            sep = "" if not text or text.endswith("\n") else "\n"
+            what = "the command was killed" if over.is_set() else "after this command"
+            text += (f"{sep}[disk quota exceeded ({what}): the container's writes since its last "
+                     f"reset or restore exceed {quota} bytes; delete files before going on]")
+        elif agent and rc == 137 and not timed_out:
+            sep = "" if not text or text.endswith("\n") else "\n"
+            text += (f"{sep}[killed by SIGKILL: most likely the container's memory limit of "
+                     f"{self.limits.memory_bytes} bytes]")
         return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
 
     # ---- the backend interface -------------------------------------------------------
