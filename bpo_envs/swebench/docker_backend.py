@@ -43,6 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Hashable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,9 @@ class DockerBackend:
         self.grading_network = bool(grading_network)
         self.base_image = image or DEFAULT_IMAGE
         self.container: Any = None
+        self.max_warm = 2
+        self._warm: dict[str, Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpo-swe-warm")
         self._images: dict[str, str] = {}
         self._removals: list[threading.Thread] = []
 
@@ -202,9 +206,36 @@ class DockerBackend:
             memswap_limit=lim.memory_bytes, ulimits=[fsize],
         )
 
+    # A warm container: started from an image ahead of need, untouched until taken, so taking
+    # it is exactly a fresh start. After a snapshot or a restore, one is started in the background
+    # for that image (branching restores the same snapshot K times), and after a reset, one for
+    # the instance image; at most ``max_warm`` wait, the oldest is dropped.
+    def _warm_up(self, image: str) -> None:
+        if image in self._warm:
+            return
+        self._warm[image] = self._pool.submit(self._start, image)
+        while len(self._warm) > self.max_warm:
+            self._drop_warm(next(iter(self._warm)))
+
+    def _drop_warm(self, image: str) -> None:
+        future = self._warm.pop(image, None)
+        if future is not None:
+            future.add_done_callback(
+                lambda f: f.exception() is None and self._remove(f.result()))
+
+    def _take(self, image: str) -> Any:
+        future = self._warm.pop(image, None)
+        if future is not None:
+            try:
+                return future.result()
+            except Exception:  # noqa: BLE001 - e.g. the image was removed meanwhile
+                log.warning("a warm container for %s failed to start; starting one now", image)
+        return self._start(image)
+
     def _replace(self, image: str) -> None:
         old, self.container = self.container, None
-        self.container = self._start(image)
+        self.container = self._take(image)
+        self._warm_up(image)
         if old is not None:
             # removing takes ~150 ms; the new container does not wait for it (close() does)
             self._reap()
@@ -323,11 +354,14 @@ class DockerBackend:
     def run(self, command: str, timeout: float, kill_after_bytes: int) -> CommandResult:
         return self._exec(self.container, command, timeout, kill_after_bytes)
 
-    def capture(self) -> DockerState:
+    def capture(self, warm: bool = True) -> DockerState:
         tag = uuid.uuid4().hex[:16]
-        image = self.container.commit(repository=SNAPSHOT_REPO, tag=tag)
-        name = f"{SNAPSHOT_REPO}:{tag}" if image else tag
+        # no pause: between steps no process of the agent's is left (every step is reaped)
+        self.client.api.commit(self.container.id, repository=SNAPSHOT_REPO, tag=tag, pause=False)
+        name = f"{SNAPSHOT_REPO}:{tag}"
         self._all_snapshots.add(name)
+        if warm:
+            self._warm_up(name)
         return DockerState(name)
 
     def apply(self, state: DockerState, row: dict[str, Any] | None) -> None:
@@ -356,6 +390,12 @@ class DockerBackend:
     def release(self, state: DockerState) -> None:
         import docker
 
+        future = self._warm.pop(state.image, None)
+        if future is not None:
+            try:
+                self._remove(future.result())
+            except Exception:  # noqa: BLE001 - it never started: nothing to remove
+                pass
         try:
             self.client.images.remove(state.image, noprune=False)
             self._all_snapshots.discard(state.image)
@@ -365,17 +405,15 @@ class DockerBackend:
             pass  # still used by a container; retried at close()
 
     def model_patch(self, row: dict[str, Any]) -> str:
-        """The diff against base_commit, taken (like mini-swe-agent) in a fork of the state."""
-        state = self.capture()
-        fork = self._start(state.image)
-        try:
-            result = self._exec(
-                fork, f"git -c core.fileMode=false add -A && git diff --cached --binary {row['base_commit']}",
-                120, 256 << 20, agent=False,
-            )
-        finally:
-            fork.remove(force=True)
-            self.release(state)
+        """The diff of ``/testbed`` against base_commit (``git add -A`` into a scratch index, so
+        the container's own index is left as it is)."""
+        index = "/tmp/.bpo_patch_index"
+        script = (
+            f"rm -f {index}; cp .git/index {index} 2>/dev/null; export GIT_INDEX_FILE={index}; "
+            f"git -c core.fileMode=false add -A && git diff --cached --binary {row['base_commit']}; "
+            f"rc=$?; rm -f {index}; exit $rc"
+        )
+        result = self._exec(self.container, script, 120, 256 << 20, agent=False)
         return result.output if result.exit_code == 0 else ""
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
@@ -395,7 +433,13 @@ class DockerBackend:
         return log
 
     def close(self) -> None:
-
+        for image in list(self._warm):
+            future = self._warm.pop(image)
+            try:
+                self._remove(future.result())
+            except Exception:  # noqa: BLE001 - it never started: nothing to remove
+                pass
+        self._pool.shutdown(wait=True)
         if self.container is not None:
             self._remove(self.container)
             self.container = None
