@@ -3,8 +3,9 @@
 Per update it draws tasks with its own seeded generator (so every algorithm sees the same task
 sequence for the same seed), collects a batch within the budget, takes ``epochs`` optimizer
 steps on the algorithm's loss, and appends one JSON line to ``out_dir/metrics.jsonl``: success
-rate, mean return, loss, gradient norm (before clipping), entropy, the compute meter of the
-batch and the running total. TensorBoard and W&B receive the same scalars when asked for and
+rate, mean return, loss, gradient norm (before clipping), entropy, how the trees branched
+(:meth:`~bpo_algos.algorithm.Batch.shape_stats`), the compute meter of the batch and the
+running total. TensorBoard and W&B receive the same scalars when asked for and
 installed.
 
 Checkpoints (``out_dir/checkpoint.pt``: policy, optimizer, RNG states, algorithm state such as
@@ -30,6 +31,7 @@ from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.compute import Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool
 from bpo_algos.policy.base import Policy
+from bpo_algos.tree import save_trees
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -53,7 +55,12 @@ class TrainerConfig:
         resume: continue from ``out_dir/checkpoint.pt`` when it exists.
         tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
         wandb_project: also log to this W&B project (needs ``wandb``).
+        wandb_name: the W&B run's name (e.g. ``env/algorithm/seed``).
+        wandb_group: the W&B group (e.g. one comparison), so its runs are read together.
+        wandb_config: the run's configuration shown in W&B (e.g. the preset).
         progress: show a progress bar.
+        save_trees_every: every this many updates (and at the last), save the batch's rollout
+            trees to ``out_dir/trees/updateNNNNN.json.gz`` (0: never); ``bpo-trees`` draws them.
     """
 
     updates: int = 50
@@ -70,7 +77,11 @@ class TrainerConfig:
     resume: bool = True
     tensorboard: bool = False
     wandb_project: str | None = None
+    wandb_name: str | None = None
+    wandb_group: str | None = None
+    wandb_config: dict[str, Any] | None = None
     progress: bool = False
+    save_trees_every: int = 0
 
     def __post_init__(self) -> None:
         for name in ("updates", "tasks_per_update", "epochs"):
@@ -85,6 +96,8 @@ class TrainerConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if isinstance(self.save_trees_every, bool) or not isinstance(self.save_trees_every, int) or self.save_trees_every < 0:
+            raise ValueError(f"save_trees_every must be an int >= 0, got {self.save_trees_every!r}")
         self.budget = Budget.parse(self.budget)
 
 
@@ -205,6 +218,9 @@ class Trainer:
         row = self._row(batch, losses, norms, time.perf_counter() - start)
         self.history.append(row)
         self._log(row)
+        every = self.config.save_trees_every
+        if self.out_dir is not None and every and (self.update % every == 0 or self.update == self.config.updates):
+            save_trees(batch.trees, self.out_dir / "trees" / f"update{self.update:05d}.json.gz")
         if self.out_dir is not None and self.config.checkpoint_every and self.update % self.config.checkpoint_every == 0:
             self.save_checkpoint(self.out_dir / "checkpoint.pt")
         return row
@@ -244,6 +260,7 @@ class Trainer:
             "decision_entropy": float(np.mean(batch.entropies)) if batch.entropies else None,
             "n_trees": batch.n_trees,
             "n_steps": len(batch.steps),
+            **batch.shape_stats(),
             "compute": batch.compute.to_dict(),
             "compute_total": self.total_compute.to_dict(),
             "seconds": seconds,
@@ -269,7 +286,22 @@ class Trainer:
                 import wandb
             except ImportError as exc:  # pragma: no cover
                 raise ImportError("wandb_project needs `pip install wandb`") from exc
-            self._writers.append(wandb.init(project=self.config.wandb_project, dir=str(self.out_dir), resume="allow"))
+            # the run id lives in out_dir, so a resumed run continues the same W&B run
+            id_file = self.out_dir / "wandb_id.txt"
+            if not id_file.exists():
+                run_id = wandb.util.generate_id().encode()
+                _atomic_write(id_file, lambda fh: fh.write(run_id))
+            self._writers.append(
+                wandb.init(
+                    project=self.config.wandb_project,
+                    id=id_file.read_text().strip(),
+                    name=self.config.wandb_name,
+                    group=self.config.wandb_group,
+                    config={"algorithm": self.algorithm.config(), **(self.config.wandb_config or {})},
+                    dir=str(self.out_dir),
+                    resume="allow",
+                )
+            )
 
     def _log(self, row: dict[str, Any]) -> None:
         if self.out_dir is None:
@@ -322,7 +354,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.update = state["update"]
         self.history = list(state["history"])
-        self.total_compute = ComputeMeter(**state["total_compute"])
+        self.total_compute = ComputeMeter.from_dict(state["total_compute"])
         if self.out_dir is not None:
             # rows logged after the checkpoint belong to an update that will be redone
             lines = "".join(json.dumps(row) + "\n" for row in self.history)
