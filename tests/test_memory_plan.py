@@ -14,14 +14,16 @@ def test_bundled_configs_give_the_published_parameter_counts(name, billions):
 
 def test_full_fine_tune_is_16_bytes_a_parameter_and_fsdp_divides_it():
     config = load_config("qwen2.5-7b-instruct")
-    p = ModelShape.from_config(config).params()
+    shape = ModelShape.from_config(config)
+    p = shape.params()
     one = plan(config, gpus=1, gpu_gb=141)
     assert (one.weights + one.gradients + one.optimizer) * 1e9 == pytest.approx(16 * p)
     assert not one.fits  # 122 GB of states plus activations and KV do not fit one H200
     eight = plan(config, gpus=8, gpu_gb=80)
     assert eight.optimizer == pytest.approx(one.optimizer / 8) and eight.fits
     lora = plan(config, gpus=1, gpu_gb=141, lora=True)
-    assert lora.fits and lora.weights == pytest.approx(2 * p / 1e9, rel=0.01)
+    assert lora.fits and lora.weights * 1e9 == pytest.approx(2 * p + 4 * shape.lora_params(16))
+    assert lora.optimizer * 1e9 == pytest.approx(8 * shape.lora_params(16))
 
 
 def test_cli_prints_a_table_and_fails_when_it_does_not_fit(tmp_path, capsys):
