@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bpo_algos.advantages import estimate_advantages
 from bpo_algos.checks import check_count
-from bpo_algos.compute import Budget, ComputeMeter
+from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
 from bpo_algos.losses import AGGREGATIONS, loss_normaliser, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
@@ -64,6 +65,22 @@ class Batch:
 
     def mask(self) -> torch.Tensor:
         return action_mask(self.steps)
+
+    def shape_stats(self) -> dict[str, float]:
+        """How the batch branched, averaged over its trees.
+
+        ``branch_points_per_tree`` (inner branch nodes, :attr:`RolloutTree.branch_points`),
+        ``leaves_per_tree``, ``branch_depth_mean`` (mean depth of the inner branch nodes; None
+        when there are none) and ``steps_scored`` (decision entropies computed in the batch).
+        """
+        n = max(len(self.trees), 1)
+        depths = [node.depth for t in self.trees for node in t.branch_nodes() if node is not t.root]
+        return {
+            "branch_points_per_tree": sum(t.branch_points for t in self.trees) / n,
+            "leaves_per_tree": sum(len(t.leaf_edges()) for t in self.trees) / n,
+            "branch_depth_mean": float(np.mean(depths)) if depths else None,
+            "steps_scored": len(self.entropies),
+        }
 
     def subset(self, indices: Sequence[int]) -> Batch:
         """The steps at ``indices`` as a batch over the same trees (a micro-batch of this one)."""
@@ -173,6 +190,8 @@ class Algorithm:
         self.max_parallel_trees = max_parallel_trees
         self._rng = np.random.default_rng(seed)
         self.last_loss_stats: dict[str, float] = {}
+        self._tree_costs: dict[str, list[float]] = {}
+        """Per-tree cost of the last batch in every unit (the budget's estimate for the next)."""
 
     # ---- topology (the engine calls these) ---------------------------------------------
     root_branches: int = 1
@@ -184,8 +203,22 @@ class Algorithm:
         return 1
 
     # ---- estimator -----------------------------------------------------------------------
-    def compute_advantages(self, tree: RolloutTree) -> None:
-        raise NotImplementedError
+    advantage_estimator: str = ""
+    """Name of the registered estimator (:mod:`bpo_algos.advantages`) this algorithm uses."""
+
+    def advantage_options(self) -> dict[str, Any]:
+        """Keyword options for the estimator (state from earlier batches included)."""
+        return {}
+
+    def engine_tasks(self, tasks: Sequence[Any]) -> Sequence[Any]:
+        """The task sequence the engine builds one tree for each of (Tree-GRPO: ``M`` per task)."""
+        return tasks
+
+    def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
+        """Write ``edge.advantage`` for every edge of the batch's finalized ``trees``."""
+        if not self.advantage_estimator:
+            raise NotImplementedError(f"{type(self).__name__} names no advantage_estimator")
+        estimate_advantages(self.advantage_estimator, trees, **self.advantage_options())
 
     def end_batch(self, batch: Batch) -> None:
         """Hook after a batch is collected (adaptive state uses only earlier batches)."""
@@ -216,12 +249,16 @@ class Algorithm:
                 max_parallel_trees=self.max_parallel_trees,
                 seed=engine_seed,
             )
-            result = engine.run(policy, self, tasks, budget)
+            prior = self._tree_costs.get(budget.unit) if budget is not None else None
+            result = engine.run(policy, self, self.engine_tasks(tasks), budget, prior_costs=prior)
         finally:
             if not isinstance(env_fns, EnvPool):
                 pool.close()
+        if result.trees:
+            self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
         for tree in result.trees:
-            self.compute_advantages(tree)
+            tree.algorithm = self.name
+        self.compute_advantages(result.trees)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.kl_coef:
             with torch.no_grad():
@@ -313,10 +350,11 @@ class Algorithm:
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self._rng.bit_generator.state}
+        return {"rng": self._rng.bit_generator.state, "tree_costs": self._tree_costs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["rng"]
+        self._tree_costs = dict(state.get("tree_costs", {}))
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments, for logs."""

@@ -47,12 +47,17 @@ def registered_algorithms() -> list[str]:
     return list(_ALGORITHMS)
 
 
-def make_algorithm(name: str, **options: Any) -> Algorithm:
-    """Build the algorithm registered as ``name`` with ``options``."""
+def algorithm_factory(name: str) -> AlgorithmFactory:
+    """The factory registered as ``name``."""
     _load_builtins()
     if name not in _ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(_ALGORITHMS)}")
-    return _ALGORITHMS[name](**options)
+    return _ALGORITHMS[name]
+
+
+def make_algorithm(name: str, **options: Any) -> Algorithm:
+    """Build the algorithm registered as ``name`` with ``options``."""
+    return algorithm_factory(name)(**options)
 
 
 def _load_builtins() -> None:

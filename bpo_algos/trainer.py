@@ -3,8 +3,9 @@
 Per update it draws tasks with its own seeded generator (so every algorithm sees the same task
 sequence for the same seed), collects a batch within the budget, takes ``epochs`` optimizer
 steps on the algorithm's loss, and appends one JSON line to ``out_dir/metrics.jsonl``: success
-rate, mean return, loss, gradient norm (before clipping), entropy, the compute meter of the
-batch and the running total. TensorBoard and W&B receive the same scalars when asked for and
+rate, mean return, loss, gradient norm (before clipping), entropy, how the trees branched
+(:meth:`~bpo_algos.algorithm.Batch.shape_stats`), the compute meter of the batch and the
+running total. TensorBoard and W&B receive the same scalars when asked for and
 installed.
 
 Scale (the README's GPU section): ``device`` places the policy; ``precision="bf16"`` computes in
@@ -41,6 +42,7 @@ from bpo_algos.algorithm import Algorithm, Batch, merge_batches
 from bpo_algos.compute import Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool
 from bpo_algos.policy.base import Policy
+from bpo_algos.tree import save_trees
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DEVICES = ("auto", "cuda", "cpu")
@@ -67,7 +69,12 @@ class TrainerConfig:
         resume: continue from ``out_dir/checkpoint.pt`` when it exists.
         tensorboard: also log to TensorBoard (needs the ``tensorboard`` package).
         wandb_project: also log to this W&B project (needs ``wandb``).
+        wandb_name: the W&B run's name (e.g. ``env/algorithm/seed``).
+        wandb_group: the W&B group (e.g. one comparison), so its runs are read together.
+        wandb_config: the run's configuration shown in W&B (e.g. the preset).
         progress: show a progress bar.
+        save_trees_every: every this many updates (and at the last), save the batch's rollout
+            trees to ``out_dir/trees/updateNNNNN.json.gz`` (0: never); ``bpo-trees`` draws them.
         device: ``auto`` (the policy's own device: where it was loaded, CPU for a policy with
             no parameters yet), ``cuda`` (``cuda:LOCAL_RANK`` under torchrun) or ``cpu``; the
             policy is moved there.
@@ -97,7 +104,11 @@ class TrainerConfig:
     resume: bool = True
     tensorboard: bool = False
     wandb_project: str | None = None
+    wandb_name: str | None = None
+    wandb_group: str | None = None
+    wandb_config: dict[str, Any] | None = None
     progress: bool = False
+    save_trees_every: int = 0
     device: str = "auto"
     precision: str = "fp32"
     micro_batch_tokens: int | None = None
@@ -117,6 +128,8 @@ class TrainerConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if isinstance(self.save_trees_every, bool) or not isinstance(self.save_trees_every, int) or self.save_trees_every < 0:
+            raise ValueError(f"save_trees_every must be an int >= 0, got {self.save_trees_every!r}")
         if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be one of {DEVICES} (or cuda:N), got {self.device!r}")
         if self.precision not in PRECISIONS:
@@ -368,6 +381,9 @@ class Trainer:
             row.update(self._global_row(batch, compute))
         self.history.append(row)
         self._log(row)
+        every = self.config.save_trees_every
+        if self.out_dir is not None and every and (self.update % every == 0 or self.update == self.config.updates):
+            save_trees(batch.trees, self.out_dir / "trees" / f"update{self.update:05d}.json.gz")
         if self.out_dir is not None and self.config.checkpoint_every and self.update % self.config.checkpoint_every == 0:
             self.save_checkpoint(self.out_dir / "checkpoint.pt")
         dp.barrier()
@@ -434,6 +450,7 @@ class Trainer:
             "decision_entropy": float(np.mean(batch.entropies)) if batch.entropies else None,
             "n_trees": batch.n_trees,
             "n_steps": len(batch.steps),
+            **batch.shape_stats(),
             "compute": batch.compute.to_dict(),
             "compute_total": self.total_compute.to_dict(),
             "seconds": seconds,
@@ -459,7 +476,22 @@ class Trainer:
                 import wandb
             except ImportError as exc:  # pragma: no cover
                 raise ImportError("wandb_project needs `pip install wandb`") from exc
-            self._writers.append(wandb.init(project=self.config.wandb_project, dir=str(self.out_dir), resume="allow"))
+            # the run id lives in out_dir, so a resumed run continues the same W&B run
+            id_file = self.out_dir / "wandb_id.txt"
+            if not id_file.exists():
+                run_id = wandb.util.generate_id().encode()
+                _atomic_write(id_file, lambda fh: fh.write(run_id))
+            self._writers.append(
+                wandb.init(
+                    project=self.config.wandb_project,
+                    id=id_file.read_text().strip(),
+                    name=self.config.wandb_name,
+                    group=self.config.wandb_group,
+                    config={"algorithm": self.algorithm.config(), **(self.config.wandb_config or {})},
+                    dir=str(self.out_dir),
+                    resume="allow",
+                )
+            )
 
     def _log(self, row: dict[str, Any]) -> None:
         if self.out_dir is None:
@@ -512,7 +544,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.update = state["update"]
         self.history = list(state["history"])
-        self.total_compute = ComputeMeter(**state["total_compute"])
+        self.total_compute = ComputeMeter.from_dict(state["total_compute"])
         if self.out_dir is not None:
             # rows logged after the checkpoint belong to an update that will be redone
             lines = "".join(json.dumps(row) + "\n" for row in self.history)

@@ -1,15 +1,14 @@
-"""scripts/bench_envs.py --quick on TreeMDP and WebShop: output fields, and the tree's shared
+"""bpo-bench --quick on TreeMDP and WebShop: output fields, and the tree's shared
 prefixes (no timing asserts)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
+from bpo_algos.experiments import bench as bench_envs
 from bpo_envs.bench import (
     random_walk,
     replay_restore_ms,
@@ -17,9 +16,6 @@ from bpo_envs.bench import (
     snapshot_restore_ms,
     walk_prefix,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_envs  # noqa: E402
 
 COST_FIELDS = ("reset_ms", "step_ms", "steps_per_s", "snapshot_ms", "restore_ms", "depth",
                "replay_restore_ms", "replay_over_restore")  # fmt: skip

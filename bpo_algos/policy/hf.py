@@ -35,8 +35,9 @@ Mechanics:
   (:meth:`HFPolicy.prompt_ids`): never an exception mid-batch. ``policy.to(device)`` moves the
   model, the reference and the sampling generator.
 * **Meter.** ``policy_calls`` (one per ``sample``/``decision_entropy``), ``prefill_tokens``
-  (prompt tokens actually run through the model, once per prompt when shared; answer tokens
-  scored for the entropy), ``gen_tokens`` (sampled tokens).
+  (prompt tokens run through the model to generate, once per prompt when shared),
+  ``score_tokens`` (tokens of a decision-entropy pass: the prompt, whose KV ``sample`` then
+  reuses, and every candidate answer scored), ``gen_tokens`` (sampled tokens).
 """
 
 from __future__ import annotations
@@ -305,8 +306,11 @@ class HFPolicy(PolicyBase, nn.Module):
         return ids, mask, positions
 
     @torch.no_grad()
-    def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> list[_Prefix]:
-        """Run ``prompts`` through the model; each keeps its own unpadded KV slice."""
+    def _prefill(self, prompts: Sequence[tuple[int, ...]], counter: str = "prefill_tokens") -> list[_Prefix]:
+        """Run ``prompts`` through the model; each keeps its own unpadded KV slice.
+
+        ``counter``: the meter field the prompt tokens are counted in (``score_tokens`` for a
+        decision-entropy pass)."""
         out: list[_Prefix] = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
@@ -320,17 +324,17 @@ class HFPolicy(PolicyBase, nn.Module):
                 pad = width - len(p)
                 kv = [(k[i : i + 1, :, pad:].clone(), v[i : i + 1, :, pad:].clone()) for k, v in layers]
                 out.append(_Prefix(p, kv, result.logits[i, -1].float()))
-            self.meter.prefill_tokens += sum(len(p) for p in chunk)
+            setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(p) for p in chunk))
         return out
 
-    def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool) -> list[_Prefix]:
+    def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool, counter: str = "prefill_tokens") -> list[_Prefix]:
         """Prefixes for ``prompts`` (duplicates prefilled once), from the store where present."""
         version = self.weights_version()
         if version != self._store_version:  # weights changed since the KV was computed
             self._store.clear()
             self._store_version = version
         missing = list(dict.fromkeys(p for p in prompts if p not in self._store))
-        fresh = dict(zip(missing, self._prefill(missing), strict=True))
+        fresh = dict(zip(missing, self._prefill(missing, counter), strict=True))
         found = [self._store.get(p) or fresh[p] for p in prompts]
         if keep and self.reuse_prefill:
             self._store.update(fresh)
@@ -395,7 +399,9 @@ class HFPolicy(PolicyBase, nn.Module):
         return list(zip(tokens, logprobs, strict=True))
 
     @torch.no_grad()
-    def _extend(self, prefixes: Sequence[_Prefix], continuations: Sequence[Sequence[Sequence[int]]]) -> list[list[torch.Tensor]]:
+    def _extend(
+        self, prefixes: Sequence[_Prefix], continuations: Sequence[Sequence[Sequence[int]]], counter: str = "prefill_tokens"
+    ) -> list[list[torch.Tensor]]:
         """Next-token logits along continuations of each prefix, sharing the prefix KV.
 
         ``continuations[i]`` is a list of token sequences after ``prefixes[i]``; the result
@@ -425,7 +431,7 @@ class HFPolicy(PolicyBase, nn.Module):
             positions = batch.lengths[:, None] + torch.arange(width)[None, :]
             out = self._forward(ids, torch.cat([batch.mask, extra], 1), positions, batch.cache)
             logits = torch.cat([batch.logits[:, None], out.logits.float()], 1)
-            self.meter.prefill_tokens += int(extra.sum())
+            setattr(self.meter, counter, getattr(self.meter, counter) + int(extra.sum()))
         else:
             logits = batch.logits[:, None]
         result: list[list[torch.Tensor]] = []
@@ -535,7 +541,7 @@ class HFPolicy(PolicyBase, nn.Module):
         if not contexts:
             return []
         prompts = [self.prompt_ids(c) for c in contexts]
-        prefixes = self._prefixes(prompts, keep=True)
+        prefixes = self._prefixes(prompts, keep=True, counter="score_tokens")
         open_ids = tuple(self.prompts.encode(self.config.action_open))
         continuations: list[list[tuple[int, ...]]] = []
         for c in contexts:
@@ -544,7 +550,7 @@ class HFPolicy(PolicyBase, nn.Module):
                 continuations.append([self.prompts.action_ids(a)[:-1] for a in c.admissible_actions])
             else:
                 continuations.append([open_ids])
-        logits = self._extend(prefixes, continuations)
+        logits = self._extend(prefixes, continuations, counter="score_tokens")
         out: list[float] = []
         for c, rows in zip(contexts, logits, strict=True):
             if c.admissible_actions:

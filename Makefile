@@ -1,0 +1,18 @@
+# The two commands of the README's Quickstart. Each sets up what it needs first (scripts/setup.sh:
+# idempotent, seconds when nothing changed), so either works on a fresh clone, in either order.
+#   make compare   the main job on the CPU default (bpo-compare; OUT=..., ARGS=... to change it)
+#   make test      the tests (pytest; ARGS=... e.g. ARGS="-m slow")
+VENV ?= .venv
+OUT ?= results/compare
+ARGS ?=
+
+.PHONY: setup compare test
+
+setup:
+	VENV=$(VENV) bash scripts/setup.sh
+
+compare: setup
+	$(VENV)/bin/bpo-compare --out $(OUT) --resume $(ARGS)
+
+test: setup
+	$(VENV)/bin/pytest $(ARGS)

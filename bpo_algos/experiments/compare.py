@@ -1,0 +1,205 @@
+"""``bpo-compare``: the main job. BPO and the baselines at matched compute, over envs and seeds.
+
+For every env and seed, one initial policy (warm-started by behaviour cloning on the env's
+expert trajectories where the preset says so) is copied to each algorithm, which then trains
+with ``bpo_algos.Trainer`` under the same optimizer, learning rate, task sequence and per-update
+budget in one compute unit (``--budget-unit``; the others are reported). Then:
+
+* final success: every algorithm's final policy is evaluated on the same evaluation tasks;
+* gradient-norm variance, measured the same way for every algorithm: at the initial policy,
+  ``--grad-batches`` independent batches at the same budget (variance of the gradient vector,
+  ``tr Cov(g)``, of its norm, and the scale-free noise-to-signal ``tr Cov(g) / ||E g||^2``),
+  plus the variance of the logged gradient norms over training;
+* ``updates_to_target``: updates each algorithm needs for its (seed-averaged, smoothed) batch
+  success to reach the best baseline's final training success.
+
+Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``; a user's own
+with ``--import MODULE`` after ``bpo_algos.register_algorithm``). Writes to ``--out``:
+``results.json``, ``results.md`` (means and 95% intervals over seeds), PNG plots and one
+example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked from
+``results.md``).
+``--resume`` continues an interrupted run: finished runs are kept, unfinished ones resume from
+their last checkpoint.
+
+    bpo-compare --out results/compare            # CPU default (~10 min)
+    bpo-compare --smoke --out /tmp/compare       # < 2 min (CI)
+    bpo-compare --preset gpu --out results/gpu   # the paper's setting
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bpo_algos.compute import COMPUTE_UNITS, Budget
+from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
+from bpo_algos.experiments.report import example_trees, markdown, plots
+from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split
+from bpo_algos.experiments.stats import aggregate
+from bpo_algos.registry import registered_algorithms
+
+
+def build_preset(args: argparse.Namespace) -> Preset:
+    name = "smoke" if args.smoke else args.preset
+    preset = copy.deepcopy(PRESETS[name])
+    if args.envs:
+        unknown = [e for e in args.envs if e not in preset.envs and e not in PRESETS["gpu"].envs]
+        if unknown:
+            raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
+        preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
+    if args.algorithms:
+        for module in args.import_modules or ():
+            importlib.import_module(module)  # registers the user's algorithms
+        known = registered_algorithms()
+        unknown = [a for a in args.algorithms if a not in known]
+        if unknown:
+            raise SystemExit(f"unknown algorithm(s) {unknown}; registered: {known} (a user's algorithm: --import MODULE)")
+        preset.algorithms = tuple(args.algorithms)
+    if args.treatment:
+        preset.treatment = args.treatment
+    if preset.treatment not in preset.algorithms:
+        raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
+    for item in args.algorithm_option or ():
+        name, key, value = _parse_algorithm_option(item)
+        preset.algorithm_options.setdefault(name, {})[key] = value
+    for key in ("policy", "updates", "budget_unit", "learning_rate", "group_size", "backbones", "branch_factor", "sft_epochs", "grad_batches"):
+        value = getattr(args, key)
+        if value is not None:
+            setattr(preset, key, value)
+    if args.seeds is not None:
+        preset.seeds = tuple(args.seeds)
+    preset.tensorboard = preset.tensorboard or args.tensorboard
+    preset.wandb_project = args.wandb_project or preset.wandb_project
+    for wanted, package in ((preset.tensorboard, "tensorboard"), (preset.wandb_project, "wandb")):
+        if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
+            raise SystemExit(f"logging to {package} needs `pip install {package}`")
+    if args.budget is not None:
+        preset.budget = {e: args.budget for e in preset.envs}
+    elif args.budget_unit is not None and args.budget_unit != PRESETS[name].budget_unit:
+        raise SystemExit(
+            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {args.budget_unit} "
+            f"give --budget in {args.budget_unit}"
+        )
+    missing = [e for e in preset.envs if e not in preset.budget]
+    if missing:
+        raise SystemExit(
+            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
+        )
+    Budget(preset.budget_unit, 1)  # validates the unit
+    return preset
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/compare", help="output folder")
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    parser.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI)")
+    parser.add_argument("--envs", nargs="+", help="env names (default: the preset's)")
+    parser.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
+    parser.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
+                        help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
+    parser.add_argument("--treatment", help="the algorithm compared with the best of the others (default: bpo)")
+    parser.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
+                        help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
+    parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
+    parser.add_argument("--seeds", nargs="+", type=int)
+    parser.add_argument("--updates", type=int)
+    parser.add_argument("--budget-unit", choices=COMPUTE_UNITS)
+    parser.add_argument("--budget", type=float, help="per-update budget (every env)")
+    parser.add_argument("--policy", help="scorer | tabular | tiny | smollm2 | a model name or folder")
+    parser.add_argument("--learning-rate", type=float)
+    parser.add_argument("--group-size", type=int, help="GRPO/RLOO N")
+    parser.add_argument("--backbones", type=int, help="BPO K0")
+    parser.add_argument("--branch-factor", type=int, help="BPO K")
+    parser.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
+    parser.add_argument("--grad-batches", type=int, help="batches for the gradient-variance probe")
+    parser.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
+    parser.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.list_algorithms:
+        for module in args.import_modules or ():
+            importlib.import_module(module)
+        print("\n".join(registered_algorithms()))
+        return {}
+    preset = build_preset(args)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.resume:
+        raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    previous_preset = out / "preset.json"
+    if previous_preset.exists():
+        # cached runs are only valid for the setting that made them
+        saved = json.loads(previous_preset.read_text())
+        preset.wandb_group = preset.wandb_group or saved.get("wandb_group")
+        current = preset_dict(preset)
+        changed = sorted(k for k in set(saved) | set(current) if k not in _LOGGING_FIELDS and saved.get(k) != current.get(k))
+        if changed:
+            raise SystemExit(f"{out} holds a comparison with another setting (differs in: {', '.join(changed)}); choose another --out")
+    if preset.wandb_project and preset.wandb_group is None:
+        # one W&B group per comparison, kept when it resumes
+        preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
+    if preset.torch_threads:
+        torch.set_num_threads(preset.torch_threads)
+    (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
+
+    from tqdm.auto import tqdm
+
+    progress = not args.no_progress and sys.stderr.isatty()
+    jobs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
+    runs: list[dict[str, Any]] = []
+    bar = tqdm(total=len(jobs) * len(preset.algorithms), desc="runs", disable=args.no_progress)
+    for env_name, seed in jobs:
+        setup = preset.envs[env_name]
+        train_tasks, eval_tasks = task_split(setup)
+        initial = None
+        for algorithm in preset.algorithms:
+            bar.set_postfix(env=env_name, seed=seed, algorithm=algorithm)
+            if not (run_dir(out, env_name, algorithm, seed) / "run.json").exists() and initial is None:
+                initial = make_policy(preset, setup, seed, train_tasks)
+            runs.append(run_one(out, preset, env_name, algorithm, seed, initial, train_tasks, eval_tasks, progress))
+            bar.update(1)
+    bar.close()
+    results = aggregate(runs, preset, list(preset.envs))
+    results["example_trees"] = example_trees(runs, out)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(markdown(results))
+    written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
+    print(markdown(results))
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
+    return results
+
+
+_LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group")
+"""Preset fields that change where a run logs, not what it computes."""
+
+
+def _parse_algorithm_option(item: str) -> tuple[str, str, Any]:
+    target, sep, raw = item.partition("=")
+    name, dot, key = target.partition(".")
+    if not (sep and dot and name and key):
+        raise SystemExit(f"--algorithm-option takes NAME.KEY=VALUE, got {item!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string
+    return name, key, value
+
+
+def cli() -> None:
+    """Console entry point (``bpo-compare``)."""
+    main()
+
+
+if __name__ == "__main__":
+    cli()

