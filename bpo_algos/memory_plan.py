@@ -13,6 +13,7 @@ Per GPU, in bytes (``P`` parameters, ``A`` LoRA adapter parameters, ``N`` GPUs, 
   inputs ``2 L T h`` plus one layer recomputed, ``T (34 h + 6 i)`` bytes (bf16; flash
   attention, no ``s^2`` term), plus fp32 log-softmax over the answer tokens ``8 T_a V``.
 * **KV cache** of decoding ``R`` rows of ``S`` tokens: ``R S (2 L kv) 2`` bytes (bf16).
+* **generation weights** (``--vllm``): vLLM's own bf16 copy ``2P`` of the model.
 
 ``fits`` when the total is under ``gpu_gb`` minus a reserve (CUDA context, allocator
 fragmentation; default 6 GB). The estimate is meant for choosing a configuration, not for
@@ -125,6 +126,7 @@ class MemoryPlan:
     reference: float
     activations: float
     kv_cache: float
+    generation_weights: float
     total: float
     fits: bool
     settings: dict[str, Any]
@@ -139,7 +141,7 @@ def plan(
     gpus: int = 1,
     gpu_gb: float = 80.0,
     lora: bool = False,
-    lora_rank: int = 16,
+    lora_rank: int = 8,
     fsdp: bool | None = None,
     kl: bool = False,
     micro_batch_tokens: int = 8192,
@@ -147,6 +149,7 @@ def plan(
     decode_rows: int = 64,
     seq_len: int = 4096,
     reserve_gb: float = 6.0,
+    vllm: bool = False,
     name: str = "model",
 ) -> MemoryPlan:
     """The memory plan (module docstring). ``fsdp`` None: shard a full fine-tune when ``gpus > 1``."""
@@ -169,7 +172,8 @@ def plan(
     t = micro_batch_tokens
     acts = 2 * m.layers * t * m.hidden + t * (34 * m.hidden + 6 * m.intermediate) + 8 * int(t * answer_share) * m.vocab
     kv = decode_rows * seq_len * m.kv_bytes_per_token()
-    total = weights + grads + optim + ref + acts + kv
+    gen = 2 * p if vllm else 0
+    total = weights + grads + optim + ref + acts + kv + gen
     return MemoryPlan(
         model=name,
         params_b=p / 1e9,
@@ -182,19 +186,20 @@ def plan(
         reference=ref / GB,
         activations=acts / GB,
         kv_cache=kv / GB,
+        generation_weights=gen / GB,
         total=total / GB,
         fits=total / GB <= gpu_gb - reserve_gb,
-        settings={"micro_batch_tokens": t, "decode_rows": decode_rows, "seq_len": seq_len, "kl": kl, "reserve_gb": reserve_gb},
+        settings={"micro_batch_tokens": t, "decode_rows": decode_rows, "seq_len": seq_len, "kl": kl, "vllm": vllm, "reserve_gb": reserve_gb},
     )
 
 
 def markdown(plans: list[MemoryPlan]) -> str:
     """A Markdown table of ``plans`` (GB per GPU)."""
-    head = "| model | GPUs | mode | weights | grads | optim | ref | activ. | KV | total / GPU | fits |\n"
-    head += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    head = "| model | GPUs | mode | weights | grads | optim | ref | activ. | KV | vLLM copy | total / GPU | fits |\n"
+    head += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     rows = [
         f"| {x.model} ({x.params_b:.2f}B) | {x.gpus}x{x.gpu_gb:g} GB | {x.mode} | {x.weights:.1f} | {x.gradients:.1f} | "
-        f"{x.optimizer:.1f} | {x.reference:.1f} | {x.activations:.1f} | {x.kv_cache:.1f} | {x.total:.1f} | {'yes' if x.fits else 'no'} |"
+        f"{x.optimizer:.1f} | {x.reference:.1f} | {x.activations:.1f} | {x.kv_cache:.1f} | {x.generation_weights:.1f} | {x.total:.1f} | {'yes' if x.fits else 'no'} |"
         for x in plans
     ]
     return head + "\n".join(rows) + "\n"
@@ -206,18 +211,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--gpu-gb", type=float, default=80.0)
     parser.add_argument("--lora", action="store_true")
-    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--lora-rank", type=int, default=8, help="adapter rank (HFPolicy default 8)")
     parser.add_argument("--no-fsdp", action="store_true", help="do not shard a full fine-tune over the GPUs")
     parser.add_argument("--kl", action="store_true", help="a frozen reference copy for the k3 KL")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--decode-rows", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--vllm", action="store_true", help="count vLLM's bf16 copy of the model (colocated generation)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     result = plan(
         load_config(args.model), gpus=args.gpus, gpu_gb=args.gpu_gb, lora=args.lora, lora_rank=args.lora_rank,
         fsdp=False if args.no_fsdp else None, kl=args.kl, micro_batch_tokens=args.micro_batch_tokens,
-        decode_rows=args.decode_rows, seq_len=args.seq_len, name=model_name(args.model),
+        decode_rows=args.decode_rows, seq_len=args.seq_len, vllm=args.vllm, name=model_name(args.model),
     )
     print(json.dumps(result.to_dict(), indent=1) if args.json else markdown([result]), end="")
     if not result.fits:

@@ -22,8 +22,8 @@ def test_full_fine_tune_is_16_bytes_a_parameter_and_fsdp_divides_it():
     eight = plan(config, gpus=8, gpu_gb=80)
     assert eight.optimizer == pytest.approx(one.optimizer / 8) and eight.fits
     lora = plan(config, gpus=1, gpu_gb=141, lora=True)
-    assert lora.fits and lora.weights * 1e9 == pytest.approx(2 * p + 4 * shape.lora_params(16))
-    assert lora.optimizer * 1e9 == pytest.approx(8 * shape.lora_params(16))
+    assert lora.fits and lora.weights * 1e9 == pytest.approx(2 * p + 4 * shape.lora_params(8))
+    assert lora.optimizer * 1e9 == pytest.approx(8 * shape.lora_params(8))
 
 
 def test_cli_prints_a_table_and_fails_when_it_does_not_fit(tmp_path, capsys):
