@@ -21,6 +21,7 @@ import torch
 import bpo_envs  # noqa: F401
 from baselines import RLOO
 from bpo_algos import BPO, Trainer, TrainerConfig
+from bpo_algos.advantages import as_batch
 from bpo_algos.policy import HFPolicy
 from bpo_algos.policy.hf import max_new_tokens_for
 from bpo_algos.policy.tiny import tiny_model_path
@@ -31,10 +32,11 @@ def force_advantages(algorithm: Any) -> None:
     are all equal (zero advantages), and the check must see an update that moves weights."""
     estimate = algorithm.compute_advantages
 
-    def signed(tree: Any) -> None:
-        estimate(tree)
-        for i, edge in enumerate(tree.edges()):
-            edge.advantage = 1.0 if i % 2 else -1.0
+    def signed(trees: Any) -> None:
+        estimate(trees)
+        for tree in as_batch(trees):
+            for i, edge in enumerate(tree.edges()):
+                edge.advantage = 1.0 if i % 2 else -1.0
 
     algorithm.compute_advantages = signed
 
