@@ -76,6 +76,13 @@ class Preset:
     """Also log every run to this W&B project (runs named ``env/algorithm/seed``)."""
     wandb_group: str | None = None
     """The W&B group of this comparison's runs (set by ``bpo-compare`` and kept on resume)."""
+    precision: str = "fp32"
+    """``TrainerConfig.precision``: ``bf16`` computes in bfloat16 with fp32 master weights."""
+    micro_batch_tokens: int | None = None
+    """``TrainerConfig.micro_batch_tokens``: tokens per backward (None: the whole batch)."""
+    gradient_checkpointing: bool = False
+    max_model_len: int | None = None
+    """LLM policies: the longest prompt + answer (None: the model config's)."""
     torch_threads: int | None = None
     """CPU threads for torch (None: torch's default). One thread makes small models faster
     (no synchronisation) and their training bit-reproducible."""
@@ -208,12 +215,18 @@ PRESETS: dict[str, Preset] = {
         budget_unit="gen_tokens",
         budget={"alfworld": 400_000, "webshop": 150_000, "swebench": 600_000},
         updates=150,
-        learning_rate=1e-6,
+        # bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1 --gpu-gb 141 --lora: ~36 GB with
+        # 8k-token micro-batches and 64 decode rows; a full fine-tune needs ~142 GB (FSDP on 8 GPUs)
+        learning_rate=1e-5,
         optimizer="adamw",
         max_grad_norm=1.0,
         temperature=1.0,
-        lora=False,
+        lora=True,
         vllm=True,
+        precision="bf16",
+        micro_batch_tokens=8192,
+        gradient_checkpointing=True,
+        max_model_len=16384,
         pool_size=64,
         eval_episodes=1,
         grad_batches=4,

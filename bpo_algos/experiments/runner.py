@@ -10,7 +10,6 @@ result is cached in ``run.json`` so an interrupted comparison resumes.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import time
@@ -29,6 +28,7 @@ from bpo_algos.diagnostics import gradient_samples, variance_summary
 from bpo_algos.engine import EnvPool, RolloutEngine
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
+from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.trainer import Trainer, TrainerConfig
 
@@ -66,12 +66,20 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
+    from bpo_algos.policy.hf import max_new_tokens_for
+
+    options = {"max_new_tokens": max_new_tokens_for(setup.env_id)}
+    if preset.precision == "bf16":
+        options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = VLLMPolicy(
+            model, temperature=preset.temperature, lora=preset.lora, seed=seed,
+            max_model_len=preset.max_model_len or 4096, **options,
+        )
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=preset.max_model_len, **options)
     return warm_start(policy, preset, setup, tasks, seed)
 
 
@@ -227,6 +235,18 @@ def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
     return out / "runs" / env / algorithm / f"seed{seed}"
 
 
+def _initial_weights(initial: Any) -> InitialWeights | None:
+    """The initial weights of an LLM policy, saved on its first run (then restored in place per
+    run instead of deep-copying the model, or a vLLM engine); None for small policies."""
+    if not reusable(initial):
+        return None
+    saved = getattr(initial, "_initial_weights", None)
+    if saved is None:
+        saved = InitialWeights(initial)
+        initial._initial_weights = saved
+    return saved
+
+
 def run_one(
     out: Path,
     preset: Preset,
@@ -247,7 +267,7 @@ def run_one(
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
     separate_eval = setup.eval_split not in ("held-out", "train")
     budget = Budget(preset.budget_unit, preset.budget[env_name])
-    policy = copy.deepcopy(initial)
+    policy = fresh_copy(initial, _initial_weights(initial))
     start = time.perf_counter()
     try:
         # gradient variance at the initial policy, the same measurement for every algorithm
@@ -273,6 +293,9 @@ def run_one(
             wandb_group=preset.wandb_group,
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
             save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
+            precision=preset.precision,
+            micro_batch_tokens=preset.micro_batch_tokens,
+            gradient_checkpointing=preset.gradient_checkpointing,
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
         if separate_eval:  # another split: its own envs (task ids are per split)
