@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bpo_algos.advantages import GRPO_SCALES, group_advantages
+from bpo_algos.advantages import GRPO_SCALES
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.checks import check_count
 from bpo_algos.registry import register_algorithm
-from bpo_algos.tree import RolloutTree
 
 
 class GRPO(Algorithm):
@@ -33,8 +32,10 @@ class GRPO(Algorithm):
     def root_branches(self) -> int:  # type: ignore[override]
         return self.group_size
 
-    def compute_advantages(self, tree: RolloutTree) -> None:
-        group_advantages(tree, "grpo", scale=self.scale, eps=self.eps)
+    advantage_estimator = "grpo"
+
+    def advantage_options(self) -> dict[str, Any]:
+        return {"scale": self.scale, "eps": self.eps}
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "group_size": self.group_size, "scale": self.scale}

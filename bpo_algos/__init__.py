@@ -1,15 +1,19 @@
 """Branching Policy Optimization and the shared rollout machinery (engine, trees, meter, loss)."""
 
+from bpo_algos.advantages import estimate_advantages, register_advantage, registered_advantages
 from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.bpo import BPO
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
-from bpo_algos.engine import EnvPool, RolloutEngine
+from bpo_algos.engine import EnvFailureError, EnvPool, RolloutEngine
 from bpo_algos.policy import Action, Context, Policy, TabularPolicy, TextScorerPolicy
 from bpo_algos.registry import make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 __all__ = [
+    "estimate_advantages",
+    "register_advantage",
+    "registered_advantages",
     "make_algorithm",
     "register_algorithm",
     "registered_algorithms",
@@ -22,6 +26,7 @@ __all__ = [
     "ComputeMeter",
     "Context",
     "Edge",
+    "EnvFailureError",
     "EnvPool",
     "Node",
     "Policy",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 
 import gymnasium as gym
 import numpy as np
@@ -69,3 +71,34 @@ def test_same_seed_same_batches_for_every_algorithm_task_sequence(tmp_path):
     a = Trainer(GRPO(group_size=2), TabularPolicy(), [make], [0, 1, 2, 3], TrainerConfig(updates=3, tasks_per_update=2, seed=9))
     b = Trainer(RLOO(group_size=2), TabularPolicy(), [make], [0, 1, 2, 3], TrainerConfig(updates=3, tasks_per_update=2, seed=9))
     assert [a.draw_tasks() for _ in range(3)] == [b.draw_tasks() for _ in range(3)]
+
+
+class _RecordingWandb(types.ModuleType):
+    """Stands in for the ``wandb`` package (not installed here): records what the Trainer asks."""
+
+    def __init__(self) -> None:
+        super().__init__("wandb")
+        self.inits: list[dict] = []
+        self.logged: list[dict] = []
+        self.util = types.SimpleNamespace(generate_id=lambda: f"run{len(self.inits)}")
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return types.SimpleNamespace(log=lambda scalars, step: self.logged.append({"step": step, **scalars}))
+
+
+def test_wandb_runs_are_named_grouped_configured_and_resumed_under_their_id(tmp_path, monkeypatch):
+    fake = _RecordingWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+
+    def config(updates: int) -> TrainerConfig:
+        return TrainerConfig(updates=updates, tasks_per_update=2, out_dir=tmp_path, wandb_project="bpo",
+                             wandb_name="treemdp/rloo/seed0", wandb_group="cmp-1", wandb_config={"preset": {"updates": 3}})
+
+    Trainer(RLOO(group_size=2), TabularPolicy(), [make], tasks=[0, 1], config=config(2)).train()
+    Trainer(RLOO(group_size=2), TabularPolicy(), [make], tasks=[0, 1], config=config(3)).train()  # resumes
+    first, second = fake.inits
+    assert first["id"] == second["id"] and second["resume"] == "allow"
+    assert first["name"] == "treemdp/rloo/seed0" and first["group"] == "cmp-1" and first["project"] == "bpo"
+    assert first["config"]["preset"] == {"updates": 3} and first["config"]["algorithm"]["group_size"] == 2
+    assert [row["step"] for row in fake.logged] == [1, 2, 3]

@@ -120,7 +120,7 @@ PRESETS: dict[str, Preset] = {
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
-                {"depth": 8, "n_actions": 3, "decisive_levels": (5,), "observe": "state", "n_tasks": 16, "seed": 0},
+                {"depth": 8, "n_actions": 3, "decisive_levels": (5,), "observe": "state", "n_tasks": 32, "seed": 0},
                 train_tasks=16,
                 eval_tasks=16,
                 policy="tabular-prior",
@@ -149,11 +149,34 @@ PRESETS: dict[str, Preset] = {
         eval_episodes=2,
         pool_size=4,
     ),
+    # SWE-bench end to end on a CPU: the tiny offline LLM behaviour-cloned on the bundled repos'
+    # gold patches, 3-step episodes on the local sandbox, graded by the swebench harness; a few
+    # updates, so the path runs in CI (a few minutes). `--swe-backend docker` runs it in Docker.
+    "cpu-swe": Preset(
+        envs={"swebench": EnvSetup(
+            "BPO-SWEBench-v0", {"max_episode_steps": 3, "step_timeout": 15.0, "eval_timeout": 120.0},
+            train_tasks=3, eval_tasks=3, eval_split="train",
+        )},
+        policy="tiny",
+        budget={"swebench": 9},
+        seeds=(0,),
+        updates=2,
+        group_size=2,
+        backbones=2,
+        branch_factor=2,
+        learning_rate=1e-4,
+        optimizer="adamw",
+        max_grad_norm=1.0,
+        sft_epochs=2,
+        grad_batches=2,
+        eval_episodes=1,
+        pool_size=4,
+    ),
     "smoke": Preset(
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
-                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 4, "seed": 0},
+                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 8, "seed": 0},
                 train_tasks=4,
                 eval_tasks=4,
             ),

@@ -7,10 +7,23 @@ gradient-norm variance at the initial policy.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bpo_algos.compute import COMPUTE_UNITS
+
+logger = logging.getLogger(__name__)
+
+
+METER_COLUMNS = (*COMPUTE_UNITS, "resets", "failures", "dropped_steps")
+"""Every compute-meter field, in the order of the per-env compute table."""
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
 def _source(p: dict[str, Any]) -> str:
@@ -70,6 +83,16 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {r['grad_trace_var']:.3g} | {r.get('grad_noise_to_signal', float('nan')):.3g} "
                 f"| {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
             )
+        meters = [k for k in METER_COLUMNS if all(k in r["compute"] for r in er["algorithms"].values())]
+        lines += [
+            "",
+            "Compute per update (every meter; the budget unit is one of them):",
+            "",
+            "| algorithm | " + " | ".join(k.replace("_", " ") for k in meters) + " |",
+            "|---|" + "---:|" * len(meters),
+        ]
+        for a, r in er["algorithms"].items():
+            lines.append(f"| {a} | " + " | ".join(_number(r["compute"][k]) for k in meters) + " |")
         paired = er.get("treatment_vs_best_baseline")
         if paired:
             lines += [
@@ -92,7 +115,50 @@ def markdown(results: dict[str, Any]) -> str:
         "![gradient-norm variance](grad_norm_variance.png)",
         "",
     ]
+    trees = results.get("example_trees") or {}
+    if trees:
+        lines += [
+            "## Example rollout trees",
+            "",
+            "One tree of the last training batch of each env and algorithm (first seed): where it branched, "
+            "with what decision entropy, what each leaf returned, and each step's advantage (colour) and weight "
+            "(width). `bpo-trees RUN_DIR` draws the others.",
+            "",
+        ]
+        for env, pictures in trees.items():
+            links = " · ".join(f"[{a}]({p})" for a, p in pictures.items())
+            lines.append(f"* {env}: {links}")
+        lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def example_trees(runs: list[dict[str, Any]], out: Path) -> dict[str, dict[str, str]]:
+    """Draw one tree per env and algorithm into ``out/trees/ENV-ALGORITHM.png``.
+
+    From the first seed's run of each, the last saved batch (``TrainerConfig.save_trees_every``),
+    the tree with the most branch nodes (the first of those). Returns the pictures' paths
+    relative to ``out``, by env then algorithm; a run that saved no trees (cached by an older
+    version) is skipped with a warning.
+    """
+    from bpo_algos.experiments.runner import run_dir
+    from bpo_algos.tree import load_trees
+    from bpo_algos.viz import draw_tree, tree_files
+
+    firsts: dict[tuple[str, str], int] = {}
+    for run in runs:
+        firsts.setdefault((run["env"], run["algorithm"]), run["seed"])
+    pictures: dict[str, dict[str, str]] = {}
+    for (env, algorithm), seed in firsts.items():
+        folder = run_dir(out, env, algorithm, seed)
+        files = tree_files(folder) if folder.is_dir() else []
+        trees = load_trees(files[-1]) if files else []
+        if not trees:
+            logger.warning("no saved trees in %s: no example tree for %s/%s", folder, env, algorithm)
+            continue
+        tree = max(trees, key=lambda t: len(t.branch_nodes()))
+        path = draw_tree(tree, out / "trees" / f"{env}-{algorithm}.png", title=f"{env} · {algorithm} · seed {seed} · task {tree.task_id}")
+        pictures.setdefault(env, {})[algorithm] = path.relative_to(out).as_posix()
+    return pictures
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:

@@ -23,11 +23,10 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
-from baselines import RLOO
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, variance_summary
-from bpo_algos.engine import EnvPool
+from bpo_algos.engine import EnvPool, RolloutEngine
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
 from bpo_algos.registry import algorithm_factory, make_algorithm
@@ -161,12 +160,19 @@ def _split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[
     if setup.eval_split == "train":
         eval_tasks, eval_prov = train[: setup.eval_tasks], train_prov
     elif setup.eval_split == "held-out":
-        rest = order[setup.train_tasks :] or order
-        eval_tasks, eval_prov = rest[: setup.eval_tasks], train_prov
+        eval_tasks, eval_prov = order[setup.train_tasks :][: setup.eval_tasks], train_prov
+        overlap = set(eval_tasks) & set(train)
+        if overlap:
+            raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
     else:
         # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
         eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
         eval_tasks = eval_order[: setup.eval_tasks]
+    if not eval_tasks:
+        raise ValueError(
+            f"{setup.env_id}: no {setup.eval_split} evaluation task ({len(order)} training task(s), "
+            f"{setup.train_tasks} used for training); lower train_tasks or choose another eval_split"
+        )
     data = {
         "train": {**(train_prov or {"env": setup.env_id}), "tasks_used": len(train)},
         "eval": {**(eval_prov or {"env": setup.env_id}), "tasks_used": len(eval_tasks), "eval_split": setup.eval_split},
@@ -181,12 +187,40 @@ def data_provenance(setup: EnvSetup) -> dict[str, Any]:
     return _split_with_provenance(setup)[2]
 
 
+class _Episode:
+    """A topology of one rollout from the root (an evaluation episode)."""
+
+    root_branches = 1
+
+    def wants_entropy(self, path: Any) -> bool:
+        return False
+
+    def fork_count(self, path: Any, entropy: float | None) -> int:
+        return 1
+
+
 def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> float:
-    """Mean success of ``episodes`` independent rollouts per eval task (sampled, as trained)."""
-    if episodes < 2:  # a group needs two members; evaluate two and average
-        episodes = 2
-    batch = RLOO(group_size=episodes, seed=seed).collect(policy, pool, tasks)
-    return batch.success_rate()
+    """Mean success of ``episodes`` sampled rollouts per eval task, on common random numbers.
+
+    Episode ``j`` of task ``i`` resets with the same env seed and runs the policy's sampler from
+    the same seed for every algorithm (the policy's own RNG state is put back afterwards), so
+    two algorithms' successes differ by their policies, not by their luck.
+    """
+    if not tasks:
+        raise ValueError("no evaluation tasks")
+    state = policy.rng_state() if hasattr(policy, "rng_state") else None
+    wins: list[float] = []
+    try:
+        for i, task in enumerate(tasks):
+            for j in range(max(episodes, 1)):
+                episode_seed = seed + 1000 * i + j
+                policy.seed(episode_seed)
+                result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
+                wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
+    finally:
+        if state is not None:
+            policy.set_rng_state(state)
+    return float(np.mean(wins)) if wins else 0.0
 
 
 def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
@@ -217,7 +251,10 @@ def run_one(
     start = time.perf_counter()
     try:
         # gradient variance at the initial policy, the same measurement for every algorithm
+        # the probe is the estimator that trains: same settings, and its adaptive state (BPO's
+        # threshold, the budget's tree-cost estimate) warmed by one batch that is discarded
         probe = build_algorithm(algorithm_name, preset, seed + 1000)
+        probe.collect(policy, pool, train_tasks, budget)
         grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.for_env("grad_batches", env_name), budget))
         algorithm = build_algorithm(algorithm_name, preset, seed)
         config = TrainerConfig(
@@ -235,6 +272,7 @@ def run_one(
             wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
             wandb_group=preset.wandb_group,
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
+            save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
         if separate_eval:  # another split: its own envs (task ids are per split)

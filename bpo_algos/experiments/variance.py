@@ -31,10 +31,11 @@ import torch
 from tqdm.auto import tqdm
 
 import bpo_envs  # noqa: F401 - registers the ids
-from baselines import GRPO, RLOO
+from baselines import GRPO, RLOO, GiGPO, TreeGRPO
 from bpo_algos import BPO, Budget, TabularPolicy
 from bpo_algos.algorithm import Algorithm
-from bpo_algos.diagnostics import flat_gradient, gradient_samples, variance_summary
+from bpo_algos.diagnostics import GradientSamples, flat_gradient, gradient_samples, variance_summary
+from bpo_algos.policy.tabular import _key
 
 REFERENCE = "rloo-4"
 
@@ -93,9 +94,18 @@ def configurations(quick: bool) -> dict[str, Callable[[], Algorithm]]:
         "bpo-K0=2-K=3-M2-q0.5": lambda: BPO(backbones=2, branch_factor=3, max_branch_points=2, entropy_quantile=0.5, **common),
         "bpo-K0=2-K=4-q0.95": lambda: BPO(backbones=2, branch_factor=4, entropy_quantile=0.95, **common),
         "bpo-nested-K0=2-K=2-d2": lambda: BPO(backbones=2, branch_factor=2, max_depth=2, entropy_quantile=0.5, **common),
+        # state-anchored baselines (docs/unbiasedness.md, rule 6) and the published step-level methods
+        "rloo-4-anchored": lambda: RLOO(group_size=4, baseline="anchored", **common),
+        "rloo-4-anchored+history": lambda: RLOO(group_size=4, baseline="anchored+history", **common),
+        "bpo-K0=2-K=4-q0.8-anchored": lambda: BPO(backbones=2, branch_factor=4, entropy_quantile=0.8, baseline="anchored", **common),
+        "bpo-K0=2-K=4-q0.8-anchored+history": lambda: BPO(
+            backbones=2, branch_factor=4, entropy_quantile=0.8, baseline="anchored+history", **common
+        ),
+        "gigpo-4": lambda: GiGPO(group_size=4, **common),
+        "tree-grpo-m2n2l1k3": lambda: TreeGRPO(**common),
     }
     if quick:
-        keep = ("rloo-4", "grpo-4", "bpo-K0=2-K=2-h>0", "bpo-K0=2-K=4-q0.8")
+        keep = ("rloo-4", "grpo-4", "bpo-K0=2-K=2-h>0", "bpo-K0=2-K=4-q0.8", "rloo-4-anchored", "gigpo-4", "tree-grpo-m2n2l1k3")
         configs = {k: v for k, v in configs.items() if k in keep}
     return configs
 
@@ -117,6 +127,32 @@ def fixed_policy(setting: dict[str, Any], seed: int) -> tuple[Any, TabularPolicy
     return tree, policy, make
 
 
+def level_coordinates(tree: Any, policy: TabularPolicy) -> dict[int, list[int]]:
+    """Indices into the flat gradient of the table entries of each depth (decision level)."""
+    offsets, start = {}, 0
+    for name, p in policy.table.items():
+        offsets[name] = (start, start + p.numel())
+        start += p.numel()
+    levels: dict[int, set[int]] = {}
+    for depth in range(tree.depth):
+        for prefix in np.ndindex(*([tree.n_actions] * depth)):
+            name = _key(tree.observation_of(0, tuple(prefix)))
+            if name in offsets:
+                levels.setdefault(depth, set()).update(range(*offsets[name]))
+    return {d: sorted(ix) for d, ix in sorted(levels.items())}
+
+
+def per_level_variance(samples: GradientSamples, levels: dict[int, list[int]]) -> dict[str, float]:
+    """``tr Cov(g)`` restricted to each level's coordinates, times the mean env steps."""
+    g = samples.grads.double()
+    cost = samples.mean_cost("env_steps")
+    out = {}
+    for depth, ix in levels.items():
+        sub = g[:, [i for i in ix if i < g.shape[1]]]
+        out[str(depth)] = float(sub.var(dim=0, unbiased=True).sum()) * cost
+    return out
+
+
 def exact_gradient(tree: Any, policy: TabularPolicy) -> torch.Tensor:
     policy.zero_grad()
     tree.expected_return(policy.log_probs).backward()
@@ -128,10 +164,16 @@ def exact_gradient(tree: Any, policy: TabularPolicy) -> torch.Tensor:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"settings": {}, "reference": REFERENCE, "args": vars(args)}
     configs = configurations(args.quick)
+    if args.configs:
+        unknown = sorted(set(args.configs) - set(configs))
+        if unknown:
+            raise SystemExit(f"unknown --configs {unknown}; known: {', '.join(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.configs or k == REFERENCE}
     for name in args.settings:
         setting = SETTINGS[name]
         tree, policy, make = fixed_policy(setting, args.seed)
         truth = exact_gradient(tree, policy)
+        levels = level_coordinates(tree, policy)
         pool = [make, make]
         rows: dict[str, Any] = {}
         bar = tqdm(configs.items(), desc=name, leave=False)
@@ -141,7 +183,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             algorithm = factory()
             if args.warmup:  # let adaptive thresholds settle on earlier batches
                 gradient_samples(algorithm, policy, pool, [0], args.warmup)
-            per_tree = variance_summary(gradient_samples(algorithm, policy, pool, [0], args.batches), truth)
+            one_tree = gradient_samples(algorithm, policy, pool, [0], args.batches)
+            per_tree = variance_summary(one_tree, truth)
+            per_tree["per_level_trace_var_x_env_steps"] = per_level_variance(one_tree, levels)
             matched = variance_summary(
                 gradient_samples(algorithm, policy, pool, [0], args.budget_batches, budget=Budget("env_steps", setting["budget"])),
                 truth,
@@ -163,6 +207,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "var_along_truth_x_env_steps": pt["var_along_truth_x_env_steps"] / rt["var_along_truth_x_env_steps"],
                     "matched_trace_var": mb["trace_var"] / rb["trace_var"],
                     "matched_grad_norm_var": mb["grad_norm_var"] / rb["grad_norm_var"],
+                    "per_level_trace_var_x_env_steps": {
+                        d: v / rt["per_level_trace_var_x_env_steps"][d] if rt["per_level_trace_var_x_env_steps"].get(d) else float("nan")
+                        for d, v in pt["per_level_trace_var_x_env_steps"].items()
+                    },
                 }
         results["settings"][name] = {
             "about": setting["about"],
@@ -200,7 +248,22 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['matched_budget']['grad_norm_var']:.3g} ({r.get('matched_grad_norm_var', float('nan')):.2f}) |"
             )
         lines.append("")
-    lines.append("GRPO divides by the group std, so its mean is not the gradient (large |z| is expected).")
+        levels = next(iter(setting["configs"].values()))["per_tree"].get("per_level_trace_var_x_env_steps", {})
+        if levels:
+            lines += [
+                f"Per decision level (tr Cov(g) over that depth's table entries x env steps, ratio to {REFERENCE}):",
+                "",
+                "| config | " + " | ".join(f"depth {d}" for d in levels) + " |",
+                "|---|" + "---:|" * len(levels),
+            ]
+            for label, row in setting["configs"].items():
+                r = row.get("ratios_vs_reference", {}).get("per_level_trace_var_x_env_steps", {})
+                lines.append(f"| {label} | " + " | ".join(f"{r.get(d, float('nan')):.2f}" for d in levels) + " |")
+            lines.append("")
+    lines.append(
+        "GRPO, GiGPO and Tree-GRPO are biased as published (std divisions; group means that include "
+        "the sample itself), so a large |z| is expected of them."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -212,6 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=20, help="batches that set adaptive thresholds first")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--configs", nargs="+", help="only these configurations (and the reference)")
     parser.add_argument("--quick", action="store_true", help="fewer configs and samples (~1 min)")
     args = parser.parse_args(argv)
     if args.quick:

@@ -1,0 +1,133 @@
+"""Tree-GRPO (Ji et al. 2025, arXiv 2509.21240; AMAP-ML/Tree-GRPO): agent-step tree search.
+
+Per task, ``m`` trees, each grown as published:
+
+1. *initialisation*: one chain (a full episode) from the reset state;
+2. *expansion*, ``l`` times: ``n`` nodes are drawn uniformly, with replacement, from the tree's
+   root and its decision points (leaves excluded), and from each a new chain is sampled and
+   rolled to the end. Here the env is brought to the node by restoring the snapshot the engine
+   took there (``snapshot_nodes``), where the original re-feeds the prefix to a stateless tool;
+3. ``k`` of the tree's ``1 + n l`` leaves are kept at random (the rest pruned; by default all).
+
+Advantage (:func:`bpo_algos.advantages.tree_grpo_advantages`): every kept leaf's return is
+normalised against the task's ``m`` trees (inter-tree) and against its own tree (intra-tree);
+the sum is given to every token of the leaf's path. Biased by the std divisions, as published.
+
+Defaults are those of the repository's web-agent script (``train_webagent_tree_search.sh``:
+``ts_m=2, ts_n=2, ts_l=1, ts_k=3, expand_mode=random``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bpo_algos.advantages import as_batch
+from bpo_algos.algorithm import Algorithm
+from bpo_algos.checks import check_count
+from bpo_algos.registry import register_algorithm
+from bpo_algos.tree import Edge, Node, RolloutTree
+
+
+class TreeGRPO(Algorithm):
+    """Tree-based Group Relative Policy Optimization.
+
+    Args:
+        m: trees per task (``M``).
+        n: nodes expanded per tree and iteration (``N``).
+        l: expansion iterations (``L``).
+        k: leaves kept per tree (``<= 1 + n * l``; default all ``3``).
+        eps: added to the stds.
+        **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
+    """
+
+    name = "tree-grpo"
+    advantage_estimator = "tree-grpo"
+    root_branches = 1
+    snapshot_nodes = True
+    """The engine snapshots every decision node, so that an expansion restores instead of replaying."""
+
+    def __init__(self, m: int = 2, n: int = 2, l: int = 1, k: int = 3, eps: float = 1e-6, **kwargs: Any) -> None:  # noqa: E741
+        super().__init__(**kwargs)
+        self.m = check_count("m", m, 1)
+        self.n = check_count("n", n, 1)
+        self.l = check_count("l", l, 0)
+        self.k = check_count("k", k, 1)
+        if self.k > 1 + self.n * self.l:
+            raise ValueError(f"k={k} leaves per tree, but a tree has 1 + n*l = {1 + self.n * self.l}")
+        if self.m * self.k < 2:
+            raise ValueError("m * k must be >= 2: the inter-tree group needs two leaves")
+        self.eps = eps
+        self._tree_rng = np.random.default_rng(int(self._rng.integers(2**63 - 1)))
+        self._groups: list[list[int]] = []
+
+    # ---- topology ------------------------------------------------------------------------
+    def engine_tasks(self, tasks: Sequence[Any]) -> list[Any]:
+        return [task for task in tasks for _ in range(self.m)]
+
+    def expansions(self, tree: RolloutTree, round: int) -> list[Node]:
+        """``n`` nodes drawn uniformly with replacement from the root and the decision points."""
+        if round >= self.l:
+            return []
+        candidates = [tree.root, *(e.child for e in tree.edges() if not e.child.is_leaf)]
+        return [candidates[i] for i in self._tree_rng.integers(len(candidates), size=self.n)]
+
+    # ---- estimator -----------------------------------------------------------------------
+    def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
+        trees = as_batch(trees)
+        for tree in trees:
+            self._keep_leaves(tree)
+        self._groups = forests(trees, self.m)
+        super().compute_advantages(trees)
+
+    def advantage_options(self) -> dict[str, Any]:
+        return {"groups": self._groups, "eps": self.eps}
+
+    def _keep_leaves(self, tree: RolloutTree) -> None:
+        leaves = tree.leaf_edges()
+        if len(leaves) <= self.k:
+            return
+        kept = {id(leaves[i]) for i in self._tree_rng.choice(len(leaves), size=self.k, replace=False)}
+
+        def keep(edge: Edge) -> bool:
+            edge.child.children = [c for c in edge.child.children if keep(c)]
+            _reset_branch_factor(edge.child)
+            return id(edge) in kept or bool(edge.child.children)
+
+        tree.root.children = [e for e in tree.root.children if keep(e)]
+        _reset_branch_factor(tree.root)
+        tree.finalize()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "tree_rng": self._tree_rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._tree_rng.bit_generator.state = state["tree_rng"]
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "m": self.m, "n": self.n, "l": self.l, "k": self.k}
+
+
+def _reset_branch_factor(node: Node) -> None:
+    if node.branch_factor > 1:
+        node.branch_factor = max(len(node.children), 1)
+
+
+def forests(trees: Sequence[RolloutTree], m: int) -> list[list[int]]:
+    """Tree indices grouped into forests: the trees of one task, ``m`` at a time in start order
+    (a budgeted batch cycles the tasks, so a task may have several forests; the last may be
+    short)."""
+    seen: dict[str, int] = {}
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, tree in enumerate(trees):
+        task = repr(tree.task_id)
+        count = seen.get(task, 0)
+        seen[task] = count + 1
+        groups.setdefault((task, count // m), []).append(i)
+    return list(groups.values())
+
+
+register_algorithm("tree-grpo", TreeGRPO)

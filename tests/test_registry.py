@@ -1,0 +1,97 @@
+"""Algorithms by name: the registry, and a user's algorithm in the main job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from baselines import RLOO
+from bpo_algos import BPO, make_algorithm, register_algorithm, registered_algorithms
+from bpo_algos.experiments import compare
+from bpo_algos.experiments.presets import PRESETS
+from bpo_algos.experiments.runner import algorithm_options
+from bpo_algos.registry import _ALGORITHMS
+
+TINY = ["--envs", "treemdp", "--seeds", "0", "--updates", "2", "--budget", "96", "--grad-batches", "2", "--no-progress"]
+
+
+@pytest.fixture
+def clean_registry():
+    before = dict(_ALGORITHMS)
+    yield
+    _ALGORITHMS.clear()
+    _ALGORITHMS.update(before)
+
+
+def test_builtins_are_registered_and_built_with_options():
+    assert {"bpo", "grpo", "rloo"} <= set(registered_algorithms())
+    bpo = make_algorithm("bpo", backbones=3, branch_factor=2, seed=1)
+    assert isinstance(bpo, BPO) and bpo.backbones == 3 and bpo.siblings == 2
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'; registered: bpo"):
+        make_algorithm("nope")
+
+
+def test_register_rejects_bad_names_duplicates_and_non_callables(clean_registry):
+    with pytest.raises(ValueError, match="without spaces"):
+        register_algorithm("my algo", RLOO)
+    with pytest.raises(TypeError, match="must be callable"):
+        register_algorithm("mine", 3)
+    with pytest.raises(ValueError, match="already registered"):
+        register_algorithm("rloo", RLOO)
+    register_algorithm("rloo", RLOO, overwrite=True)
+
+
+def test_shared_preset_fields_go_only_to_factories_that_name_them(clean_registry):
+    register_algorithm("rloo-4", lambda **options: RLOO(group_size=4, **options))
+    preset = PRESETS["smoke"]
+    assert algorithm_options("bpo", preset, 0)["backbones"] == preset.backbones
+    assert algorithm_options("rloo", preset, 0)["group_size"] == preset.group_size
+    assert "group_size" not in algorithm_options("rloo-4", preset, 0)  # a bare **options factory
+    assert "backbones" not in algorithm_options("grpo", preset, 0)
+
+
+def test_users_algorithm_joins_the_comparison(tmp_path, clean_registry, monkeypatch):
+    module = tmp_path / "my_algos.py"
+    module.write_text(textwrap.dedent("""
+        from baselines import RLOO
+        from bpo_algos import register_algorithm
+
+        register_algorithm("rloo-4", lambda **options: RLOO(group_size=4, **options))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "cmp"
+    results = compare.main(["--smoke", "--out", str(out), "--import", "my_algos", "--algorithms", "bpo", "rloo-4",
+                            "--algorithm-option", "bpo.max_branch_points=2", *TINY])
+    assert set(results["algorithms"]) == {"bpo", "rloo-4"}
+    paired = results["per_env"]["treemdp"]["treatment_vs_best_baseline"]
+    assert paired["treatment"] == "bpo" and paired["best_baseline"] == "rloo-4"
+    preset = json.loads((out / "preset.json").read_text())
+    assert preset["algorithm_options"] == {"bpo": {"max_branch_points": 2}}
+    assert (out / "runs" / "treemdp" / "rloo-4" / "seed0" / "run.json").exists()
+
+
+def test_unknown_algorithm_and_treatment_are_errors(tmp_path):
+    with pytest.raises(SystemExit, match="unknown algorithm"):
+        compare.main(["--smoke", "--out", str(tmp_path / "a"), "--algorithms", "bpo", "mine", *TINY])
+    with pytest.raises(SystemExit, match="--treatment 'bpo' is not among"):
+        compare.main(["--smoke", "--out", str(tmp_path / "b"), "--algorithms", "grpo", "rloo", *TINY])
+
+
+def test_resume_refuses_another_setting(tmp_path):
+    out = tmp_path / "cmp"
+    compare.main(["--smoke", "--out", str(out), "--algorithms", "bpo", "rloo", *TINY])
+    again = compare.main(["--smoke", "--out", str(out), "--resume", "--algorithms", "bpo", "rloo", *TINY])
+    assert set(again["algorithms"]) == {"bpo", "rloo"}
+    with pytest.raises(SystemExit, match="another setting.*updates"):
+        compare.main(["--smoke", "--out", str(out), "--resume", "--algorithms", "bpo", "rloo", *TINY, "--updates", "3"])
+
+
+def test_console_commands_answer_help():
+    for module in ("bpo_algos.experiments.compare", "bpo_algos.experiments.variance", "bpo_algos.experiments.bench", "bpo_envs.system"):
+        done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "usage" in done.stdout
