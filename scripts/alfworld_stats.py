@@ -6,7 +6,7 @@ stands on each receptacle class, and the length of the planner's plan per task t
 ``walkthrough`` stored with each game; Fast Downward's plan where none is stored). Run it on
 the generated games and on ``$ALFWORLD_DATA`` to set them side by side:
 
-    python scripts/alfworld_stats.py --games-per-type 20 --out gen.json
+    python scripts/alfworld_stats.py --games-per-type 20 --generator-version 2 --out gen.json
     python scripts/alfworld_stats.py --data-dir ~/.cache/alfworld --out alfworld.json
 """
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data-dir", help="an ALFWorld data folder (default: the generated games)")
     ap.add_argument("--splits", nargs="+", default=["train", "valid_seen", "valid_unseen"])
     ap.add_argument("--games-per-type", type=int, default=10, help="games per task type and split")
+    ap.add_argument("--generator-version", type=int, default=1, help="generated games: the generator version")
     ap.add_argument("--out", default="alfworld_stats.json")
     args = ap.parse_args(argv)
     from bpo_envs.alfworld import ALFWorldEnv
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.data_dir:
             env = ALFWorldEnv(data_dir=args.data_dir, split=split)
         else:
-            env = ALFWorldEnv(split=split, games_per_type=args.games_per_type)
+            env = ALFWorldEnv(split=split, games_per_type=args.games_per_type, generator_version=args.generator_version)
         try:
             result["splits"][split] = collect(env, args.games_per_type)
         finally:

@@ -451,3 +451,44 @@ def test_generated_provenance_and_split_disjointness(env: gym.Env) -> None:
         assert len({p.pddl_problem for p in problems.values()}) == 3
         assert problems["valid_unseen"].traj_data["scene"]["scene_num"] not in _tables()["train"]
         assert problems["valid_seen"].traj_data["scene"]["scene_num"] in _tables()["train"]
+
+
+def test_generator_v2_keeps_alfreds_rooms_and_instance_counts() -> None:
+    from bpo_envs.alfworld.generator import _tables, generate_problem, load_scene
+
+    t = _tables()
+    sizes = []
+    for task_type in TASK_TYPES:
+        for index in range(4):
+            try:
+                problem = generate_problem(task_type, "train", index, version=2)
+            except Exception:  # GenerationFailed: the caller moves to the next attempt
+                continue
+            scene = load_scene(problem.traj_data["scene"]["scene_num"])
+            text = problem.pddl_problem.split("(:init", 1)[0]  # the declarations
+            receptacles = text.count(" - receptacle\n")
+            assert receptacles == len(scene.receptacles)  # every receptacle of the room
+            sizes.append(receptacles)
+            target = problem.traj_data["pddl_params"]["object_target"]
+            copies = sum(1 for line in text.splitlines() if line.strip().startswith(f"{target}_bar_") and line.strip().endswith("- object"))
+            low = 2 if task_type == "pick_two_obj_and_place" else 1
+            assert low <= copies <= t["max_target_instances"], (task_type, copies)
+    assert sizes and max(sizes) > 24  # kitchens keep their ~30-50 cabinets and drawers
+
+
+def test_generator_v2_games_are_verified_and_named() -> None:
+    env = ALFWorldEnv(task_types=["look_at_obj_in_light"], games_per_type=1, generator_version=2)
+    p = env.provenance()
+    assert p["generator_version"] == 2 and p["data_source"] == "bundled-generator"
+    game = env.games.game(env.task_ids()[0])
+    assert game["solvable"] is True and game["walkthrough"]  # the planner solved it
+    _, info = env.reset(seed=0)
+    assert not info["won"]
+    for command in env.expert_actions():
+        *_, info = env.step(command)
+    assert info["won"]
+    bpo_envs.check_snapshot(env, seed=0, steps=6)
+    v1 = ALFWorldEnv(task_types=["look_at_obj_in_light"], games_per_type=1)
+    assert v1.provenance()["generator_version"] == 1 and v1.games.root != env.games.root
+    with pytest.raises(ValueError, match="generator_version"):
+        ALFWorldEnv(generator_version=3)

@@ -11,6 +11,7 @@ from typing import Any
 
 from bpo_envs.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, FactState, NativeState
 from bpo_envs.alfworld.games import DataGames, GeneratedGames
+from bpo_envs.alfworld.generator import GENERATOR_VERSION
 from bpo_envs.core import SnapshotEnv
 from bpo_envs.reward_settings import REWARD_SETTINGS, VERL_AGENT_REWARD, reward_settings
 
@@ -97,6 +98,8 @@ class ALFWorldEnv(SnapshotEnv):
             games only; each is made and planner-checked the first time it is used, then cached
             under ``$BPO_ALFWORLD_CACHE`` or ``$XDG_CACHE_HOME/bpo_gym/alfworld``).
         generator_seed: selects another deterministic set of generated games.
+        generator_version: ``1`` (default) or ``2`` (closer to ALFRED's rooms: every
+            receptacle, ALFRED's instance counts; see :mod:`.generator`).
         reward_mode, reward_scale, invalid_penalty: see :mod:`bpo_envs.reward_settings`
             (both modes pay 1 on success here; ``REWARD_SETTINGS["verl-agent"]`` pays 10 and
             -0.1 per invalid command).
@@ -118,6 +121,7 @@ class ALFWorldEnv(SnapshotEnv):
         task_types: Sequence[str] | None = None,
         games_per_type: int = 200,
         generator_seed: int = 0,
+        generator_version: int = GENERATOR_VERSION,
         reward_mode: str = "score",
         reward_scale: float = 1.0,
         invalid_penalty: float = 0.0,
@@ -131,7 +135,7 @@ class ALFWorldEnv(SnapshotEnv):
             self.games: DataGames | GeneratedGames = DataGames(folder, split, task_types)
             log.info("ALFWorld %s: %d games from %s (%s)", split, len(self.games.task_ids()), self.games.root, self.data_source)
         else:
-            self.games = GeneratedGames(split, task_types, games_per_type, generator_seed)
+            self.games = GeneratedGames(split, task_types, games_per_type, generator_seed, generator_version)
             log.info(
                 "ALFWorld %s: no ALFWorld data (data_dir=, $ALFWORLD_DATA, %s); %d generated games (generator v%s)",
                 split, UPSTREAM_HOME, len(self.games.task_ids()), self.games.identity[1],

@@ -20,6 +20,7 @@ from typing import Any
 from bpo_envs.alfworld._upstream import cache_root, upstream
 from bpo_envs.alfworld.generator import (
     GENERATOR_VERSION,
+    GENERATOR_VERSIONS,
     SPLITS,
     TASK_TYPES,
     GenerationFailed,
@@ -204,7 +205,10 @@ class GeneratedGames:
     by Fast Downward and does not hold its goal at the start.
     """
 
-    def __init__(self, split: str, task_types: Sequence[str] | None, games_per_type: int, seed: int) -> None:
+    def __init__(
+        self, split: str, task_types: Sequence[str] | None, games_per_type: int, seed: int,
+        version: int = GENERATOR_VERSION,
+    ) -> None:  # fmt: skip
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if isinstance(games_per_type, bool) or not isinstance(games_per_type, int) or games_per_type < 1:
@@ -213,10 +217,13 @@ class GeneratedGames:
         self.seed = int(seed)
         self.task_types = _check_task_types(task_types)
         self.games_per_type = games_per_type
-        self.root = cache_root() / f"generated-v{GENERATOR_VERSION}" / f"seed{self.seed}" / "json_2.1.1" / split
+        if isinstance(version, bool) or version not in GENERATOR_VERSIONS:
+            raise ValueError(f"generator_version must be one of {GENERATOR_VERSIONS}, got {version!r}")
+        self.version = int(version)
+        self.root = cache_root() / f"generated-v{self.version}" / f"seed{self.seed}" / "json_2.1.1" / split
         self._ids = [f"{t}/{i:04d}" for t in self.task_types for i in range(games_per_type)]
         self._lock = threading.Lock()
-        self.identity = ("generated", GENERATOR_VERSION, self.seed, split, self.task_types, games_per_type)
+        self.identity = ("generated", self.version, self.seed, split, self.task_types, games_per_type)
 
     def task_ids(self) -> list[str]:
         return list(self._ids)
@@ -229,7 +236,7 @@ class GeneratedGames:
         return {
             "data_source": "bundled-generator",
             "generator": "bpo_envs.alfworld.generator",
-            "generator_version": GENERATOR_VERSION,
+            "generator_version": self.version,
             "generator_seed": self.seed,
             "games_per_type": self.games_per_type,
             "split": self.split,
@@ -246,7 +253,7 @@ class GeneratedGames:
                 pass  # a damaged cache entry is regenerated
         task_type, index = task_id.split("/", 1)
         with self._lock:
-            game, traj = make_verified_game(task_type, self.split, int(index), self.seed)
+            game, traj = make_verified_game(task_type, self.split, int(index), self.seed, self.version)
             _write_json(path.parent / TRAJ_FILE, traj)
             _write_json(path, game)
         return game
@@ -256,7 +263,9 @@ _VERIFIER: Any = None
 _VERIFIER_LOCK = threading.Lock()
 
 
-def make_verified_game(task_type: str, split: str, index: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+def make_verified_game(
+    task_type: str, split: str, index: int, seed: int = 0, version: int = GENERATOR_VERSION
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Generate game ``index`` and check it with the planner: not won at the start, and the
     planner's plan, played command by command, wins. Returns ``(game, traj_data)``."""
     from bpo_envs.alfworld.engine import AlfredEngine
@@ -268,11 +277,11 @@ def make_verified_game(task_type: str, split: str, index: int, seed: int = 0) ->
         engine = _VERIFIER
         for attempt in range(MAX_ATTEMPTS):
             try:
-                problem = generate_problem(task_type, split, index, seed, attempt)
+                problem = generate_problem(task_type, split, index, seed, attempt, version)
             except GenerationFailed:
                 continue
             game = problem.game()
-            engine.load(game, f"verify:{split}:{task_type}:{index}:{attempt}")
+            engine.load(game, f"verify:v{version}:{split}:{task_type}:{index}:{attempt}")
             if engine.won:
                 continue
             plan = engine.plan()
