@@ -12,10 +12,13 @@ Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every ra
   gradient of the whole batch (up to float summation order).
 * **Global meters.** Compute meters and per-tree statistics are all-reduced/gathered, so the
   logged row and the budget are those of the whole batch; checkpoints and logs come from rank 0.
-* **FSDP** when the model does not fit one GPU: :func:`shard_model` wraps the policy's model
-  with ``torch.distributed.fsdp.fully_shard`` (FSDP2). FSDP then reduce-scatters the gradients
-  itself (averaging), so the Trainer scales each rank's loss by ``N`` and skips
-  :func:`all_reduce_gradients`; docs/gpu.md lists when to use it.
+* **FSDP** when the model does not fit one GPU: :func:`shard_model` wraps a model with
+  ``torch.distributed.fsdp.fully_shard`` (FSDP2). It is not wired into the Trainer: a sharded
+  model's forward is a collective, so every rank would have to run the same number of forward
+  passes, while collection runs as many as its trees need. The path is generation on vLLM
+  (its own unsharded bf16 copy) and entropy from vLLM too, then the update on the sharded
+  model with each rank's loss scaled by ``N`` (FSDP averages its reduce-scatter) in place of
+  :func:`all_reduce_gradients`.
 
 Nothing here starts a process group by itself except :func:`init_from_env`, which does so only
 when ``WORLD_SIZE`` > 1 is set by a launcher.

@@ -54,7 +54,16 @@ def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_pa
     args = ["--smoke", "--out", str(out), "--envs", "webshop", "--seeds", "0", "1", "--updates", "2", "--no-progress"]
     results = compare.main(args)
     env = results["per_env"]["webshop"]
-    assert env["seeds"] == [0, 1] and env["eval_split"] == "held-out"
+    assert env["seeds"] == [0, 1] and env["eval_split"] == "test"
+    # the standard test goals (0-499), disjoint from the train split's; the data is named
+    data = env["data"]
+    assert data["train"]["split"] == "train" and data["eval"]["split"] == "test"
+    assert data["train"]["data_source"] == "bundled-generator" and data["eval"]["task_count"] == 500
+    assert data["train"]["search_actions"] == "instruction" and data["eval"]["tasks_used"] == 8
+    train_tasks, eval_tasks = task_split(PRESETS["smoke"].envs["webshop"])
+    assert all(t < 500 for t in eval_tasks) and all(t >= 1500 for t in train_tasks)
+    assert "Data: bundled generator `bpo_envs.webshop.generator`" in (out / "results.md").read_text()
+    assert "`test` tasks" in (out / "results.md").read_text()
     paired = env["bpo_vs_best_baseline"]
     assert paired["best_baseline"] in ("grpo", "rloo") and len(paired["success_diff_per_seed"]) == 2
     best = env["algorithms"][paired["best_baseline"]]
@@ -70,7 +79,7 @@ def test_preset_fields_per_env():
     preset = PRESETS["cpu"]
     assert preset.for_env("updates", "webshop") != preset.for_env("updates", "alfworld")
     assert preset.for_env("updates", "swebench") == Preset.__dataclass_fields__["updates"].default
-    assert task_split(preset.envs["alfworld"])[1] == task_split(preset.envs["alfworld"])[0]
+    assert preset.envs["alfworld"].eval_split == "valid_seen" and preset.envs["webshop"].eval_split == "test"
 
 
 def test_missing_logger_fails_before_training(tmp_path, monkeypatch):

@@ -26,6 +26,31 @@ def _number(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
+def _source(p: dict[str, Any]) -> str:
+    if p.get("data_source") == "bundled-generator":
+        return f"bundled generator `{p.get('generator')}` v{p.get('generator_version')}"
+    digest = p.get("files_sha256") or ""
+    return f"data `{p.get('data_dir')}` (sha256 {digest[:12]})"
+
+
+def data_line(data: dict[str, Any]) -> str:
+    """One sentence naming the data and splits behind an env's numbers."""
+    train, evals = data.get("train", {}), data.get("eval", {})
+    text = (
+        f"Data: {_source(train)}; trained on {train.get('tasks_used')} of the {train.get('task_count')} "
+        f"`{train.get('split')}` tasks, evaluated on {evals.get('tasks_used')} of the {evals.get('task_count')} "
+        f"`{evals.get('split')}` tasks"
+    )
+    if evals.get("eval_split") in ("held-out", "train"):
+        text += f" ({evals['eval_split']})"
+    if _source(evals) != _source(train):
+        text += f" from {_source(evals)}"
+    extras = [f"{k}={train[k]}" for k in ("search_actions", "goals", "noun_parser") if k in train]
+    if "reward" in train:
+        extras.append("reward " + ", ".join(f"{k}={v}" for k, v in train["reward"].items()))
+    return text + (f" ({'; '.join(extras)})." if extras else ".")
+
+
 def markdown(results: dict[str, Any]) -> str:
     unit = results["budget_unit"]
     algorithms = list(results["preset"].get("algorithms", ()))
@@ -33,7 +58,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"# {' vs '.join(a.upper() for a in algorithms) or 'Comparison'} at matched compute",
         "",
         f"Budget unit: `{unit}` per update; seeds {results['seeds']}; means with 95% t-intervals over seeds.",
-        "`success`: final policy, sampled, on held-out tasks (or on the train tasks where the env says so); "
+        "`success`: final policy, sampled, on each env's evaluation tasks (the split named in its heading and data line); "
         "`grad-norm var`: variance of the gradient norm over "
         "independent batches at the initial policy (same budget); `noise/signal`: tr Cov(g) / ||E g||^2 there "
         "(median over seeds; scale-free, so GRPO's std scaling does not count); `updates to target`: updates to reach the best "
@@ -49,6 +74,8 @@ def markdown(results: dict[str, Any]) -> str:
             "| noise/signal | updates to target |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        if er.get("data", {}).get("train", {}).get("data_source"):
+            lines[-2:-2] = [data_line(er["data"]), ""]
         for a, r in er["algorithms"].items():
             lines.append(
                 f"| {a} | {r['success']:.3f} ± {r['success_ci95']:.3f} | {r['compute'][unit]:.0f} | {r['budget_used_ratio']:.2f} "

@@ -10,7 +10,6 @@ result is cached in ``run.json`` so an interrupted comparison resumes.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import time
@@ -29,6 +28,7 @@ from bpo_algos.diagnostics import gradient_samples, variance_summary
 from bpo_algos.engine import EnvPool, RolloutEngine
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
+from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.trainer import Trainer, TrainerConfig
 
@@ -66,12 +66,20 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
+    from bpo_algos.policy.hf import max_new_tokens_for
+
+    options = {"max_new_tokens": max_new_tokens_for(setup.env_id)}
+    if preset.precision == "bf16":
+        options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = VLLMPolicy(
+            model, temperature=preset.temperature, lora=preset.lora, seed=seed,
+            max_model_len=preset.max_model_len or 4096, **options,
+        )
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=preset.max_model_len, **options)
     return warm_start(policy, preset, setup, tasks, seed)
 
 
@@ -121,28 +129,70 @@ def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     return lambda: gym.make(setup.env_id, **setup.kwargs)
 
 
+def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
+    """The envs the final policy is evaluated on: the training envs for ``"held-out"`` and
+    ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
+    if setup.eval_split in ("held-out", "train"):
+        return env_factory(setup)
+    kwargs = {**setup.kwargs, "split": setup.eval_split}
+    return lambda: gym.make(setup.env_id, **kwargs)
+
+
+def _shuffled_ids(make: Callable[[], gym.Env], seed: int = 12345) -> tuple[list[Any], dict[str, Any] | None]:
+    env = make()
+    try:
+        ids = list(env.unwrapped.task_ids())
+        provenance = getattr(env.unwrapped, "provenance", None)
+        info = provenance() if callable(provenance) else None
+    finally:
+        env.close()
+    rng = np.random.default_rng(seed)
+    return [ids[i] for i in rng.permutation(len(ids))], info
+
+
 def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
-    """Deterministic train and held-out eval tasks (the same for every algorithm and seed)."""
-    env = env_factory(setup)()
-    ids = list(env.unwrapped.task_ids())
-    env.close()
-    rng = np.random.default_rng(12345)
-    order = [ids[i] for i in rng.permutation(len(ids))]
+    """Deterministic train and eval tasks (the same for every algorithm and seed).
+
+    Train tasks: the first ``train_tasks`` of a fixed shuffle of the training env's tasks. Eval
+    tasks: ``"held-out"``: the next ``eval_tasks`` of that shuffle; ``"train"``: the first
+    ``eval_tasks`` train tasks; a split name: the first ``eval_tasks`` of a fixed shuffle of that
+    split's tasks (disjoint from training when the env's splits are).
+    """
+    train, eval_tasks, _ = _split_with_provenance(setup)
+    return train, eval_tasks
+
+
+def _split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    order, train_prov = _shuffled_ids(env_factory(setup))
     train = order[: setup.train_tasks]
     if setup.eval_split == "train":
-        return train, train[: setup.eval_tasks]
-    if setup.eval_split != "held-out":
-        raise ValueError(f"eval_split must be 'held-out' or 'train', got {setup.eval_split!r}")
-    held_out = order[setup.train_tasks :][: setup.eval_tasks]
-    if not held_out:
+        eval_tasks, eval_prov = train[: setup.eval_tasks], train_prov
+    elif setup.eval_split == "held-out":
+        eval_tasks, eval_prov = order[setup.train_tasks :][: setup.eval_tasks], train_prov
+        overlap = set(eval_tasks) & set(train)
+        if overlap:
+            raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
+    else:
+        # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
+        eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
+        eval_tasks = eval_order[: setup.eval_tasks]
+    if not eval_tasks:
         raise ValueError(
-            f"{setup.env_id}: no held-out evaluation task ({len(ids)} task(s), all {setup.train_tasks} used for training); "
-            "lower train_tasks or set eval_split='train'"
+            f"{setup.env_id}: no {setup.eval_split} evaluation task ({len(order)} training task(s), "
+            f"{setup.train_tasks} used for training); lower train_tasks or choose another eval_split"
         )
-    overlap = set(held_out) & set(train)
-    if overlap:
-        raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
-    return train, held_out
+    data = {
+        "train": {**(train_prov or {"env": setup.env_id}), "tasks_used": len(train)},
+        "eval": {**(eval_prov or {"env": setup.env_id}), "tasks_used": len(eval_tasks), "eval_split": setup.eval_split},
+    }
+    return train, eval_tasks, data
+
+
+def data_provenance(setup: EnvSetup) -> dict[str, Any]:
+    """What each env's results were made from: ``{"train": ..., "eval": ...}``, each the env's
+    ``provenance()`` (data source, split, task count; see :mod:`bpo_envs.provenance`) plus
+    ``tasks_used``, the tasks the main job drew from it."""
+    return _split_with_provenance(setup)[2]
 
 
 class _Episode:
@@ -185,6 +235,18 @@ def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
     return out / "runs" / env / algorithm / f"seed{seed}"
 
 
+def _initial_weights(initial: Any) -> InitialWeights | None:
+    """The initial weights of an LLM policy, saved on its first run (then restored in place per
+    run instead of deep-copying the model, or a vLLM engine); None for small policies."""
+    if not reusable(initial):
+        return None
+    saved = getattr(initial, "_initial_weights", None)
+    if saved is None:
+        saved = InitialWeights(initial)
+        initial._initial_weights = saved
+    return saved
+
+
 def run_one(
     out: Path,
     preset: Preset,
@@ -203,8 +265,9 @@ def run_one(
         return json.loads(done.read_text())
     setup = preset.envs[env_name]
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    separate_eval = setup.eval_split not in ("held-out", "train")
     budget = Budget(preset.budget_unit, preset.budget[env_name])
-    policy = copy.deepcopy(initial)
+    policy = fresh_copy(initial, _initial_weights(initial))
     start = time.perf_counter()
     try:
         # gradient variance at the initial policy, the same measurement for every algorithm
@@ -230,8 +293,14 @@ def run_one(
             wandb_group=preset.wandb_group,
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
             save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
+            precision=preset.precision,
+            micro_batch_tokens=preset.micro_batch_tokens,
+            gradient_checkpointing=preset.gradient_checkpointing,
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
+        if separate_eval:  # another split: its own envs (task ids are per split)
+            pool.close()
+            pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
         final_success = evaluate(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
     finally:
         pool.close()
