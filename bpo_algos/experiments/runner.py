@@ -66,12 +66,13 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
+    extra = {"max_new_tokens": preset.max_new_tokens} if preset.max_new_tokens else {}
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, **extra)
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, **extra)
     return warm_start(policy, preset, setup, tasks, seed)
 
 
