@@ -64,7 +64,7 @@ def test_cpu_swe_preset_end_to_end(tmp_path):
     text = json.dumps(results)
     assert "swebench" in text and (out / "results.md").exists()
     runs = list(out.glob("runs/swebench/*/seed0/run.json"))
-    assert len(runs) == 3  # bpo, grpo, rloo
+    assert len(runs) == 2  # bpo, grpo
     for run in runs:
         data = json.loads(run.read_text())
         assert data, run

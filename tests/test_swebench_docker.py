@@ -6,6 +6,7 @@ tests skip, saying why, when either is missing. Every container they start is re
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -18,7 +19,7 @@ pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gy
 docker = pytest.importorskip("docker", reason="needs docker-py: pip install 'bpo-gym[swe]'")
 
 from bpo_envs.swebench import SWEBenchEnv, bundled_instances  # noqa: E402
-from bpo_envs.swebench.docker_backend import DEFAULT_IMAGE  # noqa: E402
+from bpo_envs.swebench.docker_backend import DEFAULT_IMAGE, OWNER_LABEL  # noqa: E402
 
 
 def _daemon_problem() -> str | None:
@@ -40,8 +41,9 @@ IDS = [row["instance_id"] for row in bundled_instances()]
 
 
 def _our_containers():
+    # only this process's: other test runs may share the engine
     client = docker.from_env()
-    return client.containers.list(all=True, filters={"label": "bpo-gym=swebench"})
+    return client.containers.list(all=True, filters={"label": f"{OWNER_LABEL}={os.getpid()}"})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,7 +53,8 @@ def no_leftover_containers():
     for c in leftovers:
         c.remove(force=True)
     assert not leftovers, f"containers left running: {[c.name for c in leftovers]}"
-    images = docker.from_env().images.list("bpo-gym/swebench-snapshot")
+    images = docker.from_env().images.list("bpo-gym/swebench-snapshot",
+                                           filters={"label": f"{OWNER_LABEL}={os.getpid()}"})
     assert not images, f"snapshot images left behind: {[i.tags for i in images]}"
 
 

@@ -158,18 +158,23 @@ def test_cannot_see_host_processes_or_write_outside(env):
 
 
 def test_hidden_test_patch_not_readable():
-    # the whole visible filesystem is searched (the bound Python prefixes hold GBs of packages),
-    # so this one command gets minutes, not the module's 8 s; -I skips binary files early
-    env = gym.make("BPO-SWEBench-v0", step_timeout=600, **{**LIMITS, "cpu_seconds": 600})
+    # its own env: searching the whole filesystem outlasts the 8 s step of the others on a busy host
+    env = gym.make("BPO-SWEBench-v0", step_timeout=120)
     try:
         env.reset(options={"task_id": TASK})
         row = env.unwrapped.instance()
         marker = [t.split("::")[1] for t in row["FAIL_TO_PASS"]][0]
-        obs, _ = _step(env, f"grep -rlI {marker} / 2>/dev/null | grep -v '^/proc' | head; echo done")
+        # every file but the read-only system trees shared with the host (/usr, the Python
+        # install: gigabytes of torch to read on a busy host)
+        obs, info = _step(env, "p=$(python -c 'import sys; print(sys.base_prefix)'); "
+                               "v=$(python -c 'import sys; print(sys.prefix)'); "
+                               "find / \\( -path /proc -o -path /sys -o -path /dev -o -path /usr -o -path \"$p\" "
+                               "-o -path \"$v\" \\) -prune -o -type f -print0 2>/dev/null "
+                               f"| xargs -0 grep -l {marker} 2>/dev/null | head; echo done")
+        assert not info["timed_out"] and "done" in obs
+        assert marker not in obs.replace(f"grep -l {marker}", "")
     finally:
         env.close()
-    assert "done" in obs, obs
-    assert marker not in obs.replace(f"grep -rlI {marker}", "")
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -147,6 +147,35 @@ def test_env_prompt_formats():
             env.close()
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_failed_grading_explains_itself():
+    pytest.importorskip("swebench")
+    from bpo_envs.swebench import SWEBenchEnv, bundled_instances
+
+    row = bundled_instances()[0]
+    broken = {**row, "version": row["version"] + "-broken", "test_cmd": "no_such_test_runner -rA"}
+    env = SWEBenchEnv(instances=[broken])
+    try:
+        env.reset()
+        for action in env.expert_actions():
+            obs, reward, terminated, _, info = env.step(action)
+        assert terminated and reward == 0.0 and info["pass_to_pass"] == 0.0
+        assert "no_such_test_runner" in info["test_output"] and "not found" in info["test_output"]
+        assert "did not run" in info["grading_hint"] and "grading hint" in obs
+        env.reset()
+        *_, info = env.step("submit")  # the same broken command says so for an empty patch too
+        assert "grading_hint" in info
+    finally:
+        env.close()
+    good = SWEBenchEnv(instances=[row])
+    try:
+        good.reset()
+        *_, info = good.step("submit")  # unresolved, but the tests ran: no hint
+        assert info["pass_to_pass"] == 1.0 and "grading_hint" not in info and info["test_output"]
+    finally:
+        good.close()
+
+
 @pytest.mark.parametrize("kwargs, word", [
     ({"prompt": "swe-agent"}, "prompt"), ({"grading_network": "yes"}, "grading_network"),
     ({"grade_on_truncation": 1}, "grade_on_truncation"), ({"images_dir": "/tmp"}, "images_dir"),

@@ -67,6 +67,8 @@ class Preset:
     """Behaviour-cloning epochs on the env experts' trajectories of the train tasks."""
     sft_lr: float = 1e-3
     temperature: float = 1.0
+    max_new_tokens: int | None = None
+    """The longest answer an LLM policy generates (None: the policy's default)."""
     lora: bool = False
     vllm: bool = False
     pool_size: int = 4
@@ -161,11 +163,12 @@ PRESETS: dict[str, Preset] = {
     # updates, so the path runs in CI (a few minutes). `--swe-backend docker` runs it in Docker.
     "cpu-swe": Preset(
         envs={"swebench": EnvSetup(
-            "BPO-SWEBench-v0", {"max_episode_steps": 3, "step_timeout": 15.0, "eval_timeout": 120.0},
+            "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0},
             train_tasks=3, eval_tasks=3, eval_split="train",
         )},
         policy="tiny",
-        budget={"swebench": 9},
+        algorithms=("bpo", "grpo"),
+        budget={"swebench": 4},
         seeds=(0,),
         updates=2,
         group_size=2,
@@ -174,7 +177,8 @@ PRESETS: dict[str, Preset] = {
         learning_rate=1e-4,
         optimizer="adamw",
         max_grad_norm=1.0,
-        sft_epochs=2,
+        max_new_tokens=24,
+        sft_epochs=1,
         grad_batches=2,
         eval_episodes=1,
         pool_size=4,

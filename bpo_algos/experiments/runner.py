@@ -68,7 +68,8 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     torch.manual_seed(seed)
     from bpo_algos.policy.hf import max_new_tokens_for
 
-    options = {"max_new_tokens": max_new_tokens_for(setup.env_id)}
+    # the preset's figure where it sets one, else the env's default (SWE-bench needs long edits)
+    options = {"max_new_tokens": preset.max_new_tokens or max_new_tokens_for(setup.env_id)}
     if preset.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
     if preset.vllm:

@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
 SNAPSHOT_REPO = "bpo-gym/swebench-snapshot"
 BASH_ENV = "/root/.bashrc"
+OWNER_LABEL = "bpo-gym.pid"
+"""Label of every container (and so of every snapshot image) with the pid of the process that
+made it: several processes may share one engine, and each cleans up only its own."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -201,7 +204,7 @@ class DockerBackend:
         return self.client.containers.run(
             image, ["sleep", "infinity"], detach=True, init=True,
             network_mode=None if network else "none",
-            working_dir="/testbed", labels={"bpo-gym": "swebench"},
+            working_dir="/testbed", labels={"bpo-gym": "swebench", OWNER_LABEL: str(os.getpid())},
             pids_limit=lim.max_processes, mem_limit=lim.memory_bytes,
             memswap_limit=lim.memory_bytes, ulimits=[fsize],
         )

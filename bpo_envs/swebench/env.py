@@ -130,7 +130,9 @@ class SWEBenchEnv(SnapshotEnv):
             container's ``pids_limit``).
         max_file_bytes: the largest file a command may write.
         disk_quota_bytes: local backend: how much ``/testbed`` may grow over the initial checkout
-            (a command leaving it larger is undone) and the size of ``/tmp`` and ``/dev/shm``.
+            (a command leaving it larger is undone) and the size of ``/tmp`` and ``/dev/shm``;
+            docker: how much the container may write since its last reset or restore (a command
+            going past it is killed).
             See ``bpo_envs.swebench.local`` for where each limit is enforced.
         docker_image: for ``backend="docker"``, the image rows without ``image`` are built on
             (the local image made by ``scripts/setup/swebench.sh``) when they carry
