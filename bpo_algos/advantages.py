@@ -467,7 +467,8 @@ def _leaf_returns(tree: RolloutTree) -> list[tuple[Edge, float]]:
     return out
 
 
-def _groups_by_task(trees: Sequence[RolloutTree]) -> list[list[int]]:
+def groups_by_task(trees: Sequence[RolloutTree]) -> list[list[int]]:
+    """Tree indices grouped by task id, in order of first appearance."""
     groups: dict[Any, list[int]] = {}
     for i, tree in enumerate(trees):
         groups.setdefault(repr(tree.task_id), []).append(i)
@@ -497,7 +498,7 @@ def tree_grpo_advantages(
     as when every leaf's path is its own row). Biased by the std divisions, as published.
     """
     trees = as_batch(trees)
-    forests = [list(g) for g in groups] if groups is not None else _groups_by_task(trees)
+    forests = [list(g) for g in groups] if groups is not None else groups_by_task(trees)
     for forest in forests:
         leaves = [_leaf_returns(trees[i]) for i in forest]
         if not any(leaves):
