@@ -4,7 +4,7 @@ from bpo_algos.advantages import estimate_advantages, register_advantage, regist
 from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.bpo import BPO
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
-from bpo_algos.engine import EnvPool, RolloutEngine
+from bpo_algos.engine import EnvFailureError, EnvPool, RolloutEngine
 from bpo_algos.policy import Action, Context, Policy, TabularPolicy, TextScorerPolicy
 from bpo_algos.registry import make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.trainer import Trainer, TrainerConfig
@@ -26,6 +26,7 @@ __all__ = [
     "ComputeMeter",
     "Context",
     "Edge",
+    "EnvFailureError",
     "EnvPool",
     "Node",
     "Policy",

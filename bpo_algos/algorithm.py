@@ -16,9 +16,9 @@ import torch
 
 from bpo_algos.advantages import estimate_advantages
 from bpo_algos.checks import check_count
-from bpo_algos.compute import Budget, ComputeMeter
+from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
-from bpo_algos.losses import AGGREGATIONS, policy_loss
+from bpo_algos.losses import AGGREGATIONS, loss_normaliser, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
 from bpo_algos.tree import Edge, RolloutTree
 
@@ -66,11 +66,87 @@ class Batch:
     def mask(self) -> torch.Tensor:
         return action_mask(self.steps)
 
+    def shape_stats(self) -> dict[str, float]:
+        """How the batch branched, averaged over its trees.
+
+        ``branch_points_per_tree`` (inner branch nodes, :attr:`RolloutTree.branch_points`),
+        ``leaves_per_tree``, ``branch_depth_mean`` (mean depth of the inner branch nodes; None
+        when there are none) and ``steps_scored`` (decision entropies computed in the batch).
+        """
+        n = max(len(self.trees), 1)
+        depths = [node.depth for t in self.trees for node in t.branch_nodes() if node is not t.root]
+        return {
+            "branch_points_per_tree": sum(t.branch_points for t in self.trees) / n,
+            "leaves_per_tree": sum(len(t.leaf_edges()) for t in self.trees) / n,
+            "branch_depth_mean": float(np.mean(depths)) if depths else None,
+            "steps_scored": len(self.entropies),
+        }
+
+    def subset(self, indices: Sequence[int]) -> Batch:
+        """The steps at ``indices`` as a batch over the same trees (a micro-batch of this one)."""
+        idx = list(indices)
+        ref = None
+        if self.ref_logprobs is not None:
+            width = max((len(self.steps[i].action.token_ids) for i in idx), default=0)
+            ref = self.ref_logprobs[idx, :width]
+        return Batch(
+            self.algorithm,
+            self.trees,
+            self.compute,
+            self.entropies,
+            steps=[self.steps[i] for i in idx],
+            tree_index=[self.tree_index[i] for i in idx],
+            ref_logprobs=ref,
+        )
+
+    def micro_batches(self, max_tokens: int | None) -> list[list[int]]:
+        """Consecutive step indices in groups of at most ``max_tokens`` tokens (prompt + action)
+        each; a step longer than that is a group of its own. None: one group of every step."""
+        if max_tokens is None:
+            return [list(range(len(self.steps)))] if self.steps else []
+        groups: list[list[int]] = []
+        current: list[int] = []
+        used = 0
+        for i, step in enumerate(self.steps):
+            cost = step_tokens(step)
+            if current and used + cost > max_tokens:
+                groups.append(current)
+                current, used = [], 0
+            current.append(i)
+            used += cost
+        if current:
+            groups.append(current)
+        return groups
+
     def sampled_entropy(self) -> float:
         """Mean ``-log pi(a|h)`` of the sampled actions: a Monte Carlo estimate of the entropy."""
         if not self.steps:
             return 0.0
         return float(np.mean([-e.action.logprob for e in self.steps]))
+
+
+def merge_batches(parts: Sequence[Batch]) -> Batch:
+    """One batch of the trees of ``parts`` in order (compute added, ref log-probs stacked)."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    compute = ComputeMeter()
+    trees: list[RolloutTree] = []
+    entropies: list[float] = []
+    for part in parts:
+        compute.add(part.compute)
+        trees.extend(part.trees)
+        entropies.extend(part.entropies)
+    merged = Batch(parts[0].algorithm, trees, compute, entropies)
+    refs = [p.ref_logprobs for p in parts if p.ref_logprobs is not None]
+    if refs:
+        width = max(r.shape[1] for r in refs)
+        merged.ref_logprobs = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in refs])
+    return merged
+
+
+def step_tokens(step: Edge) -> int:
+    """Tokens a training forward pass of ``step`` runs: its prompt and its action."""
+    return len(step.action.prompt_token_ids) + len(step.action.token_ids)
 
 
 class Algorithm:
@@ -114,6 +190,8 @@ class Algorithm:
         self.max_parallel_trees = max_parallel_trees
         self._rng = np.random.default_rng(seed)
         self.last_loss_stats: dict[str, float] = {}
+        self._tree_costs: dict[str, list[float]] = {}
+        """Per-tree cost of the last batch in every unit (the budget's estimate for the next)."""
 
     # ---- topology (the engine calls these) ---------------------------------------------
     root_branches: int = 1
@@ -152,45 +230,70 @@ class Algorithm:
         env_fns: Sequence[EnvFn] | EnvPool,
         tasks: Sequence[Any],
         budget: Budget | dict[str, Any] | tuple[str, float] | None = None,
+        *,
+        seed: int | None = None,
+        finish: bool = True,
     ) -> Batch:
-        """Build one tree per task (tasks cycled while ``budget`` remains) and score the steps."""
+        """Build one tree per task (tasks cycled while ``budget`` remains) and score the steps.
+
+        ``seed`` fixes the engine's reset seeds for this call (data-parallel training seeds
+        each tree by its index in the update, so the trees do not depend on the rank that
+        builds them); ``finish=False`` skips :meth:`end_batch` (the caller runs it once on the
+        whole, possibly all-gathered, batch)."""
         budget = Budget.parse(budget)
+        engine_seed = int(self._rng.integers(2**31 - 1)) if seed is None else int(seed)
         pool = env_fns if isinstance(env_fns, EnvPool) else EnvPool(env_fns)
         try:
             engine = RolloutEngine(
                 pool,
                 max_parallel_trees=self.max_parallel_trees,
-                seed=int(self._rng.integers(2**31 - 1)),
+                seed=engine_seed,
             )
-            result = engine.run(policy, self, self.engine_tasks(tasks), budget)
+            prior = self._tree_costs.get(budget.unit) if budget is not None else None
+            result = engine.run(policy, self, self.engine_tasks(tasks), budget, prior_costs=prior)
         finally:
             if not isinstance(env_fns, EnvPool):
                 pool.close()
+        if result.trees:
+            self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
+        for tree in result.trees:
+            tree.algorithm = self.name
         self.compute_advantages(result.trees)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.kl_coef:
             with torch.no_grad():
                 batch.ref_logprobs = policy.reference_token_logprobs(batch.steps)
-        self.end_batch(batch)
+        if finish:
+            self.end_batch(batch)
         return batch
 
-    def loss(self, policy: Policy, batch: Batch) -> torch.Tensor:
-        """Clipped surrogate (+ k3 KL) over ``batch``, aggregated as configured."""
+    def loss_normaliser(self, batch: Batch) -> float:
+        """This batch's share of the loss denominator (``losses.loss_normaliser``); the sum over
+        micro-batches and data-parallel ranks is the whole batch's."""
+        return loss_normaliser(batch.mask(), batch.weights(), self.aggregation, batch.n_trees)
+
+    def loss(self, policy: Policy, batch: Batch, *, normaliser: float | None = None) -> torch.Tensor:
+        """Clipped surrogate (+ k3 KL) over ``batch``, aggregated as configured.
+
+        Every tensor of the batch is moved to the device of the policy's log-probs.
+        ``normaliser`` is the whole batch's denominator when ``batch`` is one micro-batch
+        (:meth:`backward`); the statistics in ``last_loss_stats`` are those of these steps."""
         if not batch.steps:
             raise ValueError("empty batch: nothing to learn from")
         logp = policy.token_logprobs(batch.steps)
-        old = batch.old_logprobs()
-        mask = batch.mask()
+        device = logp.device
+        old = batch.old_logprobs().to(device)
+        mask = batch.mask().to(device)
         width = max(logp.shape[1], old.shape[1], mask.shape[1])
         logp, old, mask = (torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in (logp, old, mask))
         ref = batch.ref_logprobs
         if ref is not None:
-            ref = torch.nn.functional.pad(ref, (0, width - ref.shape[1]))
+            ref = torch.nn.functional.pad(ref.to(device), (0, width - ref.shape[1]))
         loss, stats = policy_loss(
             logp,
             old,
-            batch.advantages(),
-            batch.weights(),
+            batch.advantages().to(device),
+            batch.weights().to(device),
             mask,
             n_trees=batch.n_trees,
             aggregation=self.aggregation,
@@ -198,16 +301,60 @@ class Algorithm:
             clip_high=self.clip_eps_high,
             ref_logp=ref,
             kl_coef=self.kl_coef,
+            normaliser=normaliser,
         )
         self.last_loss_stats = stats
         return loss
 
+    def backward(
+        self,
+        policy: Policy,
+        batch: Batch,
+        *,
+        micro_batch_tokens: int | None = None,
+        normaliser: float | None = None,
+        scale: float = 1.0,
+    ) -> float:
+        """Accumulate ``scale x d loss / d theta`` into ``.grad``, one micro-batch at a time.
+
+        Each micro-batch (at most ``micro_batch_tokens`` prompt + action tokens, see
+        :meth:`Batch.micro_batches`) is scored and back-propagated before the next, so only one
+        micro-batch's activations are alive; all are divided by one denominator ``normaliser``
+        (default: this batch's, :meth:`loss_normaliser`), so the accumulated gradient is the
+        one-batch gradient. Returns the loss value; ``last_loss_stats`` are token-weighted means
+        over the micro-batches."""
+        if not batch.steps:
+            raise ValueError("empty batch: nothing to learn from")
+        shared = type(self).loss is Algorithm.loss
+        if not shared and (micro_batch_tokens is not None or normaliser is not None):
+            raise TypeError(
+                f"{type(self).__name__} overrides loss(); micro-batching and data-parallel "
+                "normalisation need the shared loss (accept and apply normaliser=)"
+            )
+        z = self.loss_normaliser(batch) if normaliser is None else normaliser
+        groups = batch.micro_batches(micro_batch_tokens)
+        total = 0.0
+        sums: dict[str, float] = {}
+        tokens = 0.0
+        for group in groups:
+            part = batch if len(groups) == 1 else batch.subset(group)
+            loss = self.loss(policy, part, normaliser=z) if shared else self.loss(policy, part)
+            (loss * scale).backward()
+            total += float("nan") if loss.is_meta else float(loss.detach())
+            n_tok = float(sum(len(s.action.token_ids) for s in part.steps))
+            tokens += n_tok
+            for key, value in self.last_loss_stats.items():
+                sums[key] = sums.get(key, 0.0) + value * n_tok
+        self.last_loss_stats = {k: v / max(tokens, 1.0) for k, v in sums.items()}
+        return total
+
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self._rng.bit_generator.state}
+        return {"rng": self._rng.bit_generator.state, "tree_costs": self._tree_costs}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state["rng"]
+        self._tree_costs = dict(state.get("tree_costs", {}))
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments, for logs."""

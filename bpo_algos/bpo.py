@@ -10,10 +10,16 @@ points per path; forked siblings branch again only while their nesting level is 
 Unbiasedness (docs/unbiasedness.md, rules 1-4):
 
 1. The branch decision at ``h`` uses only ``H(pi(.|h))``, computed before any action is
-   sampled at ``h``, the path's own branch count (part of ``h``) and a threshold fixed from
+   sampled at ``h``, the path's own branch count (part of ``h``), a threshold fixed from
    *earlier* batches (``entropy_quantile`` of the decision entropies seen in the previous
    ``threshold_window`` batches; ``0`` before the first batch: branch wherever the policy is not
-   deterministic).
+   deterministic) and independent randomness: an entropy *at* an adaptive threshold (a tie,
+   common where many decision points share one entropy, e.g. a uniform policy) branches with
+   probability ``p``, drawn from BPO's own generator, with ``p`` set from the same earlier
+   batches so that a fraction ``1 - entropy_quantile`` of their decisions would branch. The
+   draw uses nothing of the action sampled at ``h`` or of what follows, so rule 1 holds
+   (docs/unbiasedness.md, rules 1 and 6); a strict ``>`` would stop branching altogether where
+   the quantile sits on a shared value.
 2. Siblings are i.i.d. samples, never deduplicated.
 3. Weights: a step's weight is ``prod 1/K_b`` over the branch nodes above it (root: ``1/K0``).
 4. Advantage: ``A_t = G_k(t) - mean_{j != k} G_j`` from the nearest branch node
@@ -40,6 +46,13 @@ from bpo_algos.checks import check_count
 from bpo_algos.engine import PathState
 from bpo_algos.registry import register_algorithm
 
+SCORING = ("all", "eligible")
+
+
+def _ties(entropy: Any, threshold: float) -> Any:
+    """Whether ``entropy`` equals ``threshold`` up to float noise (elementwise for arrays)."""
+    return np.isclose(entropy, threshold, rtol=1e-9, atol=1e-12)
+
 
 class BPO(AnchoredBaselineMixin, Algorithm):
     """Branching Policy Optimization.
@@ -54,6 +67,15 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         max_branch_points: ``M``, branch points per path.
         max_depth: nesting levels of branching (1 = forked siblings do not branch again).
         threshold_window: earlier batches whose entropies set the adaptive threshold.
+        scoring: where the decision entropy is computed. ``"all"`` (default): at every decision
+            point of a path that may branch at all (nesting level below ``max_depth``), also
+            after it has used its ``M`` branch points, so the adaptive threshold's sample is
+            every such decision. ``"eligible"``: only where the path can still branch (fewer
+            than ``M`` branch points so far), which saves the scoring passes after the ``M``-th
+            branch point (for an LLM: a forward pass over the prompt and every candidate per
+            step); the threshold's sample is then the eligible decisions only, which lie earlier
+            in the episode (before each path's ``M``-th branch point), so the quantile describes
+            the decisions it is applied to. Either way it uses earlier batches only (rule 1).
         baseline: ``"tree"`` (rule 4), ``"anchored"`` or ``"anchored+history"`` (rule 6; see
             :mod:`bpo_algos.baseline_choice`).
         anchor_key: ``key(tree, node) -> hashable`` for the anchored baselines (default: the
@@ -73,6 +95,7 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         max_branch_points: int = 1,
         max_depth: int = 1,
         threshold_window: int = 2,
+        scoring: str = "all",
         baseline: str = "tree",
         anchor_key: AnchorKey | None = None,
         history_window: int = 4,
@@ -94,26 +117,53 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         self.max_branch_points = check_count("max_branch_points", max_branch_points, 0)
         self.max_depth = check_count("max_depth", max_depth, 1)
         self.threshold_window = check_count("threshold_window", threshold_window, 1)
+        if scoring not in SCORING:
+            raise ValueError(f"scoring must be one of {SCORING}, got {scoring!r}")
+        self.scoring = scoring
         self.entropy_threshold = entropy_threshold
         self.entropy_quantile = float(entropy_quantile)
         self._history: deque[list[float]] = deque(maxlen=self.threshold_window)
         self.threshold = 0.0 if entropy_threshold is None else float(entropy_threshold)
         """The threshold in force for the next batch."""
+        self.tie_probability = 0.0
+        """Probability of branching at an entropy equal to the adaptive threshold (0 when fixed)."""
+        self._tie_rng = np.random.default_rng([int(kwargs.get("seed", 0)), 0x7E5])
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]
         return self.backbones
 
     def wants_entropy(self, path: PathState) -> bool:
-        # entropies are also recorded past the M-th branch point (for the adaptive threshold)
-        return path.level < self.max_depth and self.max_branch_points > 0
+        if path.level >= self.max_depth or self.max_branch_points == 0:
+            return False
+        # "all": also past the M-th branch point, for the adaptive threshold's sample
+        return self.scoring == "all" or path.branch_points < self.max_branch_points
 
     def fork_count(self, path: PathState, entropy: float | None) -> int:
-        if path.level >= self.max_depth or path.branch_points >= self.max_branch_points:
+        if path.level >= self.max_depth or path.branch_points >= self.max_branch_points or entropy is None:
             return 1
-        if entropy is None or not entropy > self.threshold:
-            return 1
-        return self.siblings
+        if _ties(entropy, self.threshold):
+            # independent randomness (rule 1): nothing of the action at this decision point
+            branch = self.tie_probability > 0 and self._tie_rng.random() < self.tie_probability
+        else:
+            branch = entropy > self.threshold
+        return self.siblings if branch else 1
+
+    def tree_prior(self, step_limit: int) -> dict[str, float]:
+        """A tree's cost if it branches at every chance (the first batch's threshold is 0) and
+        every path runs to ``step_limit``: the budget's estimate before any tree is measured."""
+
+        def path(start: int, level: int) -> tuple[float, float]:
+            steps, leaves = float(step_limit - start), 1.0
+            if level < self.max_depth:
+                for depth in range(start + 1, min(start + self.max_branch_points, step_limit - 1) + 1):
+                    s, n = path(depth, level + 1)
+                    steps += (self.siblings - 1) * s
+                    leaves += (self.siblings - 1) * n
+            return steps, leaves
+
+        steps, leaves = path(0, 0)
+        return {"env_steps": self.backbones * steps, "leaves": self.backbones * leaves}
 
     def end_batch(self, batch: Batch) -> None:
         self.baseline_choice.end_batch(batch.trees)
@@ -122,12 +172,19 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         self._history.append(list(batch.entropies))
         pooled = np.concatenate([np.asarray(h) for h in self._history])
         self.threshold = float(np.quantile(pooled, self.entropy_quantile))
+        tied = _ties(pooled, self.threshold)
+        above = float(np.mean((pooled > self.threshold) & ~tied))
+        share = float(np.mean(tied))
+        # branch a fraction 1 - q of these decisions: all above, and ties with probability p
+        self.tie_probability = min(max((1.0 - self.entropy_quantile - above) / share, 0.0), 1.0) if share else 0.0
 
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(),
             "threshold": self.threshold,
             "history": list(self._history),
+            "tie_probability": self.tie_probability,
+            "tie_rng": self._tie_rng.bit_generator.state,
             "baseline": self.baseline_choice.state_dict(),
         }
 
@@ -135,6 +192,9 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         super().load_state_dict(state)
         self.threshold = state["threshold"]
         self._history = deque(state["history"], maxlen=self.threshold_window)
+        self.tie_probability = state.get("tie_probability", 0.0)
+        if "tie_rng" in state:
+            self._tie_rng.bit_generator.state = state["tie_rng"]
         self.baseline_choice.load_state_dict(state.get("baseline", {}))
 
     def config(self) -> dict[str, Any]:
@@ -146,6 +206,7 @@ class BPO(AnchoredBaselineMixin, Algorithm):
             "entropy_quantile": self.entropy_quantile,
             "max_branch_points": self.max_branch_points,
             "max_depth": self.max_depth,
+            "scoring": self.scoring,
             **self.baseline_choice.config(),
         }
 

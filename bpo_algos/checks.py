@@ -1,17 +1,13 @@
-"""Argument checks shared by the engine, the algorithms and the policies."""
+"""Argument checks shared by the engine, the algorithms and the policies (one implementation,
+in the env layer, so both layers use the same check)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from bpo_envs.args import check_count
 
-
-def check_count(name: str, value: Any, low: int = 1) -> int:
-    """``value`` as an int, or a ValueError naming ``name`` unless it is an int >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
+__all__ = ["add_named", "check_count"]
 
 
 def add_named(table: dict[str, Any], kind: str, name: str, fn: Any, *, overwrite: bool = False) -> None:

@@ -6,19 +6,30 @@ can fix one unit for all algorithms and report the others.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import numpy as np
+
 COMPUTE_UNITS: tuple[str, ...] = (
     "env_steps",
+    "replay_steps",
     "restores",
     "snapshots",
     "leaves",
     "gen_tokens",
     "prefill_tokens",
+    "score_tokens",
+    "policy_tokens",
     "policy_calls",
     "seconds",
 )
+"""Units a :class:`Budget` can be set in (every one is a :class:`ComputeMeter` field)."""
+
+DERIVED_UNITS: tuple[str, ...] = ("policy_tokens",)
+"""Meter values computed from the others (in :meth:`ComputeMeter.to_dict`, not constructor
+arguments)."""
 
 
 @dataclass
@@ -26,32 +37,52 @@ class ComputeMeter:
     """What a tree or batch cost.
 
     Attributes:
-        env_steps: ``env.step`` calls (replays done by a ReplaySnapshot restore not included).
+        env_steps: every ``env.step`` the collection causes: the steps of the rollouts, the
+            steps a ``ReplaySnapshot`` restore replays and the steps the engine replays to
+            rebuild a path after a failure.
+        replay_steps: the part of ``env_steps`` spent re-reaching a state rather than
+            exploring (``ReplaySnapshot`` restores, rebuilds after failures).
         restores: snapshot restores (each fork onto an env costs one).
         snapshots: snapshots taken (branch points and the root).
         leaves: finished episodes (terminated or truncated paths).
         gen_tokens: tokens of sampled actions (a tabular action is one token).
-        prefill_tokens: prompt tokens the policy processed (counted once per context when a
-            policy shares the prefix among the samples of that context).
+        prefill_tokens: prompt tokens the policy processed to generate (counted once per
+            context when a policy shares the prefix among the samples of that context).
+        score_tokens: tokens of decision-entropy (scoring) passes: the prompt and every
+            candidate action scored, kept apart from generation's prefill. A prompt whose
+            cache a scoring pass fills and generation then reuses is counted here only.
         policy_calls: batched calls to ``sample`` / ``decision_entropy``.
-        seconds: wall-clock seconds.
+        seconds: time. A batch's is the wall clock of its collection (policy, env and engine
+            time); a tree's is the policy and env time spent on it, each batched call's time
+            shared among the paths it served, so the trees of a batch add up to about the
+            batch's time however many ran at once.
         resets: ``env.reset`` calls (one per tree root, plus rebuilds after a failure).
         failures: env or worker errors the engine handled (a step, restore, snapshot or reset
-            that raised, or a dead Ray actor); see :mod:`bpo_algos.engine`.
+            that raised, or a dead Ray actor); see :mod:`bpo_algos.recovery`.
         dropped_steps: env steps of paths dropped after failures (already in ``env_steps``).
+
+    ``policy_tokens`` (derived) = ``gen_tokens + prefill_tokens + score_tokens``: every token a
+    policy forward pass processed, what a GPU pays for.
     """
 
     env_steps: int = 0
+    replay_steps: int = 0
     restores: int = 0
     snapshots: int = 0
     leaves: int = 0
     gen_tokens: int = 0
     prefill_tokens: int = 0
+    score_tokens: int = 0
     policy_calls: int = 0
     seconds: float = 0.0
     resets: int = 0
     failures: int = 0
     dropped_steps: int = 0
+
+    @property
+    def policy_tokens(self) -> int:
+        """``gen_tokens + prefill_tokens + score_tokens``."""
+        return self.gen_tokens + self.prefill_tokens + self.score_tokens
 
     def __add__(self, other: ComputeMeter) -> ComputeMeter:
         return ComputeMeter(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -73,15 +104,66 @@ class ComputeMeter:
         return getattr(self, unit)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field plus the derived ``policy_tokens``."""
+        return {**asdict(self), "policy_tokens": self.policy_tokens}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ComputeMeter:
+        """The inverse of :meth:`to_dict` (derived values dropped; fields missing from an older
+        record are 0)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(values) - names - set(DERIVED_UNITS)
+        if unknown:
+            raise ValueError(f"unknown compute meter field(s) {sorted(unknown)}")
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def should_start(amount: float, spent: float, open_costs: Sequence[float], known_costs: Sequence[float], z: float = 3.0) -> bool:
+    """The budget's start rule: start another tree when the batch is expected to end closer to
+    the budget with it, allowing for what the trees in flight may still cost.
+
+    ``spent`` is what the batch has used, ``open_costs`` what each started-but-unfinished tree
+    has used so far, ``known_costs`` measured costs of whole trees (the previous batch's, or
+    the trees already finished, or a prior). An open tree that has cost ``c`` is expected to
+    cost the mean of the known costs above ``c`` (``c`` itself when none is above), with their
+    variance. With ``end`` the expected total of the batch with the new tree and ``sd`` the
+    standard deviation of what the open trees still cost (their spread, plus the error of the
+    estimated mean, which is shared by them and the new tree), the tree starts when
+
+        ``end - mean / 2 + z * sd <= amount``
+
+    i.e. when the batch then ends, in expectation, nearer the budget than without it (the
+    ``mean / 2``), with ``z`` standard deviations to spare: trees started together reveal their
+    costs only later, so without the margin a batch with ``n`` trees in flight overshoots by
+    the sum of their deviations (about ``sqrt(n)`` trees' spread). The margin holds part of
+    the budget back until running trees finish and the uncertainty shrinks.
+    """
+    if not known_costs:
+        raise ValueError("should_start needs at least one known tree cost")
+    known = np.asarray(known_costs, dtype=float)
+    mean = float(known.mean())
+    spread = float(known.var(ddof=1)) if known.size > 1 else 0.0
+    # the new tree's own spread is no risk beyond one tree's cost; the open trees' spreads add up
+    end, variance = spent + mean, 0.0
+    for c in open_costs:
+        above = known[known > c]
+        if above.size:
+            end += float(above.mean()) - c
+            variance += float(above.var(ddof=1)) if above.size > 1 else 0.0
+    # the means are estimated from the same sample: their error adds up over the open trees
+    variance += (len(open_costs) + 1) ** 2 * spread / known.size
+    return end - mean / 2 + z * variance**0.5 <= amount
 
 
 class Budget:
-    """A per-batch budget: collection starts no new tree once ``amount`` of ``unit`` is spent.
+    """A per-batch budget in one compute unit.
 
-    ``Budget("env_steps", 512)`` or ``Budget(env_steps=512)``. A tree in progress is always
-    finished (cutting it would bias the estimate); the engine starts another tree only while the
-    batch is expected to end closer to the budget with it, and reports what was used.
+    ``Budget("env_steps", 512)``, ``Budget(env_steps=512)`` or ``Budget("policy_tokens", 2e6)``.
+    A tree in progress is always finished (cutting it would bias the estimate); the engine
+    starts another tree only while the batch is expected to end closer to the budget with it
+    (:func:`should_start`), counting every started tree at its expected cost, so a batch ends
+    within about half a tree's cost of the budget whatever ``max_parallel_trees`` and the pool
+    size; the meters report what was used.
     """
 
     __slots__ = ("unit", "amount")

@@ -12,6 +12,15 @@ Aggregations (``m`` is the action-token mask, ``T`` the number of trees):
 * ``seq-mean-token-mean``: ``sum_s w_s mean_t(l) / sum_s w_s``
 * ``step-sum``: ``(1/T) sum_s w_s sum_t l`` — at ratio 1, no KL, ``backward()`` gives minus the
   algorithm's policy-gradient estimate ``(1/T) sum_s w_s A_s grad log pi(a_s | h_s)``.
+
+Every aggregation is a sum over steps divided by a batch-level normaliser ``Z``
+(:func:`loss_normaliser`: ``sum w m``, ``sum w`` or ``T``). Computing ``Z`` once over the whole
+batch (all micro-batches, all data-parallel ranks) and passing it as ``normaliser=`` makes the
+sum of the micro-batch losses (and of their gradients) equal the one-batch loss: that is what
+bounds training memory by one micro-batch without changing the gradient.
+
+Every tensor is moved to ``logp``'s device (the policy's), so a CUDA policy meets CPU-built
+advantages, weights and masks without a device error.
 """
 
 from __future__ import annotations
@@ -21,9 +30,14 @@ import torch
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "step-sum")
 
 
+def _scalar(value: torch.Tensor) -> float:
+    """A logged statistic as a float (NaN on the ``meta`` device, which holds no values)."""
+    return float("nan") if value.is_meta else float(value)
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi || ref), per token (non-negative, unbiased)."""
-    log_ratio = ref_logp - logp
+    log_ratio = ref_logp.to(logp.device) - logp
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
@@ -35,25 +49,60 @@ def clipped_surrogate(
     clip_high: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO loss ``-min(r A, clip(r) A)`` and the 0/1 clipped indicator."""
-    ratio = torch.exp(logp - old_logp)
-    adv = advantages[:, None]
+    ratio = torch.exp(logp - old_logp.to(logp.device))
+    adv = advantages.to(logp.device)[:, None]
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     loss = -torch.minimum(unclipped, clipped)
     return loss, (clipped < unclipped).float()
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor, mode: str, n_trees: int) -> torch.Tensor:
-    """Reduce ``[n_steps, n_tokens]`` per-token losses to a scalar (see module docstring)."""
+def _check_mode(mode: str) -> None:
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+def loss_normaliser(mask: torch.Tensor, weights: torch.Tensor, mode: str, n_trees: int) -> float:
+    """The denominator ``Z`` of ``mode`` over these steps: ``sum w m`` (token-mean),
+    ``sum w`` (seq-mean-token-mean) or the number of trees (step-sum).
+
+    For micro-batches or data-parallel ranks, sum the per-part values of the first two (and
+    the trees) and pass the total to :func:`aggregate` as ``normaliser``."""
+    _check_mode(mode)
+    if mode == "token-mean":
+        return float((mask * weights.to(mask.device)[:, None]).sum())
+    if mode == "seq-mean-token-mean":
+        return float(weights.sum())
+    return float(n_trees)
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor,
+    mode: str,
+    n_trees: int,
+    normaliser: float | None = None,
+) -> torch.Tensor:
+    """Reduce ``[n_steps, n_tokens]`` per-token losses to a scalar (see module docstring).
+
+    ``normaliser`` replaces the denominator computed from these steps (a whole-batch ``Z``
+    from :func:`loss_normaliser` when these steps are one micro-batch of it)."""
+    _check_mode(mode)
+    device = per_token.device
+    mask, weights = mask.to(device), weights.to(device)
     w = weights[:, None]
     if mode == "token-mean":
-        return (per_token * mask * w).sum() / (mask * w).sum().clamp_min(1e-12)
-    if mode == "seq-mean-token-mean":
+        numerator = (per_token * mask * w).sum()
+        denom = (mask * w).sum().clamp_min(1e-12) if normaliser is None else max(normaliser, 1e-12)
+    elif mode == "seq-mean-token-mean":
         per_step = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
-        return (per_step * weights).sum() / weights.sum().clamp_min(1e-12)
-    if mode == "step-sum":
-        return (per_token * mask * w).sum() / max(n_trees, 1)
-    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+        numerator = (per_step * weights).sum()
+        denom = weights.sum().clamp_min(1e-12) if normaliser is None else max(normaliser, 1e-12)
+    else:
+        numerator = (per_token * mask * w).sum()
+        denom = max(n_trees, 1) if normaliser is None else max(normaliser, 1.0)
+    return numerator / denom
 
 
 def policy_loss(
@@ -69,8 +118,14 @@ def policy_loss(
     clip_high: float | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The full loss and its diagnostics (clip fraction, KL, approx. KL to the old policy)."""
+    """The full loss and its diagnostics (clip fraction, KL, approx. KL to the old policy).
+
+    ``normaliser``: the whole batch's ``Z`` (:func:`loss_normaliser`) when these tensors are
+    one micro-batch; the statistics are means over these steps' tokens."""
+    mask = mask.to(logp.device)
+    old_logp = old_logp.to(logp.device)
     per_token, clipped = clipped_surrogate(
         logp, old_logp, advantages, clip_low, clip_low if clip_high is None else clip_high
     )
@@ -80,9 +135,9 @@ def policy_loss(
             raise ValueError("kl_coef > 0 needs reference log-probs")
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + kl_coef * kl
-        stats["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1.0))
-    loss = aggregate(per_token, mask, weights, aggregation, n_trees)
+        stats["kl_ref"] = _scalar((kl.detach() * mask).sum() / mask.sum().clamp_min(1.0))
+    loss = aggregate(per_token, mask, weights, aggregation, n_trees, normaliser)
     denom = mask.sum().clamp_min(1.0)
-    stats["clip_frac"] = float((clipped * mask).sum() / denom)
-    stats["approx_kl_old"] = float((((old_logp - logp).detach()) * mask).sum() / denom)
+    stats["clip_frac"] = _scalar((clipped * mask).sum() / denom)
+    stats["approx_kl_old"] = _scalar((((old_logp - logp).detach()) * mask).sum() / denom)
     return loss, stats

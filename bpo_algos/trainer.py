@@ -3,9 +3,18 @@
 Per update it draws tasks with its own seeded generator (so every algorithm sees the same task
 sequence for the same seed), collects a batch within the budget, takes ``epochs`` optimizer
 steps on the algorithm's loss, and appends one JSON line to ``out_dir/metrics.jsonl``: success
-rate, mean return, loss, gradient norm (before clipping), entropy, the compute meter of the
-batch and the running total. TensorBoard and W&B receive the same scalars when asked for and
+rate, mean return, loss, gradient norm (before clipping), entropy, how the trees branched
+(:meth:`~bpo_algos.algorithm.Batch.shape_stats`), the compute meter of the batch and the
+running total. TensorBoard and W&B receive the same scalars when asked for and
 installed.
+
+Scale (the README's GPU section): ``device`` places the policy; ``precision="bf16"`` computes in
+bfloat16 under autocast while the optimizer updates fp32 master weights (an AdamW step of 1e-6
+on a bf16 weight rounds away); ``micro_batch_tokens`` back-propagates the loss one micro-batch at
+a time with the whole batch's normaliser (the same gradient, memory bounded by a micro-batch);
+``gradient_checkpointing`` asks the policy to recompute activations. Under ``torchrun`` the same
+code trains data-parallel (:mod:`bpo_algos.distributed`): trees split across ranks and seeded
+per tree, one global normaliser, gradients summed, meters all-reduced, files from rank 0.
 
 Checkpoints (``out_dir/checkpoint.pt``: policy, optimizer, RNG states, algorithm state such as
 BPO's adaptive threshold, the metrics so far) are written atomically after each update, so a run
@@ -14,24 +23,31 @@ killed at any moment resumes (``resume=True``) losing at most the update in prog
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from bpo_algos.algorithm import Algorithm, Batch
+from bpo_algos import distributed as dp
+from bpo_algos.algorithm import Algorithm, Batch, merge_batches
 from bpo_algos.compute import Budget, ComputeMeter
 from bpo_algos.engine import EnvFn, EnvPool
 from bpo_algos.policy.base import Policy
+from bpo_algos.tree import save_trees
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+DEVICES = ("auto", "cuda", "cpu")
+PRECISIONS = ("fp32", "bf16")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +73,21 @@ class TrainerConfig:
         wandb_group: the W&B group (e.g. one comparison), so its runs are read together.
         wandb_config: the run's configuration shown in W&B (e.g. the preset).
         progress: show a progress bar.
+        save_trees_every: every this many updates (and at the last), save the batch's rollout
+            trees to ``out_dir/trees/updateNNNNN.json.gz`` (0: never); ``bpo-trees`` draws them.
+        device: ``auto`` (the policy's own device: where it was loaded, CPU for a policy with
+            no parameters yet), ``cuda`` (``cuda:LOCAL_RANK`` under torchrun) or ``cpu``; the
+            policy is moved there.
+        precision: ``fp32``, or ``bf16``: bfloat16 compute (autocast) with fp32 master weights
+            (trainable parameters held in fp32 are what the optimizer updates).
+        micro_batch_tokens: back-propagate at most this many prompt + action tokens at once
+            (None: the whole batch in one backward).
+        gradient_checkpointing: have the policy recompute activations in the backward pass
+            (``policy.enable_gradient_checkpointing()``; an error when the policy has none).
+        seed_per_tree: seed the policy and the engine per tree (by update and tree index)
+            instead of per batch; trees are then collected one by one. None: on exactly when
+            data-parallel, which is what makes N ranks reproduce one process (set it True on
+            the one process to compare).
     """
 
     updates: int = 50
@@ -77,6 +108,12 @@ class TrainerConfig:
     wandb_group: str | None = None
     wandb_config: dict[str, Any] | None = None
     progress: bool = False
+    save_trees_every: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    micro_batch_tokens: int | None = None
+    gradient_checkpointing: bool = False
+    seed_per_tree: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("updates", "tasks_per_update", "epochs"):
@@ -91,8 +128,55 @@ class TrainerConfig:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if isinstance(self.save_trees_every, bool) or not isinstance(self.save_trees_every, int) or self.save_trees_every < 0:
+            raise ValueError(f"save_trees_every must be an int >= 0, got {self.save_trees_every!r}")
+        if self.device not in DEVICES and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be one of {DEVICES} (or cuda:N), got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.micro_batch_tokens is not None and (
+            isinstance(self.micro_batch_tokens, bool) or not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1
+        ):
+            raise ValueError(f"micro_batch_tokens must be an int >= 1 or None, got {self.micro_batch_tokens!r}")
         self.budget = Budget.parse(self.budget)
 
+
+def policy_device(policy: Any) -> torch.device:
+    """Where ``policy`` computes: its ``device`` attribute, else its first parameter's device,
+    else the CPU."""
+    device = getattr(policy, "device", None)
+    if device is not None:
+        return torch.device(device)
+    if isinstance(policy, torch.nn.Module):
+        for p in policy.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+def resolve_device(name: str, policy: Any) -> torch.device:
+    """The device ``TrainerConfig.device`` names for ``policy`` (see :class:`TrainerConfig`)."""
+    if name == "auto":
+        return policy_device(policy)
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={name!r} but CUDA is not available (torch.cuda.is_available() is False)")
+    if name == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if dp.is_distributed() else torch.cuda.current_device())
+    return torch.device(name)
+
+
+def upcast_trainable(parameters: Sequence[torch.nn.Parameter]) -> int:
+    """Hold trainable parameters in fp32 (master weights), in place; returns how many changed.
+
+    A bf16 weight ``w`` cannot move by less than about ``|w| / 256``: an lr-1e-6 step leaves most
+    weights unchanged. In fp32 the step lands, and autocast still runs the matmuls in bf16."""
+    changed = 0
+    for p in parameters:
+        if p.dtype in (torch.bfloat16, torch.float16):
+            p.data = p.data.float()
+            changed += 1
+    return changed
 
 def gradient_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
     """L2 norm of all gradients together."""
@@ -136,6 +220,19 @@ class Trainer:
         self.pool = env_fns if isinstance(env_fns, EnvPool) else EnvPool(env_fns)
         self.tasks = list(tasks)
         self.config = config or TrainerConfig()
+        dp.init_from_env()
+        self.rank, self.world_size = dp.rank(), dp.world_size()
+        self.seed_per_tree = self.config.seed_per_tree if self.config.seed_per_tree is not None else self.world_size > 1
+        self.device = resolve_device(self.config.device, policy)
+        if policy_device(policy) != self.device:
+            policy.to(self.device)
+        if self.config.precision == "bf16":
+            upcast_trainable(self._trainable())
+        if self.config.gradient_checkpointing:
+            enable = getattr(policy, "enable_gradient_checkpointing", None)
+            if not callable(enable):
+                raise TypeError(f"gradient_checkpointing=True but {type(policy).__name__} has no enable_gradient_checkpointing()")
+            enable()
         self.update = 0
         self.history: list[dict[str, Any]] = []
         self.total_compute = ComputeMeter()
@@ -144,17 +241,24 @@ class Trainer:
         torch.manual_seed(self.config.seed)
         if hasattr(policy, "seed"):
             policy.seed(self.config.seed)
+        if self.world_size > 1:
+            dp.broadcast_parameters(policy)
         self.optimizer = self._make_optimizer()
-        self.out_dir = Path(self.config.out_dir) if self.config.out_dir is not None else None
+        # every rank keeps the history; only rank 0 writes files
+        self.out_dir = Path(self.config.out_dir) if self.config.out_dir is not None and self.rank == 0 else None
+        self._resume_dir = Path(self.config.out_dir) if self.config.out_dir is not None else None
         self._writers: list[Any] = []
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            if self.config.resume and (self.out_dir / "checkpoint.pt").exists():
-                self.load_checkpoint(self.out_dir / "checkpoint.pt")
-            elif (self.out_dir / "metrics.jsonl").exists():
+        dp.barrier()
+        if self._resume_dir is not None and self.config.resume and (self._resume_dir / "checkpoint.pt").exists():
+            self.load_checkpoint(self._resume_dir / "checkpoint.pt")  # every rank: the same state
+        elif self.out_dir is not None:
+            if (self.out_dir / "metrics.jsonl").exists():
                 # rows without a checkpoint: a run killed during its first update, or an old run
                 # this one replaces; either way they are not part of this run's history
                 _atomic_write(self.out_dir / "metrics.jsonl", lambda fh: None)
+        dp.barrier()
 
     # ---- optimizer -----------------------------------------------------------------------
     def _trainable(self) -> list[torch.nn.Parameter]:
@@ -186,34 +290,130 @@ class Trainer:
         idx = self._rng.choice(len(self.tasks), size=k, replace=len(self.tasks) < k)
         return [self.tasks[int(i)] for i in idx]
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.config.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def _collect(self, tasks: list[Any]) -> Batch:
+        """This rank's trees of the update (all of them on one process)."""
+        budget = self.config.budget
+        if budget is not None and self.world_size > 1:
+            budget = Budget(budget.unit, budget.amount / self.world_size)
+        own = dp.shard_indices(len(tasks), self.rank, self.world_size)
+        if not self.seed_per_tree:
+            return self.algorithm.collect(self.policy, self.pool, [tasks[i] for i in own], budget)
+        parts: list[Batch] = []
+        spent = 0.0
+        index = iter(own) if budget is None else (self.rank + k * self.world_size for k in range(1 << 30))
+        for i in index:
+            if budget is not None and spent >= budget.amount:
+                break
+            seed = dp.tree_seed(self.config.seed, self.update, i)
+            if hasattr(self.policy, "seed"):
+                self.policy.seed(seed)
+            part = self.algorithm.collect(self.policy, self.pool, [tasks[i % len(tasks)]], None, seed=seed, finish=False)
+            parts.append(part)
+            if budget is not None:
+                spent += part.compute.get(budget.unit)
+        batch = merge_batches(parts)
+        self.algorithm.end_batch(self._global_entropies(batch, [len(p.entropies) for p in parts], own))
+        return batch
+
+    def _global_entropies(self, batch: Batch, counts: list[int], own: list[int]) -> Batch:
+        """A batch carrying every rank's decision entropies in tree order (for adaptive state)."""
+        if self.world_size == 1:
+            return batch
+        mine, start = [], 0
+        for i, c in zip(own, counts, strict=False):
+            mine.append((i, batch.entropies[start : start + c]))
+            start += c
+        pieces = sorted((item for part in dp.all_gather_objects(mine) for item in part), key=lambda t: t[0])
+        return Batch(batch.algorithm, [], batch.compute, [e for _, es in pieces for e in es])
+
     def step(self) -> dict[str, Any]:
         """Collect one batch and update the policy on it. Returns the logged row."""
         start = time.perf_counter()
         tasks = self.draw_tasks()
         if isinstance(self.policy, torch.nn.Module):
             self.policy.eval()
-        batch = self.algorithm.collect(self.policy, self.pool, tasks, self.config.budget)
+        with self._autocast():
+            batch = self._collect(tasks)
         self.policy.train()
+        cfg = self.config
+        distributed = self.world_size > 1
+        plain = cfg.micro_batch_tokens is None and not distributed
         losses, norms = [], []
-        for _ in range(self.config.epochs):
+        for _ in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.algorithm.loss(self.policy, batch)
-            loss.backward()
+            with self._autocast():
+                if plain:
+                    loss = self.algorithm.loss(self.policy, batch)
+                    loss.backward()
+                    loss_value = float(loss.detach())
+                else:
+                    z_local = self.algorithm.loss_normaliser(batch) if batch.steps else 0.0
+                    trees_local = float(batch.n_trees)
+                    z, n_trees = dp.all_reduce_sum([z_local, trees_local])
+                    if self.algorithm.aggregation == "step-sum":
+                        z = n_trees
+                    loss_value = (
+                        self.algorithm.backward(self.policy, batch, micro_batch_tokens=cfg.micro_batch_tokens, normaliser=z)
+                        if batch.steps
+                        else 0.0
+                    )
             self._sync_optimizer()
             params = self._trainable()
+            if distributed:
+                dp.check_same_parameters(params)
+                dp.all_reduce_gradients(params)
+                (loss_value,) = dp.all_reduce_sum([loss_value])
             norms.append(gradient_norm(params))
-            if self.config.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+            if cfg.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             self.optimizer.step()
-            losses.append(float(loss.detach()))
+            losses.append(loss_value)
         self.update += 1
-        self.total_compute.add(batch.compute)
+        compute = self._global_compute(batch.compute) if distributed else batch.compute
+        self.total_compute.add(compute)
         row = self._row(batch, losses, norms, time.perf_counter() - start)
+        if distributed:
+            row.update(self._global_row(batch, compute))
         self.history.append(row)
         self._log(row)
+        every = self.config.save_trees_every
+        if self.out_dir is not None and every and (self.update % every == 0 or self.update == self.config.updates):
+            save_trees(batch.trees, self.out_dir / "trees" / f"update{self.update:05d}.json.gz")
         if self.out_dir is not None and self.config.checkpoint_every and self.update % self.config.checkpoint_every == 0:
             self.save_checkpoint(self.out_dir / "checkpoint.pt")
+        dp.barrier()
         return row
+
+    @staticmethod
+    def _global_compute(meter: ComputeMeter) -> ComputeMeter:
+        names = [f.name for f in fields(meter)]
+        summed = dp.all_reduce_sum([getattr(meter, n) for n in names])
+        return ComputeMeter(**{n: (int(v) if isinstance(getattr(meter, n), int) else v) for n, v in zip(names, summed, strict=True)})
+
+    @staticmethod
+    def _global_row(batch: Batch, compute: ComputeMeter) -> dict[str, Any]:
+        """The row's batch statistics over every rank's trees (means over trees and steps)."""
+        success = sum(t.success_rate() for t in batch.trees)
+        returns = sum(t.mean_return() for t in batch.trees)
+        neg_lp = sum(-e.action.logprob for e in batch.steps)
+        ent = sum(batch.entropies)
+        n_trees, n_steps, s, r, lp, e_sum, n_ent = dp.all_reduce_sum(
+            [batch.n_trees, len(batch.steps), success, returns, neg_lp, ent, len(batch.entropies)]
+        )
+        return {
+            "success": s / max(n_trees, 1),
+            "return": r / max(n_trees, 1),
+            "entropy": lp / n_steps if n_steps else 0.0,
+            "decision_entropy": e_sum / n_ent if n_ent else None,
+            "n_trees": int(n_trees),
+            "n_steps": int(n_steps),
+            "compute": compute.to_dict(),
+        }
 
     def train(self) -> list[dict[str, Any]]:
         """Run the remaining updates (all of them, or what a resumed run has left)."""
@@ -250,6 +450,7 @@ class Trainer:
             "decision_entropy": float(np.mean(batch.entropies)) if batch.entropies else None,
             "n_trees": batch.n_trees,
             "n_steps": len(batch.steps),
+            **batch.shape_stats(),
             "compute": batch.compute.to_dict(),
             "compute_total": self.total_compute.to_dict(),
             "seconds": seconds,
@@ -343,7 +544,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         self.update = state["update"]
         self.history = list(state["history"])
-        self.total_compute = ComputeMeter(**state["total_compute"])
+        self.total_compute = ComputeMeter.from_dict(state["total_compute"])
         if self.out_dir is not None:
             # rows logged after the checkpoint belong to an update that will be redone
             lines = "".join(json.dumps(row) + "\n" for row in self.history)

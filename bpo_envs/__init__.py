@@ -19,7 +19,7 @@ from bpo_envs.core import (
     snapshot,
 )
 from bpo_envs.registration import ENV_IDS, register_envs
-from bpo_envs.replay import ReplayDivergenceError, ReplaySnapshot
+from bpo_envs.replay import ReplayDivergenceError, ReplaySnapshot, replayed_steps
 from bpo_envs.text import TEXT_CHARSET, to_observation
 from bpo_envs.tree_mdp import TreeMDPEnv
 
@@ -41,6 +41,7 @@ __all__ = [
     "TEXT_CHARSET",
     "TreeMDPEnv",
     "check_snapshot",
+    "replayed_steps",
     "restore",
     "snapshot",
     "to_observation",

@@ -21,7 +21,7 @@ restoring onto another actor moves the snapshot's ``portable()`` bytes actor to 
 the Ray object store (never through the driver). ``step_many`` runs the steps of different
 actors concurrently (an actor runs its own envs' steps in turn).
 
-The pool keeps the local :class:`~bpo_algos.engine.EnvPool`'s slot bookkeeping (which slot
+The pool keeps the local :class:`~bpo_envs.pool.EnvPool`'s slot bookkeeping (which slot
 ``acquire`` lends, ``prefer`` when it is free), so the engine's schedule, and with it the batch
 for given seeds, is the same as with a local pool of as many envs. Placement follows from it:
 the engine prefers to restore a sibling onto the env that took its snapshot, and an env
@@ -33,7 +33,7 @@ back with ``release(env, failed=True)``: the pool remakes the env on its actor w
 is alive, and otherwise starts a new actor in its place (``max_actor_restarts`` times per
 actor; after that its slots are retired). Snapshots held by a dead actor are gone: restoring
 one raises :class:`~bpo_envs.core.SnapshotError`, and the engine rebuilds the path from an
-older snapshot or the root by replay (see :mod:`bpo_algos.engine`).
+older snapshot or the root by replay (see :mod:`bpo_algos.recovery`).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from bpo_algos.engine import EnvPool, StepResult
 from bpo_envs.core import Snapshot, SnapshotError, SnapshotReleasedError, decode_portable
+from bpo_envs.pool import EnvPool, StepResult
 
 try:
     import ray
@@ -107,16 +107,23 @@ class EnvHost:
         self._snaps[sid] = snap
         return sid, snap.kind
 
-    def restore(self, slot: int, sid: int) -> None:
+    def restore(self, slot: int, sid: int) -> int:
+        """Restore in place; returns the env steps the restore replayed."""
         import bpo_envs
 
-        bpo_envs.restore(self._env(slot), self._snap(sid))
+        env = self._env(slot)
+        before = bpo_envs.replayed_steps(env)
+        bpo_envs.restore(env, self._snap(sid))
+        return bpo_envs.replayed_steps(env) - before
 
-    def restore_bytes(self, slot: int, blob: bytes) -> int:
+    def restore_bytes(self, slot: int, blob: bytes) -> tuple[int, int]:
+        """Restore from portable bytes; returns (bytes moved, env steps replayed)."""
         import bpo_envs
 
-        bpo_envs.restore(self._env(slot), blob)
-        return len(blob)
+        env = self._env(slot)
+        before = bpo_envs.replayed_steps(env)
+        bpo_envs.restore(env, blob)
+        return len(blob), bpo_envs.replayed_steps(env) - before
 
     def portable(self, sid: int) -> bytes:
         return self._snap(sid).portable()
@@ -199,6 +206,8 @@ class RemoteEnv:
         self.slot = slot
         self.host = host
         self._spaces: tuple[gym.Space, gym.Space] | None = None
+        self.replayed_steps = 0
+        """Env steps replayed by this proxy's restores on its actor (read by the engine's meter)."""
 
     def _get(self, ref: Any) -> Any:
         return ray.get(ref, timeout=self.pool.timeout_s)
@@ -220,7 +229,7 @@ class RemoteEnv:
             if snapshot.released:
                 raise SnapshotReleasedError("this snapshot was released; take a new one")
             if snapshot.host is self.host:
-                self._get(actor.restore.remote(self.slot, snapshot.sid))
+                self.replayed_steps += self._get(actor.restore.remote(self.slot, snapshot.sid))
                 self.pool.stats["local_restores"] += 1
                 return
             if not snapshot.host.alive:
@@ -233,7 +242,8 @@ class RemoteEnv:
             blob = bytes(snapshot)
         else:
             raise TypeError(f"restore() takes a Snapshot or portable bytes, not {type(snapshot).__name__}")
-        moved = self._get(actor.restore_bytes.remote(self.slot, blob))
+        moved, replayed = self._get(actor.restore_bytes.remote(self.slot, blob))
+        self.replayed_steps += replayed
         self.pool.stats["moved_restores"] += 1
         self.pool.stats["moved_bytes"] += moved
 
@@ -272,7 +282,7 @@ class RayEnvPool(EnvPool):
         max_actor_restarts: new actors started in place of one that died (per actor).
         timeout_s: seconds to wait for any remote call (None: no limit); a step that takes
             longer counts as a failure and its actor is killed and restarted.
-        retries, max_failures: the engine's failure handling (see :mod:`bpo_algos.engine`).
+        retries, max_failures: the engine's failure handling (see :mod:`bpo_algos.recovery`).
     """
 
     def __init__(

@@ -6,7 +6,9 @@ the actions and checks the digest: an env that is not deterministic raises
 :class:`ReplayDivergenceError` instead of silently landing in another state.
 
 It is the fallback for envs without native snapshots and the baseline that native snapshots are
-measured against: a restore costs one reset plus one step per recorded action.
+measured against: a restore costs one reset plus one step per recorded action. The wrapper
+counts those steps (``replayed_steps``) and :func:`replayed_steps` reads the count through any
+wrappers, so the rollout engine meters them as the env steps they are.
 """
 
 from __future__ import annotations
@@ -104,3 +106,18 @@ class ReplaySnapshot(SnapshotSupport, gym.Wrapper, gym.utils.RecordConstructorAr
         self._reset_kwargs = state.reset_kwargs
         self._actions = list(state.actions)
         self._digest = digest
+
+
+def replayed_steps(env: Any) -> int:
+    """Env steps replayed by restores so far in ``env``, summed over its wrapper layers.
+
+    Every layer that keeps its own ``replayed_steps`` count (a :class:`ReplaySnapshot`, or a
+    proxy such as :class:`bpo_envs.distributed.RemoteEnv` that reports its host's) adds it.
+    Read from each layer's own attributes, so a count is never seen twice through a wrapper.
+    """
+    total = 0
+    layer = env
+    while layer is not None:
+        total += int(vars(layer).get("replayed_steps", 0) or 0)
+        layer = layer.env if isinstance(layer, gym.Wrapper) else None
+    return total

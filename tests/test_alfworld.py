@@ -247,13 +247,16 @@ def test_missing_and_malformed_games_name_the_path(data_dir: Path, tmp_path: Pat
     bad = tmp_path / "json_2.1.1" / "train" / "pick_and_place_simple-Mug-None-Desk-301" / "trial_x"
     bad.mkdir(parents=True)
     (bad / "game.tw-pddl").write_text("{not json")
-    env = ALFWorldEnv(data_dir=tmp_path, split="train")
+    # the listing reads every game (for its solvable mark), so a bad one is named at once
     with pytest.raises(ValueError, match=r"malformed ALFWorld game file .*trial_x/game\.tw-pddl"):
-        env.reset(seed=0)
+        ALFWorldEnv(data_dir=tmp_path, split="train")
     (bad / "game.tw-pddl").write_text(json.dumps({"pddl_domain": "x"}))
     with pytest.raises(ValueError, match=r"trial_x/game\.tw-pddl: missing or non-text \['grammar', 'pddl_problem'\]"):
-        env.reset(seed=0)
-    (bad / "game.tw-pddl").unlink()
+        ALFWorldEnv(data_dir=tmp_path / "json_2.1.1", split="train")
+    good = json.loads((data_dir / "json_2.1.1" / "valid_seen" / TASK_DIR / TRIAL / "game.tw-pddl").read_text())
+    (bad / "game.tw-pddl").write_text(json.dumps(good))
+    env = ALFWorldEnv(data_dir=tmp_path / "json_2.1.1" / "..", split="train")
+    (bad / "game.tw-pddl").unlink()  # gone after listing: named at reset
     with pytest.raises(FileNotFoundError, match=r"trial_x/game\.tw-pddl"):
         env.reset(seed=0)
     with pytest.raises(ValueError, match="split must be one of"):
@@ -359,3 +362,133 @@ def test_translation_cache_is_bounded_in_bytes(env: gym.Env, monkeypatch: pytest
     finally:
         other.close()
         _upstream.clear_translation_cache()
+
+
+# ---- data discovery, solvable games, rewards, provenance ------------------------------------
+def _copy_game(data_dir: Path, dest: Path, split: str, trial: str, **game_changes: object) -> None:
+    src = data_dir / "json_2.1.1" / "valid_seen" / TASK_DIR / TRIAL
+    out = dest / "json_2.1.1" / split / TASK_DIR / trial
+    out.mkdir(parents=True)
+    game = json.loads((src / "game.tw-pddl").read_text())
+    game.update(game_changes)
+    for key in [k for k, v in game_changes.items() if v is None]:
+        game.pop(key)
+    (out / "game.tw-pddl").write_text(json.dumps(game))
+    (out / "traj_data.json").write_text((src / "traj_data.json").read_text())
+
+
+def test_data_found_as_upstream_finds_it(data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    import logging
+
+    home = tmp_path / "home"
+    _copy_game(data_dir, home / ".cache" / "alfworld", "valid_seen", "trial_home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    caplog.set_level(logging.INFO, logger="bpo_envs.alfworld")
+    env = ALFWorldEnv(split="valid_seen")  # ~/.cache/alfworld, with no $ALFWORLD_DATA
+    assert env.task_ids() == [f"{TASK_DIR}/trial_home"] and env.data_source == "~/.cache/alfworld"
+    _, info = env.reset(seed=0)
+    assert info["data_source"] == "~/.cache/alfworld"
+    assert "~/.cache/alfworld" in caplog.text
+    # $ALFWORLD_DATA comes before the home folder, data_dir= before both
+    monkeypatch.setenv("ALFWORLD_DATA", str(data_dir))
+    assert ALFWorldEnv(split="valid_seen").task_ids() == [f"{TASK_DIR}/{TRIAL}"]
+    assert ALFWorldEnv(split="valid_seen").data_source == "$ALFWORLD_DATA"
+    explicit = ALFWorldEnv(data_dir=home / ".cache" / "alfworld", split="valid_seen")
+    assert explicit.data_source == "data_dir" and explicit.task_ids() == [f"{TASK_DIR}/trial_home"]
+    # a $ALFWORLD_DATA without the split is logged and passed over; nothing anywhere: generated
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("HOME", str(tmp_path / "nohome"))
+    caplog.clear()
+    gen = ALFWorldEnv(split="valid_seen", games_per_type=1)
+    assert gen.data_source == "generated" and "has no json_2.1.1/valid_seen" in caplog.text
+    assert "generated games" in caplog.text
+
+
+def test_only_solvable_games_are_listed(data_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    _copy_game(data_dir, root, "train", "trial_ok")
+    _copy_game(data_dir, root, "train", "trial_unsolvable", solvable=False)
+    _copy_game(data_dir, root, "train", "trial_unchecked", solvable=None)  # no key: upstream skips it
+    env = ALFWorldEnv(data_dir=root, split="train")
+    assert env.task_ids() == [f"{TASK_DIR}/trial_ok"]
+    p = env.provenance()
+    assert p["skipped_unsolvable"] == 2 and p["task_count"] == 1 and p["data_source"] == "data_dir"
+    assert p["found_via"] == "data_dir" and len(p["files_sha256"]) == 64 and p["split"] == "train"
+    with pytest.raises(ValueError, match="unknown task_id"):
+        env.reset(options={"task_id": f"{TASK_DIR}/trial_unsolvable"})
+
+
+def test_reward_settings_verl_agent(data_dir: Path) -> None:
+    from bpo_envs.alfworld import VERL_AGENT_REWARD
+
+    env = ALFWorldEnv(data_dir=data_dir, split="valid_seen", **VERL_AGENT_REWARD)
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("fly to the moon")
+    assert info["invalid_action"] and reward == -0.1 and not terminated
+    rewards = [env.step(c)[1] for c in env.expert_actions()]
+    assert rewards[-1] == 10.0 and all(r == 0.0 for r in rewards[:-1])
+    bpo_envs.check_snapshot(env, seed=2, steps=8)
+    plain = ALFWorldEnv(data_dir=data_dir, split="valid_seen")
+    plain.reset(seed=0)
+    with pytest.raises(bpo_envs.SnapshotKindError):
+        plain.restore(env.snapshot())
+    with pytest.raises(ValueError, match="reward_mode"):
+        ALFWorldEnv(data_dir=data_dir, split="valid_seen", reward_mode="dense")
+
+
+def test_generated_provenance_and_split_disjointness(env: gym.Env) -> None:
+    p = env.unwrapped.provenance()
+    assert p["data_source"] == "bundled-generator" and p["found_via"] == "generated"
+    assert p["generator"] == "bpo_envs.alfworld.generator" and p["split"] == "train"
+    assert p["task_count"] == len(env.unwrapped.task_ids()) == 3 * len(TASK_TYPES)
+    json.dumps(p)
+    from bpo_envs.alfworld.generator import _tables, generate_problem
+
+    # the same task id in two splits is two different games; valid_unseen rooms are never train rooms
+    for index in range(3):
+        problems = {s: generate_problem("pick_and_place_simple", s, index) for s in ("train", "valid_seen", "valid_unseen")}
+        assert len({p.pddl_problem for p in problems.values()}) == 3
+        assert problems["valid_unseen"].traj_data["scene"]["scene_num"] not in _tables()["train"]
+        assert problems["valid_seen"].traj_data["scene"]["scene_num"] in _tables()["train"]
+
+
+def test_generator_v2_keeps_alfreds_rooms_and_instance_counts() -> None:
+    from bpo_envs.alfworld.generator import _tables, generate_problem, load_scene
+
+    t = _tables()
+    sizes = []
+    for task_type in TASK_TYPES:
+        for index in range(4):
+            try:
+                problem = generate_problem(task_type, "train", index, version=2)
+            except Exception:  # GenerationFailed: the caller moves to the next attempt
+                continue
+            scene = load_scene(problem.traj_data["scene"]["scene_num"])
+            text = problem.pddl_problem.split("(:init", 1)[0]  # the declarations
+            receptacles = text.count(" - receptacle\n")
+            assert receptacles == len(scene.receptacles)  # every receptacle of the room
+            sizes.append(receptacles)
+            target = problem.traj_data["pddl_params"]["object_target"]
+            copies = sum(1 for line in text.splitlines() if line.strip().startswith(f"{target}_bar_") and line.strip().endswith("- object"))
+            low = 2 if task_type == "pick_two_obj_and_place" else 1
+            assert low <= copies <= t["max_target_instances"], (task_type, copies)
+    assert sizes and max(sizes) > 24  # kitchens keep their ~30-50 cabinets and drawers
+
+
+def test_generator_v2_games_are_verified_and_named() -> None:
+    env = ALFWorldEnv(task_types=["look_at_obj_in_light"], games_per_type=1, generator_version=2)
+    p = env.provenance()
+    assert p["generator_version"] == 2 and p["data_source"] == "bundled-generator"
+    game = env.games.game(env.task_ids()[0])
+    assert game["solvable"] is True and game["walkthrough"]  # the planner solved it
+    _, info = env.reset(seed=0)
+    assert not info["won"]
+    for command in env.expert_actions():
+        *_, info = env.step(command)
+    assert info["won"]
+    bpo_envs.check_snapshot(env, seed=0, steps=6)
+    v1 = ALFWorldEnv(task_types=["look_at_obj_in_light"], games_per_type=1)
+    assert v1.provenance()["generator_version"] == 1 and v1.games.root != env.games.root
+    with pytest.raises(ValueError, match="generator_version"):
+        ALFWorldEnv(generator_version=3)

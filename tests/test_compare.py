@@ -28,6 +28,10 @@ def test_compare_writes_results_and_resumes(tmp_path):
     assert max(used) / min(used) < 1.25  # the same budget per update
     assert (out / "results.md").read_text().startswith("# BPO vs GRPO vs RLOO")
     assert (out / "success.png").stat().st_size > 0 and (out / "grad_norm_variance.png").stat().st_size > 0
+    # one example tree per env and algorithm, linked from results.md
+    assert saved["example_trees"] == {"treemdp": {a: f"trees/treemdp-{a}.png" for a in ("bpo", "grpo", "rloo")}}
+    assert all((out / "trees" / f"treemdp-{a}.png").read_bytes().startswith(b"\x89PNG") for a in ("bpo", "grpo", "rloo"))
+    assert "[bpo](trees/treemdp-bpo.png)" in (out / "results.md").read_text()
 
     # an interrupted run: one run lost its result and the aggregate was never written
     shutil.rmtree(out / "runs" / "treemdp" / "rloo" / "seed1")
@@ -50,7 +54,16 @@ def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_pa
     args = ["--smoke", "--out", str(out), "--envs", "webshop", "--seeds", "0", "1", "--updates", "2", "--no-progress"]
     results = compare.main(args)
     env = results["per_env"]["webshop"]
-    assert env["seeds"] == [0, 1] and env["eval_split"] == "held-out"
+    assert env["seeds"] == [0, 1] and env["eval_split"] == "test"
+    # the standard test goals (0-499), disjoint from the train split's; the data is named
+    data = env["data"]
+    assert data["train"]["split"] == "train" and data["eval"]["split"] == "test"
+    assert data["train"]["data_source"] == "bundled-generator" and data["eval"]["task_count"] == 500
+    assert data["train"]["search_actions"] == "instruction" and data["eval"]["tasks_used"] == 8
+    train_tasks, eval_tasks = task_split(PRESETS["smoke"].envs["webshop"])
+    assert all(t < 500 for t in eval_tasks) and all(t >= 1500 for t in train_tasks)
+    assert "Data: bundled generator `bpo_envs.webshop.generator`" in (out / "results.md").read_text()
+    assert "`test` tasks" in (out / "results.md").read_text()
     paired = env["bpo_vs_best_baseline"]
     assert paired["best_baseline"] in ("grpo", "rloo") and len(paired["success_diff_per_seed"]) == 2
     best = env["algorithms"][paired["best_baseline"]]
@@ -66,7 +79,7 @@ def test_preset_fields_per_env():
     preset = PRESETS["cpu"]
     assert preset.for_env("updates", "webshop") != preset.for_env("updates", "alfworld")
     assert preset.for_env("updates", "swebench") == Preset.__dataclass_fields__["updates"].default
-    assert task_split(preset.envs["alfworld"])[1] == task_split(preset.envs["alfworld"])[0]
+    assert preset.envs["alfworld"].eval_split == "valid_seen" and preset.envs["webshop"].eval_split == "test"
 
 
 def test_missing_logger_fails_before_training(tmp_path, monkeypatch):
@@ -77,3 +90,50 @@ def test_missing_logger_fails_before_training(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="pip install wandb"):
         compare.main(["--smoke", "--out", str(tmp_path / "w"), "--wandb-project", "bpo"])
     assert not (tmp_path / "w" / "runs").exists()
+
+
+def test_no_silent_budget_fallback(tmp_path):
+    # the cpu preset has no budget for SWE-bench: an error naming it, not the GPU preset's number
+    with pytest.raises(SystemExit, match=r"swebench.*--budget"):
+        compare.main(["--out", str(tmp_path / "a"), "--envs", "webshop", "swebench"])
+    # budgets in another unit than the one chosen
+    with pytest.raises(SystemExit, match="give --budget in gen_tokens"):
+        compare.main(["--smoke", "--out", str(tmp_path / "b"), "--budget-unit", "gen_tokens"])
+
+
+def test_evaluation_set_must_be_held_out_and_non_empty():
+    setup = PRESETS["smoke"].envs["treemdp"]
+    import dataclasses
+
+    with pytest.raises(ValueError, match="no held-out evaluation task"):
+        task_split(dataclasses.replace(setup, train_tasks=10_000))
+    train, held_out = task_split(setup)
+    assert held_out and not set(train) & set(held_out)
+
+
+def test_evaluation_uses_common_random_numbers():
+    import gymnasium as gym
+
+    from bpo_algos import EnvPool, TabularPolicy
+    from bpo_algos.experiments.runner import evaluate
+
+    pool = EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)])
+    a, b = TabularPolicy(seed=1), TabularPolicy(seed=2)
+    b.sample([("x", ("a0", "a1"))], 7)  # another RNG position: must not matter
+    state = b.rng_state()
+    assert evaluate(a, pool, [0, 1, 2, 3], 3, seed=5) == evaluate(b, pool, [0, 1, 2, 3], 3, seed=5)
+    assert b.rng_state() == state  # the training sampler is left where it was
+    with pytest.raises(ValueError, match="no evaluation tasks"):
+        evaluate(a, pool, [], 3, seed=5)
+
+
+def test_results_show_every_meter(tmp_path):
+    out = tmp_path / "m"
+    compare.main(["--smoke", "--out", str(out), "--envs", "treemdp", "--seeds", "0", "--updates", "1", "--budget", "100", "--grad-batches", "2", "--no-progress"])
+    from bpo_algos import COMPUTE_UNITS
+
+    text = (out / "results.md").read_text()
+    saved = json.loads((out / "results.json").read_text())
+    for unit in COMPUTE_UNITS:
+        assert unit.replace("_", " ") in text
+        assert all(unit in row["compute"] for row in saved["per_env"]["treemdp"]["algorithms"].values())

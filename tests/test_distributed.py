@@ -168,3 +168,19 @@ def test_bad_arguments_name_themselves():
             RayEnvPool(tree_fn, **kwargs)
     with pytest.raises(ValueError, match="env_fns"):
         RayEnvPool([])
+
+
+def _replay_tree():
+    return bpo_envs.ReplaySnapshot(gym.make("BPO-TreeMDP-v0", **TREE))
+
+
+def test_replayed_steps_on_the_actors_reach_the_meter():
+    def collect(pool):
+        algorithm = BPO(backbones=2, branch_factor=3, entropy_threshold=0.0, max_branch_points=2, seed=4)
+        return algorithm.collect(TabularPolicy(seed=5), pool, [0, 0])
+
+    local = collect(EnvPool([_replay_tree] * 4)).compute
+    with RayEnvPool(_replay_tree, actors=2, envs_per_actor=2) as pool:
+        remote = collect(pool).compute
+    assert local.replay_steps > 0
+    assert (remote.replay_steps, remote.env_steps) == (local.replay_steps, local.env_steps)

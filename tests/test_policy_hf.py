@@ -181,7 +181,10 @@ def test_meter_counts_and_prefill_reuse_between_entropy_and_sample(tiny_path):
     policy.decision_entropy(contexts)
     after_entropy = policy.meter.copy()
     scored = sum(len(policy.prompts.action_ids(a)) - 1 for c in contexts for a in c.admissible_actions)
-    assert after_entropy.prefill_tokens - before.prefill_tokens - 4 * sum(lengths) == sum(lengths) + scored
+    # the entropy pass is scoring: prompt + candidate tokens in score_tokens, none in prefill
+    assert after_entropy.prefill_tokens - before.prefill_tokens == 4 * sum(lengths)
+    assert after_entropy.score_tokens - before.score_tokens == sum(lengths) + scored
+    assert after_entropy.policy_tokens == after_entropy.gen_tokens + after_entropy.prefill_tokens + after_entropy.score_tokens
     samples = policy.sample(contexts, 4)  # reuses the entropy pass's prompt KV: no prefill
     assert policy.meter.prefill_tokens == after_entropy.prefill_tokens
     assert policy.meter.policy_calls == after_entropy.policy_calls + 1 == 2

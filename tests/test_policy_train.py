@@ -90,6 +90,8 @@ def test_collect_loss_backward_end_to_end(warm_policy, algorithm):
     assert all(s.action.prompt_token_ids == policy.prompt_ids(s.context) for s in steps)
     assert batch.compute.gen_tokens == sum(len(s.action.token_ids) for s in steps)
     assert batch.compute.prefill_tokens == policy.meter.prefill_tokens - before.prefill_tokens > 0
+    assert batch.compute.score_tokens == policy.meter.score_tokens - before.score_tokens
+    assert (batch.compute.score_tokens > 0) == (algorithm == "bpo")
     assert batch.compute.policy_calls == policy.meter.policy_calls - before.policy_calls
     if algorithm == "bpo":
         assert any(n.is_branch for t in batch.trees for n in _nodes(t.root) if n is not t.root)

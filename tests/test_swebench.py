@@ -111,20 +111,36 @@ def test_wrong_patch_gets_fractions(env):
     ]
 
 
+def _gold_fix_then_wait(env):
+    """Apply the gold fix (without submitting), then run out of steps."""
+    env.reset(options={"task_id": "bpo-gym__textkit-1"})
+    env.step(env.unwrapped.expert_actions()[0])
+    return env.step("ls")
+
+
 def test_mini_swe_agent_submit_and_truncation():
     # not gym.make(..., max_episode_steps=2): Gymnasium consumes that kwarg for a TimeLimit
-    env = SWEBenchEnv(max_episode_steps=2)
+    env = SWEBenchEnv(max_episode_steps=2, grade_on_truncation=True)
     try:
         env.reset(options={"task_id": "bpo-gym__textkit-1"})
         obs, reward, terminated, truncated, info = env.step(
             "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
         )
         assert terminated and "pass_to_pass" in info and reward == 0.0
-        env.reset(options={"task_id": "bpo-gym__textkit-1"})
-        env.step("ls")
-        obs, reward, terminated, truncated, info = env.step("ls")
-        assert truncated and not terminated
+        obs, reward, terminated, truncated, info = _gold_fix_then_wait(env)
+        assert truncated and not terminated and reward == 1.0 and info["submitted"]
         assert info["pass_to_pass"] == 1.0 and "graded as submitted" in obs
+    finally:
+        env.close()
+
+
+def test_no_submission_scores_zero_by_default():
+    env = SWEBenchEnv(max_episode_steps=2)
+    try:
+        obs, reward, terminated, truncated, info = _gold_fix_then_wait(env)
+        assert truncated and not terminated and reward == 0.0 and not info["won"]
+        assert info["submitted"] is False and "pass_to_pass" not in info
+        assert "without a submission" in obs
     finally:
         env.close()
 

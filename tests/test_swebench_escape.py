@@ -157,12 +157,19 @@ def test_cannot_see_host_processes_or_write_outside(env):
     assert "RO" in obs and "pwned" not in subprocess.run(["ls", "/usr"], capture_output=True, text=True).stdout
 
 
-def test_hidden_test_patch_not_readable(env):
-    env.reset(options={"task_id": TASK})
-    row = env.unwrapped.instance()
-    marker = [t.split("::")[1] for t in row["FAIL_TO_PASS"]][0]
-    obs, _ = _step(env, f"grep -rl {marker} / 2>/dev/null | grep -v '^/proc' | head; echo done")
-    assert marker not in obs.replace(f"grep -rl {marker}", "") and "done" in obs
+def test_hidden_test_patch_not_readable():
+    # the whole visible filesystem is searched (the bound Python prefixes hold GBs of packages),
+    # so this one command gets minutes, not the module's 8 s; -I skips binary files early
+    env = gym.make("BPO-SWEBench-v0", step_timeout=600, **{**LIMITS, "cpu_seconds": 600})
+    try:
+        env.reset(options={"task_id": TASK})
+        row = env.unwrapped.instance()
+        marker = [t.split("::")[1] for t in row["FAIL_TO_PASS"]][0]
+        obs, _ = _step(env, f"grep -rlI {marker} / 2>/dev/null | grep -v '^/proc' | head; echo done")
+    finally:
+        env.close()
+    assert "done" in obs, obs
+    assert marker not in obs.replace(f"grep -rlI {marker}", "")
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -72,6 +72,9 @@ CONFIGS = {
     "bpo-K0=4-K=3-M=2": lambda: BPO(backbones=4, branch_factor=3, entropy_threshold=0.0, max_branch_points=2, aggregation="step-sum", seed=3),
     "bpo-nested-depth2": lambda: BPO(backbones=2, branch_factor=2, entropy_threshold=0.0, max_branch_points=2, max_depth=2, aggregation="step-sum", seed=4),
     "bpo-adaptive-quantile": lambda: BPO(backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.5, aggregation="step-sum", seed=5),
+    "bpo-adaptive-eligible-scoring": lambda: BPO(
+        backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.5, scoring="eligible", aggregation="step-sum", seed=11
+    ),
 }
 
 
@@ -116,3 +119,20 @@ def test_grpo_std_scaling_is_not_the_exact_gradient_but_dr_grpo_is_proportional(
     zs = projection_z_scores(samples, truth * (1 - 1 / n))
     assert max(abs(z) for z in zs) < Z_MAX, zs
     assert torch.isfinite(samples).all()
+
+
+def test_bpo_with_ties_at_the_adaptive_threshold_is_unbiased_and_branches():
+    """A uniform policy: every decision entropy equals the adaptive threshold. Ties branch with
+    independent randomness (probability 1 - q), so BPO keeps branching (a strict ``>`` would
+    never branch after the first batch) and stays unbiased."""
+    env = tree_env(**RANDOM_TREE)
+    policy = random_policy(env, scale=0.0)
+    truth = exact_gradient(env, policy)
+    algorithm = BPO(backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.5, aggregation="step-sum", seed=10)
+    make = lambda: tree_env(**RANDOM_TREE)  # noqa: E731
+    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES)
+    zs = projection_z_scores(samples.grads, truth)
+    assert max(abs(z) for z in zs) < Z_MAX, f"z-scores {zs}"
+    assert algorithm.tie_probability == pytest.approx(0.5)
+    shapes = [algorithm.collect(policy, [make], [0]).shape_stats()["branch_points_per_tree"] for _ in range(50)]
+    assert 0 < sum(shapes) / len(shapes) < 2  # some backbones branch, not all

@@ -15,13 +15,22 @@ budget in one compute unit (``--budget-unit``; the others are reported). Then:
 
 Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``; a user's own
 with ``--import MODULE`` after ``bpo_algos.register_algorithm``). Writes to ``--out``:
-``results.json``, ``results.md`` (means and 95% intervals over seeds) and PNG plots.
+``results.json``, ``results.md`` (means and 95% intervals over seeds), PNG plots and one
+example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked from
+``results.md``).
 ``--resume`` continues an interrupted run: finished runs are kept, unfinished ones resume from
 their last checkpoint.
 
     bpo-compare --out results/compare            # CPU default (~10 min)
     bpo-compare --smoke --out /tmp/compare       # < 2 min (CI)
-    bpo-compare --preset gpu --out results/gpu   # the paper's setting
+    bpo-compare --preset cpu-swe --out /tmp/swe  # SWE-bench end to end on a CPU (tiny LLM)
+    bpo-compare --preset gpu --out results/gpu \
+        --swe-instances princeton-nlp/SWE-bench_Verified --swe-backend docker   # the paper's setting
+
+Data sources: ``--swe-instances`` (a Verified parquet/jsonl/json, a task-repo folder, or a dataset
+name read from the local Hugging Face cache), ``--swe-backend``, ``--swe-images-dir`` (image
+tarballs), ``--webshop-data`` and ``--alfworld-data`` (data folders) set the envs' options; the
+gpu preset needs the first two (SWE-bench Verified on the docker backend).
 """
 
 from __future__ import annotations
@@ -40,8 +49,8 @@ import torch
 
 from bpo_algos.compute import COMPUTE_UNITS, Budget
 from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
-from bpo_algos.experiments.report import markdown, plots
-from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split
+from bpo_algos.experiments.report import example_trees, markdown, plots
+from bpo_algos.experiments.runner import data_provenance, make_policy, run_dir, run_one, task_split
 from bpo_algos.experiments.stats import aggregate
 from bpo_algos.registry import registered_algorithms
 
@@ -54,8 +63,6 @@ def build_preset(args: argparse.Namespace) -> Preset:
         if unknown:
             raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
         preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
-        for e in args.envs:
-            preset.budget.setdefault(e, PRESETS["gpu"].budget.get(e, 512))
     if args.algorithms:
         for module in args.import_modules or ():
             importlib.import_module(module)  # registers the user's algorithms
@@ -84,8 +91,51 @@ def build_preset(args: argparse.Namespace) -> Preset:
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
     if args.budget is not None:
         preset.budget = {e: args.budget for e in preset.envs}
+    elif args.budget_unit is not None and args.budget_unit != PRESETS[name].budget_unit:
+        raise SystemExit(
+            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {args.budget_unit} "
+            f"give --budget in {args.budget_unit}"
+        )
+    missing = [e for e in preset.envs if e not in preset.budget]
+    if missing:
+        raise SystemExit(
+            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
+        )
     Budget(preset.budget_unit, 1)  # validates the unit
+    apply_data_sources(preset, args, name)
     return preset
+
+
+_DATA_FLAGS = {
+    # flag attribute: (env id it applies to, env option)
+    "swe_instances": ("BPO-SWEBench-v0", "instances"),
+    "swe_backend": ("BPO-SWEBench-v0", "backend"),
+    "swe_images_dir": ("BPO-SWEBench-v0", "images_dir"),
+    "webshop_data": ("BPO-WebShop-v0", "data_dir"),
+    "alfworld_data": ("BPO-ALFWorld-v0", "data_dir"),
+}
+
+
+def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> None:
+    """Put the data-source flags into the env options; the gpu preset's SWE-bench needs them."""
+    for attr, (env_id, option) in _DATA_FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        setups = [s for s in preset.envs.values() if s.env_id == env_id]
+        if not setups:
+            flag = "--" + attr.replace("_", "-")
+            raise SystemExit(f"{flag} is given but no env of this comparison is {env_id} (choose it with --envs)")
+        for setup in setups:
+            setup.kwargs[option] = str(value)
+    swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
+    if name == "gpu" and swe and not (swe[0].kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
+        raise SystemExit(
+            "the gpu preset runs SWE-bench Verified in its official images: give --swe-instances PATH_OR_NAME "
+            "(a Verified .parquet/.jsonl, or princeton-nlp/SWE-bench_Verified from the local Hugging Face cache) "
+            "and --swe-backend docker (images: --swe-images-dir, or built with swebench's prepare_images); "
+            "or leave SWE-bench out with --envs alfworld webshop"
+        )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -114,6 +164,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--grad-batches", type=int, help="batches for the gradient-variance probe")
     parser.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
     parser.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
+    parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
+                        "dataset name in the local Hugging Face cache (default: the bundled repos)")
+    parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
+    parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
+    parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
+    parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -161,9 +217,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             bar.update(1)
     bar.close()
     results = aggregate(runs, preset, list(preset.envs))
+    results["example_trees"] = example_trees(runs, out)
+    for env_name, setup in preset.envs.items():
+        # which data and split made these numbers (generator + version, or files + hash)
+        results["per_env"][env_name]["data"] = data_provenance(setup)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
-    written = plots(results, out)
+    written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
     return results

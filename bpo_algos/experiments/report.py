@@ -7,10 +7,48 @@ gradient-norm variance at the initial policy.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bpo_algos.compute import COMPUTE_UNITS
+
+logger = logging.getLogger(__name__)
+
+
+METER_COLUMNS = (*COMPUTE_UNITS, "resets", "failures", "dropped_steps")
+"""Every compute-meter field, in the order of the per-env compute table."""
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _source(p: dict[str, Any]) -> str:
+    if p.get("data_source") == "bundled-generator":
+        return f"bundled generator `{p.get('generator')}` v{p.get('generator_version')}"
+    digest = p.get("files_sha256") or ""
+    return f"data `{p.get('data_dir')}` (sha256 {digest[:12]})"
+
+
+def data_line(data: dict[str, Any]) -> str:
+    """One sentence naming the data and splits behind an env's numbers."""
+    train, evals = data.get("train", {}), data.get("eval", {})
+    text = (
+        f"Data: {_source(train)}; trained on {train.get('tasks_used')} of the {train.get('task_count')} "
+        f"`{train.get('split')}` tasks, evaluated on {evals.get('tasks_used')} of the {evals.get('task_count')} "
+        f"`{evals.get('split')}` tasks"
+    )
+    if evals.get("eval_split") in ("held-out", "train"):
+        text += f" ({evals['eval_split']})"
+    if _source(evals) != _source(train):
+        text += f" from {_source(evals)}"
+    extras = [f"{k}={train[k]}" for k in ("search_actions", "goals", "noun_parser") if k in train]
+    if "reward" in train:
+        extras.append("reward " + ", ".join(f"{k}={v}" for k, v in train["reward"].items()))
+    return text + (f" ({'; '.join(extras)})." if extras else ".")
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -20,7 +58,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"# {' vs '.join(a.upper() for a in algorithms) or 'Comparison'} at matched compute",
         "",
         f"Budget unit: `{unit}` per update; seeds {results['seeds']}; means with 95% t-intervals over seeds.",
-        "`success`: final policy, sampled, on held-out tasks (or on the train tasks where the env says so); "
+        "`success`: final policy, sampled, on each env's evaluation tasks (the split named in its heading and data line); "
         "`grad-norm var`: variance of the gradient norm over "
         "independent batches at the initial policy (same budget); `noise/signal`: tr Cov(g) / ||E g||^2 there "
         "(median over seeds; scale-free, so GRPO's std scaling does not count); `updates to target`: updates to reach the best "
@@ -36,6 +74,8 @@ def markdown(results: dict[str, Any]) -> str:
             "| noise/signal | updates to target |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
+        if er.get("data", {}).get("train", {}).get("data_source"):
+            lines[-2:-2] = [data_line(er["data"]), ""]
         for a, r in er["algorithms"].items():
             lines.append(
                 f"| {a} | {r['success']:.3f} ± {r['success_ci95']:.3f} | {r['compute'][unit]:.0f} | {r['budget_used_ratio']:.2f} "
@@ -43,6 +83,16 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {r['grad_trace_var']:.3g} | {r.get('grad_noise_to_signal', float('nan')):.3g} "
                 f"| {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
             )
+        meters = [k for k in METER_COLUMNS if all(k in r["compute"] for r in er["algorithms"].values())]
+        lines += [
+            "",
+            "Compute per update (every meter; the budget unit is one of them):",
+            "",
+            "| algorithm | " + " | ".join(k.replace("_", " ") for k in meters) + " |",
+            "|---|" + "---:|" * len(meters),
+        ]
+        for a, r in er["algorithms"].items():
+            lines.append(f"| {a} | " + " | ".join(_number(r["compute"][k]) for k in meters) + " |")
         paired = er.get("treatment_vs_best_baseline")
         if paired:
             lines += [
@@ -65,7 +115,50 @@ def markdown(results: dict[str, Any]) -> str:
         "![gradient-norm variance](grad_norm_variance.png)",
         "",
     ]
+    trees = results.get("example_trees") or {}
+    if trees:
+        lines += [
+            "## Example rollout trees",
+            "",
+            "One tree of the last training batch of each env and algorithm (first seed): where it branched, "
+            "with what decision entropy, what each leaf returned, and each step's advantage (colour) and weight "
+            "(width). `bpo-trees RUN_DIR` draws the others.",
+            "",
+        ]
+        for env, pictures in trees.items():
+            links = " · ".join(f"[{a}]({p})" for a, p in pictures.items())
+            lines.append(f"* {env}: {links}")
+        lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def example_trees(runs: list[dict[str, Any]], out: Path) -> dict[str, dict[str, str]]:
+    """Draw one tree per env and algorithm into ``out/trees/ENV-ALGORITHM.png``.
+
+    From the first seed's run of each, the last saved batch (``TrainerConfig.save_trees_every``),
+    the tree with the most branch nodes (the first of those). Returns the pictures' paths
+    relative to ``out``, by env then algorithm; a run that saved no trees (cached by an older
+    version) is skipped with a warning.
+    """
+    from bpo_algos.experiments.runner import run_dir
+    from bpo_algos.tree import load_trees
+    from bpo_algos.viz import draw_tree, tree_files
+
+    firsts: dict[tuple[str, str], int] = {}
+    for run in runs:
+        firsts.setdefault((run["env"], run["algorithm"]), run["seed"])
+    pictures: dict[str, dict[str, str]] = {}
+    for (env, algorithm), seed in firsts.items():
+        folder = run_dir(out, env, algorithm, seed)
+        files = tree_files(folder) if folder.is_dir() else []
+        trees = load_trees(files[-1]) if files else []
+        if not trees:
+            logger.warning("no saved trees in %s: no example tree for %s/%s", folder, env, algorithm)
+            continue
+        tree = max(trees, key=lambda t: len(t.branch_nodes()))
+        path = draw_tree(tree, out / "trees" / f"{env}-{algorithm}.png", title=f"{env} · {algorithm} · seed {seed} · task {tree.task_id}")
+        pictures.setdefault(env, {})[algorithm] = path.relative_to(out).as_posix()
+    return pictures
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:

@@ -10,7 +10,6 @@ result is cached in ``run.json`` so an interrupted comparison resumes.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import time
@@ -23,13 +22,13 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
-from baselines import RLOO
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, variance_summary
-from bpo_algos.engine import EnvPool
+from bpo_algos.engine import EnvPool, RolloutEngine
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
+from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.trainer import Trainer, TrainerConfig
 
@@ -67,12 +66,20 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
+    from bpo_algos.policy.hf import max_new_tokens_for
+
+    options = {"max_new_tokens": max_new_tokens_for(setup.env_id)}
+    if preset.precision == "bf16":
+        options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = VLLMPolicy(
+            model, temperature=preset.temperature, lora=preset.lora, seed=seed,
+            max_model_len=preset.max_model_len or 4096, **options,
+        )
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed)
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=preset.max_model_len, **options)
     return warm_start(policy, preset, setup, tasks, seed)
 
 
@@ -122,32 +129,122 @@ def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     return lambda: gym.make(setup.env_id, **setup.kwargs)
 
 
+def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
+    """The envs the final policy is evaluated on: the training envs for ``"held-out"`` and
+    ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
+    if setup.eval_split in ("held-out", "train"):
+        return env_factory(setup)
+    kwargs = {**setup.kwargs, "split": setup.eval_split}
+    return lambda: gym.make(setup.env_id, **kwargs)
+
+
+def _shuffled_ids(make: Callable[[], gym.Env], seed: int = 12345) -> tuple[list[Any], dict[str, Any] | None]:
+    env = make()
+    try:
+        ids = list(env.unwrapped.task_ids())
+        provenance = getattr(env.unwrapped, "provenance", None)
+        info = provenance() if callable(provenance) else None
+    finally:
+        env.close()
+    rng = np.random.default_rng(seed)
+    return [ids[i] for i in rng.permutation(len(ids))], info
+
+
 def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
-    """Deterministic train and held-out eval tasks (the same for every algorithm and seed)."""
-    env = env_factory(setup)()
-    ids = list(env.unwrapped.task_ids())
-    env.close()
-    rng = np.random.default_rng(12345)
-    order = [ids[i] for i in rng.permutation(len(ids))]
+    """Deterministic train and eval tasks (the same for every algorithm and seed).
+
+    Train tasks: the first ``train_tasks`` of a fixed shuffle of the training env's tasks. Eval
+    tasks: ``"held-out"``: the next ``eval_tasks`` of that shuffle; ``"train"``: the first
+    ``eval_tasks`` train tasks; a split name: the first ``eval_tasks`` of a fixed shuffle of that
+    split's tasks (disjoint from training when the env's splits are).
+    """
+    train, eval_tasks, _ = _split_with_provenance(setup)
+    return train, eval_tasks
+
+
+def _split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    order, train_prov = _shuffled_ids(env_factory(setup))
     train = order[: setup.train_tasks]
     if setup.eval_split == "train":
-        return train, train[: setup.eval_tasks]
-    if setup.eval_split != "held-out":
-        raise ValueError(f"eval_split must be 'held-out' or 'train', got {setup.eval_split!r}")
-    rest = order[setup.train_tasks :] or order
-    return train, rest[: setup.eval_tasks]
+        eval_tasks, eval_prov = train[: setup.eval_tasks], train_prov
+    elif setup.eval_split == "held-out":
+        eval_tasks, eval_prov = order[setup.train_tasks :][: setup.eval_tasks], train_prov
+        overlap = set(eval_tasks) & set(train)
+        if overlap:
+            raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
+    else:
+        # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
+        eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
+        eval_tasks = eval_order[: setup.eval_tasks]
+    if not eval_tasks:
+        raise ValueError(
+            f"{setup.env_id}: no {setup.eval_split} evaluation task ({len(order)} training task(s), "
+            f"{setup.train_tasks} used for training); lower train_tasks or choose another eval_split"
+        )
+    data = {
+        "train": {**(train_prov or {"env": setup.env_id}), "tasks_used": len(train)},
+        "eval": {**(eval_prov or {"env": setup.env_id}), "tasks_used": len(eval_tasks), "eval_split": setup.eval_split},
+    }
+    return train, eval_tasks, data
+
+
+def data_provenance(setup: EnvSetup) -> dict[str, Any]:
+    """What each env's results were made from: ``{"train": ..., "eval": ...}``, each the env's
+    ``provenance()`` (data source, split, task count; see :mod:`bpo_envs.provenance`) plus
+    ``tasks_used``, the tasks the main job drew from it."""
+    return _split_with_provenance(setup)[2]
+
+
+class _Episode:
+    """A topology of one rollout from the root (an evaluation episode)."""
+
+    root_branches = 1
+
+    def wants_entropy(self, path: Any) -> bool:
+        return False
+
+    def fork_count(self, path: Any, entropy: float | None) -> int:
+        return 1
 
 
 def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> float:
-    """Mean success of ``episodes`` independent rollouts per eval task (sampled, as trained)."""
-    if episodes < 2:  # a group needs two members; evaluate two and average
-        episodes = 2
-    batch = RLOO(group_size=episodes, seed=seed).collect(policy, pool, tasks)
-    return batch.success_rate()
+    """Mean success of ``episodes`` sampled rollouts per eval task, on common random numbers.
+
+    Episode ``j`` of task ``i`` resets with the same env seed and runs the policy's sampler from
+    the same seed for every algorithm (the policy's own RNG state is put back afterwards), so
+    two algorithms' successes differ by their policies, not by their luck.
+    """
+    if not tasks:
+        raise ValueError("no evaluation tasks")
+    state = policy.rng_state() if hasattr(policy, "rng_state") else None
+    wins: list[float] = []
+    try:
+        for i, task in enumerate(tasks):
+            for j in range(max(episodes, 1)):
+                episode_seed = seed + 1000 * i + j
+                policy.seed(episode_seed)
+                result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
+                wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
+    finally:
+        if state is not None:
+            policy.set_rng_state(state)
+    return float(np.mean(wins)) if wins else 0.0
 
 
 def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
     return out / "runs" / env / algorithm / f"seed{seed}"
+
+
+def _initial_weights(initial: Any) -> InitialWeights | None:
+    """The initial weights of an LLM policy, saved on its first run (then restored in place per
+    run instead of deep-copying the model, or a vLLM engine); None for small policies."""
+    if not reusable(initial):
+        return None
+    saved = getattr(initial, "_initial_weights", None)
+    if saved is None:
+        saved = InitialWeights(initial)
+        initial._initial_weights = saved
+    return saved
 
 
 def run_one(
@@ -168,12 +265,16 @@ def run_one(
         return json.loads(done.read_text())
     setup = preset.envs[env_name]
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    separate_eval = setup.eval_split not in ("held-out", "train")
     budget = Budget(preset.budget_unit, preset.budget[env_name])
-    policy = copy.deepcopy(initial)
+    policy = fresh_copy(initial, _initial_weights(initial))
     start = time.perf_counter()
     try:
         # gradient variance at the initial policy, the same measurement for every algorithm
+        # the probe is the estimator that trains: same settings, and its adaptive state (BPO's
+        # threshold, the budget's tree-cost estimate) warmed by one batch that is discarded
         probe = build_algorithm(algorithm_name, preset, seed + 1000)
+        probe.collect(policy, pool, train_tasks, budget)
         grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.for_env("grad_batches", env_name), budget))
         algorithm = build_algorithm(algorithm_name, preset, seed)
         config = TrainerConfig(
@@ -191,8 +292,15 @@ def run_one(
             wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
             wandb_group=preset.wandb_group,
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
+            save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
+            precision=preset.precision,
+            micro_batch_tokens=preset.micro_batch_tokens,
+            gradient_checkpointing=preset.gradient_checkpointing,
         )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
+        if separate_eval:  # another split: its own envs (task ids are per split)
+            pool.close()
+            pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
         final_success = evaluate(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
     finally:
         pool.close()

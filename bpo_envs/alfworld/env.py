@@ -2,14 +2,52 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bpo_envs.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, FactState, NativeState
 from bpo_envs.alfworld.games import DataGames, GeneratedGames
+from bpo_envs.alfworld.generator import GENERATOR_VERSION
 from bpo_envs.core import SnapshotEnv
+from bpo_envs.reward_settings import REWARD_SETTINGS, VERL_AGENT_REWARD, reward_settings
+
+log = logging.getLogger(__name__)
+
+ENV_ID = "BPO-ALFWorld-v0"
+UPSTREAM_HOME = "~/.cache/alfworld"
+"""Where ``alfworld-download`` puts the data when ``$ALFWORLD_DATA`` is unset."""
+__all__ = ["ENV_ID", "REWARD_SETTINGS", "UPSTREAM_HOME", "VERL_AGENT_REWARD", "ALFWorldEnv", "find_data"]
+
+
+def _has_split(folder: str | os.PathLike, split: str) -> bool:
+    base = Path(folder).expanduser()
+    return (base / "json_2.1.1" / split).is_dir() or (base.name == "json_2.1.1" and (base / split).is_dir())
+
+
+def find_data(data_dir: str | os.PathLike | None, split: str) -> tuple[str | None, str]:
+    """Where the games come from, as upstream looks: ``data_dir=``, then ``$ALFWORLD_DATA``, then
+    ``~/.cache/alfworld``; ``(None, "generated")`` when none holds ``json_2.1.1/<split>``.
+
+    Returns ``(folder, source)`` with ``source`` one of ``"data_dir"``, ``"$ALFWORLD_DATA"``,
+    ``"~/.cache/alfworld"``, ``"generated"``. An explicit ``data_dir`` is used as given (a
+    missing split there is an error later, naming the path); a ``$ALFWORLD_DATA`` without the
+    split is logged and passed over.
+    """
+    if data_dir is not None:
+        return str(data_dir), "data_dir"
+    env_data = os.environ.get("ALFWORLD_DATA")
+    if env_data:
+        if _has_split(env_data, split):
+            return env_data, "$ALFWORLD_DATA"
+        log.warning("ALFWorld: $ALFWORLD_DATA=%s has no json_2.1.1/%s; looking further", env_data, split)
+    home = os.path.expanduser(UPSTREAM_HOME)
+    if _has_split(home, split):
+        return home, UPSTREAM_HOME
+    return None, "generated"
 
 
 @dataclass
@@ -49,20 +87,29 @@ class ALFWorldEnv(SnapshotEnv):
     Args:
         data_dir: an ALFWorld data folder (the one ``alfworld-download`` fills: it holds
             ``json_2.1.1/<split>/<task>/<trial>/game.tw-pddl`` and ``traj_data.json``). Default:
-            ``$ALFWORLD_DATA`` when it holds a ``json_2.1.1/<split>`` folder, else the offline
-            generator's games.
-        split: ``train``, ``valid_seen`` or ``valid_unseen``.
+            as upstream looks (:func:`find_data`): ``$ALFWORLD_DATA``, then
+            ``~/.cache/alfworld``, when it holds a ``json_2.1.1/<split>`` folder, else the
+            offline generator's games. A log line and ``info["data_source"]`` say which; only
+            games marked ``solvable`` are listed, as upstream.
+        split: ``train``, ``valid_seen`` (upstream's ``eval_in_distribution``) or
+            ``valid_unseen`` (``eval_out_of_distribution``), upstream's folder names.
         task_types: a subset of :data:`TASK_TYPES` (default: all six).
         games_per_type: how many generated games per task type the task ids cover (generated
             games only; each is made and planner-checked the first time it is used, then cached
             under ``$BPO_ALFWORLD_CACHE`` or ``$XDG_CACHE_HOME/bpo_gym/alfworld``).
         generator_seed: selects another deterministic set of generated games.
+        generator_version: ``1`` (default) or ``2`` (closer to ALFRED's rooms: every
+            receptacle, ALFRED's instance counts; see :mod:`.generator`).
+        reward_mode, reward_scale, invalid_penalty: see :mod:`bpo_envs.reward_settings`
+            (both modes pay 1 on success here; ``REWARD_SETTINGS["verl-agent"]`` pays 10 and
+            -0.1 per invalid command).
         max_episode_steps: the step limit (truncation), default 50.
 
-    Reward 1 when the goal holds (the episode then terminates), else 0. ``info`` has
-    ``admissible_actions`` (sorted), ``won``, ``task_type``, and ``invalid_action`` after a
-    command the engine does not accept (answered "Nothing happens.", state unchanged). Commands
-    are matched after collapsing whitespace and lower-casing.
+    Reward ``reward_scale`` when the goal holds (the episode then terminates), else 0, and
+    ``-invalid_penalty`` after an invalid command. ``info`` has ``admissible_actions``
+    (sorted), ``won``, ``task_type``, ``data_source``, and ``invalid_action`` after a command the
+    engine does not accept (answered "Nothing happens.", state unchanged). Commands are matched
+    after collapsing whitespace and lower-casing.
     """
 
     restore_prefers_origin = True  # native state-id restores only on the env that took them
@@ -74,18 +121,26 @@ class ALFWorldEnv(SnapshotEnv):
         task_types: Sequence[str] | None = None,
         games_per_type: int = 200,
         generator_seed: int = 0,
+        generator_version: int = GENERATOR_VERSION,
+        reward_mode: str = "score",
+        reward_scale: float = 1.0,
+        invalid_penalty: float = 0.0,
         max_episode_steps: int = 50,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
-        if data_dir is None:
-            env_data = os.environ.get("ALFWORLD_DATA")
-            if env_data and os.path.isdir(os.path.join(env_data, "json_2.1.1", split)):
-                data_dir = env_data
-        if data_dir is not None:
-            self.games: DataGames | GeneratedGames = DataGames(data_dir, split, task_types)
+        self.rewards = reward_settings(reward_mode, reward_scale, invalid_penalty)
+        folder, self.data_source = find_data(data_dir, split)
+        if folder is not None:
+            self.games: DataGames | GeneratedGames = DataGames(folder, split, task_types)
+            log.info("ALFWorld %s: %d games from %s (%s)", split, len(self.games.task_ids()), self.games.root, self.data_source)
         else:
-            self.games = GeneratedGames(split, task_types, games_per_type, generator_seed)
+            self.games = GeneratedGames(split, task_types, games_per_type, generator_seed, generator_version)
+            log.info(
+                "ALFWorld %s: no ALFWorld data (data_dir=, $ALFWORLD_DATA, %s); %d generated games (generator v%s)",
+                split, UPSTREAM_HOME, len(self.games.task_ids()), self.games.identity[1],
+            )  # fmt: skip
+        self.split = split
         self._ids = self.games.task_ids()
         self._engine = AlfredEngine()
         self._moved = False
@@ -101,11 +156,16 @@ class ALFWorldEnv(SnapshotEnv):
     def _key(self, task_id: str) -> str:
         return repr((self.games.identity, task_id))
 
+    def provenance(self) -> dict[str, Any]:
+        """Which data (generator + version, or folder + files hash), split and task count."""
+        return {"env": ENV_ID, **self.games.provenance(), "found_via": self.data_source, "reward": self.rewards.as_dict()}
+
     def _info(self, task_id: str) -> dict[str, Any]:
         return {
             "admissible_actions": self._engine.admissible_commands,
             "won": self._engine.won,
             "task_type": self.games.task_type(task_id),
+            "data_source": self.data_source,
         }
 
     def _reset_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
@@ -122,12 +182,12 @@ class ALFWorldEnv(SnapshotEnv):
         if not self._engine.is_admissible(command):
             info = self._info(self.task_id)
             info["invalid_action"] = True
-            return NOTHING_HAPPENS, 0.0, False, info
+            return NOTHING_HAPPENS, self.rewards.invalid, False, info
         feedback = self._engine.step(command)
         self._moved = True
         info = self._info(self.task_id)
         won = info["won"]
-        return feedback, 1.0 if won else 0.0, won, info
+        return feedback, self.rewards.terminal(1.0 if won else 0.0, won), won, info
 
     def expert_actions(self) -> list[str]:
         """Fast Downward's plan from the current state (alfworld's "planner" expert)."""
@@ -137,7 +197,7 @@ class ALFWorldEnv(SnapshotEnv):
 
     # ---- snapshots -----------------------------------------------------------------------
     def _snapshot_kind(self) -> Any:
-        return ("ALFWorld", self.games.identity)
+        return ("ALFWorld", self.games.identity, self.rewards)
 
     def _get_state(self) -> _Saved:
         engine = self._engine

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -19,11 +20,14 @@ from typing import Any
 from bpo_envs.alfworld._upstream import cache_root, upstream
 from bpo_envs.alfworld.generator import (
     GENERATOR_VERSION,
+    GENERATOR_VERSIONS,
     SPLITS,
     TASK_TYPES,
     GenerationFailed,
     generate_problem,
 )
+
+log = logging.getLogger(__name__)
 
 GAME_FILE = "game.tw-pddl"
 TRAJ_FILE = "traj_data.json"
@@ -86,8 +90,42 @@ def _fill_goal(game: dict[str, Any], traj: dict[str, Any], task_id: str) -> dict
     return dict(game, grammar=game["grammar"].replace("UNKNOWN GOAL", goal))
 
 
+def _listing(root: Path, task_types: tuple[str, ...]) -> tuple[list[str], int]:
+    """The playable games under a split folder, as alfworld's ``collect_game_files`` lists them:
+    not ``movable``/``Sliced`` task folders, of the wanted task type (``traj_data.json``'s, else
+    the folder name's), and marked ``solvable: true`` in ``game.tw-pddl`` (a game without the key
+    or marked false is skipped). Returns ``(task ids, number skipped as unsolvable)``."""
+    ids, unsolvable = [], 0
+    for game_path in sorted(root.glob(f"*/*/{GAME_FILE}")):
+        task_dir = game_path.parent.parent.name
+        if "movable" in task_dir or "Sliced" in task_dir:
+            continue  # alfworld skips these too
+        task_type = task_dir.split("-", 1)[0]
+        traj_path = game_path.parent / TRAJ_FILE
+        if traj_path.is_file():
+            try:
+                task_type = json.loads(traj_path.read_text()).get("task_type", task_type)
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+                raise ValueError(f"malformed {traj_path}: {exc}") from exc
+        if task_type not in task_types:
+            continue
+        if read_game(game_path).get("solvable") is not True:
+            unsolvable += 1
+            continue
+        ids.append(f"{task_dir}/{game_path.parent.name}")
+    return ids, unsolvable
+
+
+_LISTINGS: dict[tuple[str, tuple[str, ...], int], tuple[list[str], int]] = {}
+_LISTINGS_LOCK = threading.Lock()
+
+
 class DataGames:
-    """Games from an ALFWorld data folder (``$ALFWORLD_DATA`` or its ``json_2.1.1`` child)."""
+    """Games from an ALFWorld data folder (``$ALFWORLD_DATA`` or its ``json_2.1.1`` child).
+
+    Only games marked solvable are listed (see :func:`_listing`); the listing is read once per
+    process and folder (again when the split folder's entries change).
+    """
 
     def __init__(self, data_dir: str | os.PathLike, split: str, task_types: Sequence[str] | None) -> None:
         if split not in SPLITS:
@@ -102,20 +140,39 @@ class DataGames:
             )
         self.split = split
         self.task_types = _check_task_types(task_types)
-        ids = []
-        for game_path in sorted(self.root.glob(f"*/*/{GAME_FILE}")):
-            task_dir = game_path.parent.parent.name
-            if "movable" in task_dir or "Sliced" in task_dir:
-                continue  # alfworld skips these too
-            if task_dir.split("-", 1)[0] not in self.task_types:
-                continue
-            ids.append(f"{task_dir}/{game_path.parent.name}")
+        key = (str(self.root), self.task_types, self.root.stat().st_mtime_ns)
+        with _LISTINGS_LOCK:
+            if key not in _LISTINGS:
+                _LISTINGS[key] = _listing(self.root, self.task_types)
+            ids, self.unsolvable = _LISTINGS[key]
+        if self.unsolvable:
+            log.info("ALFWorld: skipped %d games not marked solvable under %s", self.unsolvable, self.root)
         if not ids:
             raise FileNotFoundError(
-                f"no {GAME_FILE} games of types {list(self.task_types)} under {self.root}"
+                f"no solvable {GAME_FILE} games of types {list(self.task_types)} under {self.root}"
+                + (f" ({self.unsolvable} not marked solvable)" if self.unsolvable else "")
             )
-        self._ids = ids
+        self._ids = list(ids)
         self.identity = ("data", str(self.root), self.task_types)
+
+    def provenance(self) -> dict[str, Any]:
+        """The data folder, a SHA-256 of every listed game's files, the split and counts."""
+        from bpo_envs.provenance import hash_files
+
+        files = []
+        for task_id in self._ids:
+            files.append(self.root / task_id / GAME_FILE)
+            if (self.root / task_id / TRAJ_FILE).is_file():
+                files.append(self.root / task_id / TRAJ_FILE)
+        return {
+            "data_source": "data_dir",
+            "data_dir": str(self.root.parent),
+            "files_sha256": hash_files(files, root=self.root),
+            "split": self.split,
+            "task_count": len(self._ids),
+            "skipped_unsolvable": self.unsolvable,
+            "task_types": list(self.task_types),
+        }
 
     def task_ids(self) -> list[str]:
         return list(self._ids)
@@ -126,8 +183,8 @@ class DataGames:
     def game(self, task_id: str) -> dict[str, Any]:
         folder = self.root / task_id
         game = read_game(folder / GAME_FILE)
-        if game.get("solvable") is False:
-            raise ValueError(f"{folder / GAME_FILE} is marked unsolvable")
+        if game.get("solvable") is not True:
+            raise ValueError(f"{folder / GAME_FILE} is not marked solvable")
         traj_path = folder / TRAJ_FILE
         traj: dict[str, Any] = {}
         if traj_path.is_file():
@@ -148,7 +205,10 @@ class GeneratedGames:
     by Fast Downward and does not hold its goal at the start.
     """
 
-    def __init__(self, split: str, task_types: Sequence[str] | None, games_per_type: int, seed: int) -> None:
+    def __init__(
+        self, split: str, task_types: Sequence[str] | None, games_per_type: int, seed: int,
+        version: int = GENERATOR_VERSION,
+    ) -> None:  # fmt: skip
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if isinstance(games_per_type, bool) or not isinstance(games_per_type, int) or games_per_type < 1:
@@ -157,16 +217,32 @@ class GeneratedGames:
         self.seed = int(seed)
         self.task_types = _check_task_types(task_types)
         self.games_per_type = games_per_type
-        self.root = cache_root() / f"generated-v{GENERATOR_VERSION}" / f"seed{self.seed}" / "json_2.1.1" / split
+        if isinstance(version, bool) or version not in GENERATOR_VERSIONS:
+            raise ValueError(f"generator_version must be one of {GENERATOR_VERSIONS}, got {version!r}")
+        self.version = int(version)
+        self.root = cache_root() / f"generated-v{self.version}" / f"seed{self.seed}" / "json_2.1.1" / split
         self._ids = [f"{t}/{i:04d}" for t in self.task_types for i in range(games_per_type)]
         self._lock = threading.Lock()
-        self.identity = ("generated", GENERATOR_VERSION, self.seed, split, self.task_types, games_per_type)
+        self.identity = ("generated", self.version, self.seed, split, self.task_types, games_per_type)
 
     def task_ids(self) -> list[str]:
         return list(self._ids)
 
     def task_type(self, task_id: str) -> str:
         return task_id.split("/", 1)[0]
+
+    def provenance(self) -> dict[str, Any]:
+        """The generator (module, version, seed), the split and counts."""
+        return {
+            "data_source": "bundled-generator",
+            "generator": "bpo_envs.alfworld.generator",
+            "generator_version": self.version,
+            "generator_seed": self.seed,
+            "games_per_type": self.games_per_type,
+            "split": self.split,
+            "task_count": len(self._ids),
+            "task_types": list(self.task_types),
+        }
 
     def game(self, task_id: str) -> dict[str, Any]:
         path = self.root / task_id / GAME_FILE
@@ -177,7 +253,7 @@ class GeneratedGames:
                 pass  # a damaged cache entry is regenerated
         task_type, index = task_id.split("/", 1)
         with self._lock:
-            game, traj = make_verified_game(task_type, self.split, int(index), self.seed)
+            game, traj = make_verified_game(task_type, self.split, int(index), self.seed, self.version)
             _write_json(path.parent / TRAJ_FILE, traj)
             _write_json(path, game)
         return game
@@ -187,7 +263,9 @@ _VERIFIER: Any = None
 _VERIFIER_LOCK = threading.Lock()
 
 
-def make_verified_game(task_type: str, split: str, index: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+def make_verified_game(
+    task_type: str, split: str, index: int, seed: int = 0, version: int = GENERATOR_VERSION
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Generate game ``index`` and check it with the planner: not won at the start, and the
     planner's plan, played command by command, wins. Returns ``(game, traj_data)``."""
     from bpo_envs.alfworld.engine import AlfredEngine
@@ -199,11 +277,11 @@ def make_verified_game(task_type: str, split: str, index: int, seed: int = 0) ->
         engine = _VERIFIER
         for attempt in range(MAX_ATTEMPTS):
             try:
-                problem = generate_problem(task_type, split, index, seed, attempt)
+                problem = generate_problem(task_type, split, index, seed, attempt, version)
             except GenerationFailed:
                 continue
             game = problem.game()
-            engine.load(game, f"verify:{split}:{task_type}:{index}:{attempt}")
+            engine.load(game, f"verify:v{version}:{split}:{task_type}:{index}:{attempt}")
             if engine.won:
                 continue
             plan = engine.plan()

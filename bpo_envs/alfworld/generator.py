@@ -7,8 +7,21 @@ fields that name the task. Everything comes from the ``alfworld`` wheel:
 * rooms: the AI2-THOR floor plans shipped in ``alfworld/gen/layouts`` (kitchens 1-30, living
   rooms 201-230, bedrooms 301-330, bathrooms 401-430): their receptacle instances and
   interaction points (``FloorPlanN-openable.json``) and the object classes present
-  (``FloorPlanN-objects.json``); ``train`` uses ``TRAIN_SCENE_NUMBERS``, ``valid_unseen`` the
-  test scenes, ``valid_seen`` the train scenes under another seed;
+  (``FloorPlanN-objects.json``); ``train`` uses ``TRAIN_SCENE_NUMBERS``, ``valid_unseen`` the test scenes
+  (alfworld ships no list of ALFRED's own valid_unseen scenes), ``valid_seen`` the train scenes
+  under another seed;
+* objects: each carried class the floor plan lists, placed in receptacles that
+  ``VAL_RECEPTACLE_OBJECTS`` lets hold it (closed ones included: cabinets, drawers, the
+  fridge); lamps on a table-like receptacle (the layouts do not record where);
+* versions (:data:`GENERATOR_VERSIONS`, ``generator_version=`` of the env): ``1`` (default)
+  thins a room's receptacles to :data:`MAX_RECEPTACLES` (dropping repeated cabinets and
+  drawers), makes 1-3 copies of an object and keeps each lamp the task does not need with
+  probability 1/2; ``2`` is closer to ALFRED: every receptacle of the room (up to ~50 in a
+  kitchen), 1 to ``MAX_NUM_OF_OBJ_INSTANCES`` copies of each object and 1 (2 for two-object
+  tasks) to ``PICKUP_REPEAT_MAX`` of the task's object (ALFRED's generator settings in
+  ``constants.py``), and every lamp of the floor plan. Version 2's kitchens take the planner
+  1-13 s a game to verify (version 1: under 1 s), and a two-object task in the largest kitchens
+  can take it many minutes (no time limit is applied yet), so version 1 stays the default;
 * constraints: ``alfworld/gen/constants.py`` (which receptacle can hold which object, which
   objects are cleanable/heatable/coolable/sliceable/toggleable, which receptacles open);
 * goals: the PDDL goals and the goal templates of ``alfworld/gen/goal_library.py``;
@@ -44,7 +57,9 @@ TASK_TYPES: tuple[str, ...] = (
 """The six ALFWorld task types, in alfworld's order (``TASK_TYPES`` 1-6)."""
 
 SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
+GENERATOR_VERSIONS: tuple[int, ...] = (1, 2)
 GENERATOR_VERSION = 1
+"""The default version (see the module docstring)."""
 MAX_RECEPTACLES = 24
 
 # the appliance a task type needs, which is then not also the place to put the object
@@ -122,9 +137,8 @@ def load_scene(number: int) -> Scene:
 
 
 def _thin(receptacles: list, rng: random.Random) -> list:
-    """Drop instances of the most repeated classes (cabinets, drawers) down to
-    :data:`MAX_RECEPTACLES`, keeping one of each class: ALFWorld's rooms have about 20
-    receptacles, and Fast Downward's optimal plans take minutes in the 50-receptacle kitchens."""
+    """Version 1: drop instances of the most repeated classes (cabinets, drawers) down to
+    :data:`MAX_RECEPTACLES`, keeping one of each class."""
     receptacles = list(receptacles)
     while len(receptacles) > MAX_RECEPTACLES:
         counts: dict[str, int] = {}
@@ -155,6 +169,8 @@ def _tables() -> dict[str, Any]:
         "movable": frozenset(c.MOVABLE_RECEPTACLES),
         "train": tuple(c.TRAIN_SCENE_NUMBERS),
         "test": tuple(c.TEST_SCENE_NUMBERS),
+        "max_instances": int(c.MAX_NUM_OF_OBJ_INSTANCES),
+        "max_target_instances": int(c.PICKUP_REPEAT_MAX),
     }
 
 
@@ -188,17 +204,22 @@ def _scenes_for(task_type: str, split: str, rng: random.Random) -> list[int]:
     return numbers
 
 
-def generate_problem(task_type: str, split: str, index: int, seed: int = 0, attempt: int = 0) -> GeneratedProblem:
-    """Draw game ``index`` of ``task_type`` for ``split``; raise :class:`GenerationFailed` when the
-    drawn scene cannot pose the task (the caller moves on to ``attempt + 1``)."""
+def generate_problem(
+    task_type: str, split: str, index: int, seed: int = 0, attempt: int = 0, version: int = GENERATOR_VERSION
+) -> GeneratedProblem:
+    """Draw game ``index`` of ``task_type`` for ``split`` with generator ``version``; raise
+    :class:`GenerationFailed` when the drawn scene cannot pose the task (the caller moves on to
+    ``attempt + 1``)."""
+    if version not in GENERATOR_VERSIONS:
+        raise ValueError(f"generator version must be one of {GENERATOR_VERSIONS}, got {version!r}")
     if task_type not in TASK_TYPES:
         raise ValueError(f"unknown task type {task_type!r}; expected one of {TASK_TYPES}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    rng = _rng(GENERATOR_VERSION, seed, split, task_type, index, attempt)
+    rng = _rng(version, seed, split, task_type, index, attempt)
     t = _tables()
     scene = load_scene(_scenes_for(task_type, split, rng)[0])
-    scene_receptacles = _thin(list(scene.receptacles), rng)
+    scene_receptacles = _thin(list(scene.receptacles), rng) if version == 1 else list(scene.receptacles)
     recep_classes = sorted({cls for _, cls, _ in scene_receptacles})
     carried = [cls for cls in scene.object_classes if cls in t["carried"]]
     lamps = [cls for cls in scene.object_classes if cls in _LAMPS]
@@ -254,15 +275,19 @@ def generate_problem(task_type: str, split: str, index: int, seed: int = 0, atte
 
     # ---- objects ----
     def instances(cls: str) -> int:
-        if cls == obj and task_type == "pick_two_obj_and_place":
-            return rng.choice((2, 2, 3))
-        return rng.choice((1, 1, 1, 2, 2, 3))
+        if version == 1:
+            if cls == obj and task_type == "pick_two_obj_and_place":
+                return rng.choice((2, 2, 3))
+            return rng.choice((1, 1, 1, 2, 2, 3))
+        if cls == obj:
+            return rng.randint(2 if task_type == "pick_two_obj_and_place" else 1, t["max_target_instances"])
+        return rng.randint(1, t["max_instances"])
 
     objects = []  # (pddl id, class, receptacle pddl id)
     taken = set()
     for cls in carried + lamps:
         if cls in _LAMPS:
-            if cls != toggle and rng.random() < 0.5:
+            if version == 1 and cls != toggle and rng.random() < 0.5:
                 continue
             hosts = [r for r in receptacles if r[1] in _LAMP_SURFACES]
             count = 1
@@ -303,7 +328,7 @@ def generate_problem(task_type: str, split: str, index: int, seed: int = 0, atte
         },
         "scene": {"floor_plan": f"FloorPlan{scene.number}", "scene_num": scene.number, "room": scene.room},
         "turk_annotations": {"anns": [{"task_desc": goal_text[0].upper() + goal_text[1:] + "."}]},
-        "generator": {"version": GENERATOR_VERSION, "seed": seed, "index": index, "attempt": attempt},
+        "generator": {"version": version, "seed": seed, "index": index, "attempt": attempt},
     }
     return GeneratedProblem(problem, goal_text, traj_data)
 

@@ -21,6 +21,9 @@ from bpo_envs.swebench.output import CommandResult
 SUBMIT = "submit"
 MINI_SWE_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 BACKENDS = ("local", "docker")
+PROMPTS = ("bpo", "mini-swe-agent")
+TEST_OUTPUT_CHARS = 4000
+"""How much of the grading log's tail ``info["test_output"]`` keeps."""
 
 INTRO = """You are working in a checkout of {repo} at /testbed (a git repository at the commit the
 issue was reported against). Fix the issue below by editing the source code.
@@ -33,6 +36,25 @@ repository's tests.
 <issue>
 {problem}
 </issue>"""
+
+MINI_INTRO = """<pr_description>
+Consider the following PR description:
+{problem}
+</pr_description>
+
+<instructions>
+You are a software engineer working in a checkout of {repo} at /testbed. Make changes to
+non-test files in /testbed so that the issue in the PR description is fixed, in a way that is
+general and consistent with the codebase. Do not modify tests or configuration files.
+
+Each of your actions is ONE bash command (or commands joined with && or ||), executed in a new
+subshell in /testbed (timeout {timeout:g} s); directory and environment changes do not persist.
+Use non-interactive flags; avoid interactive tools such as vi or nano.
+
+When you are done, and cannot make further progress, issue exactly:
+git add -A && git diff --cached && echo {mini}
+You cannot continue working on this task after submitting.
+</instructions>"""
 
 # commands for check_snapshot's random walks: reads, edits, deletions, new files, modes, links
 # (no timestamps or directory sizes: restores do not keep them)
@@ -63,6 +85,18 @@ def _encodable(text: str) -> bool:
     return True
 
 
+def grading_hint(verdict: harness.Grade, row: dict[str, Any]) -> str | None:
+    """Why a grading probably says nothing about the patch, or None."""
+    if not verdict.patch_applied:
+        return ("grading hint: the patch did not apply to the base commit (git apply and patch "
+                "both failed); see test_output")
+    if row["PASS_TO_PASS"] and verdict.pass_to_pass == 0.0:
+        return (f"grading hint: all {len(row['PASS_TO_PASS'])} PASS_TO_PASS tests failed, so the "
+                "test command probably did not run (a missing interpreter or package, a syntax "
+                "error at import, or a timeout); see the tail of test_output")
+    return None
+
+
 class SWEBenchEnv(SnapshotEnv):
     """SWE-bench(-Verified) instances: one bash command per step in ``/testbed``, then grading.
 
@@ -72,8 +106,21 @@ class SWEBenchEnv(SnapshotEnv):
         backend: ``"local"`` (bubblewrap sandbox over a working copy; rows need ``repo_path``)
             or ``"docker"`` (real SWE-bench images or a local image, via docker-py).
         step_timeout: seconds one command may run before it is killed.
-        eval_timeout: seconds the grading test run may take.
-        max_episode_steps: steps before truncation (the diff is then graded as submitted).
+        eval_timeout: seconds the grading test run may take (the harness's default, 1,800).
+        max_episode_steps: steps before truncation.
+        grade_on_truncation: at the step limit without a submission, grade the diff as if
+            submitted (False, as mini-swe-agent and the leaderboards: no submission scores 0).
+        grading_network: docker backend: the grading container is on Docker's default network
+            (as the harness; eval scripts may ``pip install -e .``); False cuts it off. The local
+            sandbox never has a network (its eval runs the host's Python; nothing to install).
+        prompt: ``"bpo"`` (the intro below, ``[exit code: N]`` observations) or
+            ``"mini-swe-agent"`` (its PR-description intro and ``<returncode>``/``<output>``
+            observations, head/tail and warning past 10,000 characters; see
+            ``bpo_envs.swebench.output``).
+        images_dir: docker backend: a folder of ``docker save`` tarballs loaded when an
+            instance's image is missing (``bpo_envs.swebench.images``); nothing is pulled.
+        split: with a Hugging Face dataset name as ``instances``, the split (default ``test``).
+        instance_ids: keep only these instances (in this order); an unknown id is an error.
         max_output_bytes: a command printing more than this is killed (its output is elided).
         python: the interpreter the local sandbox exposes (default: the one running this).
         cpu_seconds: CPU seconds one process of a command may use (None: ``step_timeout``
@@ -89,9 +136,18 @@ class SWEBenchEnv(SnapshotEnv):
             (the local image made by ``scripts/setup/swebench.sh``) when they carry
             ``repo_path``; otherwise swebench's ``sweb.eval.*`` image names are used.
 
+    ``instances`` may also be a Hugging Face dataset name (``"princeton-nlp/SWE-bench_Verified"``),
+    read from the local cache only (``bpo_envs.swebench.instances``). The docker backend runs
+    commands with ``/root/.bashrc`` sourced (``BASH_ENV``): in the official images the agent's
+    ``python`` is the instance's conda env ``testbed``. The local backend runs the host's Python
+    (faithful for the bundled repos only, not for a Verified instance's pinned environment).
+
     Reward: 1.0 when swebench resolves the instance (every FAIL_TO_PASS and PASS_TO_PASS test
     passes), else 0.0. ``info`` after grading: ``resolved``, ``fail_to_pass`` and
-    ``pass_to_pass`` (fractions), ``tests_status``, ``patch``, ``patch_applied``.
+    ``pass_to_pass`` (fractions), ``tests_status``, ``patch``, ``patch_applied``,
+    ``test_output`` (the grading log's last 4,000 characters) and, when the test run looks
+    broken (every PASS_TO_PASS test failed, or the patch did not apply), ``grading_hint``. At the
+    step limit without grading: ``submitted: False`` and reward 0.
     """
 
     def __init__(
@@ -100,8 +156,14 @@ class SWEBenchEnv(SnapshotEnv):
         backend: str = "local",
         *,
         step_timeout: float = 60.0,
-        eval_timeout: float = 900.0,
+        eval_timeout: float = 1800.0,
         max_episode_steps: int = 50,
+        grade_on_truncation: bool = False,
+        grading_network: bool = True,
+        prompt: str = "bpo",
+        images_dir: str | Path | None = None,
+        split: str | None = None,
+        instance_ids: Iterable[str] | None = None,
         max_output_bytes: int = 64 << 20,
         python: str | None = None,
         docker_image: str | None = None,
@@ -114,6 +176,14 @@ class SWEBenchEnv(SnapshotEnv):
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if prompt not in PROMPTS:
+            raise ValueError(f"prompt must be one of {PROMPTS}, got {prompt!r}")
+        for name, flag in (("grade_on_truncation", grade_on_truncation),
+                           ("grading_network", grading_network)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if images_dir is not None and backend != "docker":
+            raise ValueError("images_dir= is for backend='docker' (the local backend uses no images)")
         for name, value in (("step_timeout", step_timeout), ("eval_timeout", eval_timeout)):
             if not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -123,20 +193,24 @@ class SWEBenchEnv(SnapshotEnv):
                                max_processes=max_processes, max_file_bytes=max_file_bytes,
                                disk_quota_bytes=disk_quota_bytes)
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
-        rows = load_instances(instances)
+        rows = load_instances(instances, split=split, instance_ids=instance_ids)
         self._rows = {row["instance_id"]: row for row in rows}
         self._ids = [row["instance_id"] for row in rows]
         self.backend_name = backend
         self.step_timeout = float(step_timeout)
         self.eval_timeout = float(eval_timeout)
         self.max_output_bytes = int(max_output_bytes)
+        self.grade_on_truncation = grade_on_truncation
+        self.grading_network = grading_network
+        self.prompt = prompt
         identity = hashlib.blake2b(
             repr([(r["instance_id"], r["base_commit"], r.get("repo_path"), r.get("image"))
                   for r in rows]).encode(),
             digest_size=8,
         ).hexdigest()
         self._kind = ("SWEBench", backend, identity, self.step_timeout, self.max_output_bytes,
-                      python, docker_image, self.max_episode_steps)
+                      python, docker_image, self.max_episode_steps, prompt, grade_on_truncation,
+                      grading_network, self.eval_timeout)
         if backend == "local":
             from bpo_envs.swebench.local import LocalBackend
 
@@ -144,7 +218,8 @@ class SWEBenchEnv(SnapshotEnv):
         else:
             from bpo_envs.swebench.docker_backend import DockerBackend
 
-            self._backend = DockerBackend(self._kind, image=docker_image, limits=limits)
+            self._backend = DockerBackend(self._kind, image=docker_image, limits=limits,
+                                          images_dir=images_dir, grading_network=grading_network)
         self._backend.check(rows)
         self._finalizer = weakref.finalize(self, self._backend.close)
         self._row: dict[str, Any] | None = None
@@ -159,7 +234,8 @@ class SWEBenchEnv(SnapshotEnv):
         return dict(self._rows[key])
 
     def _intro(self, row: dict[str, Any]) -> str:
-        return INTRO.format(repo=row["repo"], timeout=self.step_timeout, mini=MINI_SWE_SUBMIT,
+        template = MINI_INTRO if self.prompt == "mini-swe-agent" else INTRO
+        return template.format(repo=row["repo"], timeout=self.step_timeout, mini=MINI_SWE_SUBMIT,
                             problem=row["problem_statement"].strip())
 
     def _reset_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
@@ -192,12 +268,18 @@ class SWEBenchEnv(SnapshotEnv):
         else:
             result: CommandResult = self._backend.run(action, self.step_timeout,
                                                       self.max_output_bytes)
-            obs = result.observation(self.step_timeout)
+            if self.prompt == "mini-swe-agent":
+                obs = result.mini_observation(action)
+            else:
+                obs = result.observation(self.step_timeout)
             info = {"exit_code": result.exit_code, "timed_out": result.timed_out}
             reward, done = 0.0, False
             if result.output.lstrip().split("\n", 1)[0].strip() == MINI_SWE_SUBMIT:
                 return self._grade(obs + "\nSubmitted.")
         if last:
+            if not self.grade_on_truncation:
+                info.update({"submitted": False, "resolved": False})
+                return obs + "\nStep limit reached without a submission (scored 0).", 0.0, False, info
             obs2, reward, done, info2 = self._grade(obs + "\nStep limit reached; graded as submitted.")
             info2.update({k: v for k, v in info.items() if k not in info2})
             return obs2, reward, False, info2
@@ -228,7 +310,13 @@ class SWEBenchEnv(SnapshotEnv):
             "pass_to_pass": verdict.pass_to_pass,
             "tests_status": verdict.report,
             "patch": patch,
+            "submitted": True,
+            "test_output": log[-TEST_OUTPUT_CHARS:],
         }
+        hint = grading_hint(verdict, row)
+        if hint:
+            info["grading_hint"] = hint
+            obs += f"\n{hint}"
         return obs, reward, True, info
 
     # ---- snapshots -----------------------------------------------------------------------

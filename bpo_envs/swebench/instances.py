@@ -1,11 +1,31 @@
-"""Loading SWE-bench rows: json / jsonl / parquet files, task-repo folders, or the bundled set."""
+"""Loading SWE-bench rows: json / jsonl / parquet files, task-repo folders, Hugging Face
+dataset names from the local cache, or the bundled set.
+
+A dataset name (``"princeton-nlp/SWE-bench_Verified"``, ``"SWE-bench/SWE-bench_Lite"``) is read
+from the local Hugging Face cache only, never downloaded, looked for in this order:
+
+1. the hub cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``):
+   ``datasets--<org>--<name>/snapshots/<revision>/**/<split>-*.parquet`` (or ``.jsonl`` /
+   ``.json``), the revision ``refs/main`` names (else the newest snapshot);
+2. the datasets cache (``$HF_DATASETS_CACHE``, else ``$HF_HOME/datasets``, else
+   ``~/.cache/huggingface/datasets``): ``<org>___<name lowercased>/<config>/<version>/<hash>/
+   *-<split>[-NNNNN-of-NNNNN].arrow`` (the newest such folder).
+
+A folder saved with ``datasets``' ``save_to_disk`` (``state.json`` and ``data-*.arrow``; for a
+``DatasetDict``, one such folder per split) is read too.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+_DATASET_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 
 REQUIRED = ("instance_id", "repo", "base_commit", "test_patch", "problem_statement",
             "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -91,6 +111,97 @@ def _read_task_repo(root: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _read_arrow(paths: list[Path]) -> list[dict[str, Any]]:
+    """Rows of ``datasets`` arrow files (the streaming IPC format, or the file format)."""
+    import pyarrow as pa
+
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        with pa.memory_map(str(path), "r") as source:
+            try:
+                table = pa.ipc.open_stream(source).read_all()
+            except pa.ArrowInvalid:
+                source.seek(0)
+                table = pa.ipc.open_file(source).read_all()
+        rows += table.to_pylist()
+    return rows
+
+
+def _hf_home() -> Path:
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface"
+
+
+def _split_files(folder: Path, split: str) -> list[Path]:
+    """Files of ``split`` below ``folder`` (``<split>-00000-of-00001.parquet``, ``<split>.jsonl``)."""
+    pattern = re.compile(rf"(^|[-_]){re.escape(split)}(-\d+-of-\d+)?\.(parquet|jsonl|json|arrow)$")
+    return sorted(p for p in folder.rglob("*") if p.is_file() and pattern.search(p.name))
+
+
+def _read_files(paths: list[Path]) -> list[dict[str, Any]]:
+    arrow = [p for p in paths if p.suffix == ".arrow"]
+    if arrow:
+        return _read_arrow(arrow)
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows += read_rows(path)
+    return rows
+
+
+def hf_cache_candidates(name: str) -> list[Path]:
+    """The folders where ``name``'s cached copy would be (hub cache, then datasets cache)."""
+    org, _, repo = name.partition("/")
+    hub = Path(os.environ.get("HF_HUB_CACHE") or _hf_home() / "hub")
+    ds = Path(os.environ.get("HF_DATASETS_CACHE") or _hf_home() / "datasets")
+    return [hub / f"datasets--{org}--{repo}", ds / f"{org}___{repo.lower()}"]
+
+
+def read_hf_cached(name: str, split: str = "test") -> list[dict[str, Any]]:
+    """Rows of dataset ``name``'s ``split`` from the local Hugging Face cache; never downloads."""
+    hub_dir, ds_dir = hf_cache_candidates(name)
+    snapshots = hub_dir / "snapshots"
+    if snapshots.is_dir():
+        ref = hub_dir / "refs" / "main"
+        revision = ref.read_text().strip() if ref.is_file() else None
+        folders = sorted((p for p in snapshots.iterdir() if p.is_dir()),
+                         key=lambda p: (p.name == revision, p.stat().st_mtime), reverse=True)
+        for folder in folders:
+            files = _split_files(folder, split)
+            if files:
+                return _read_files(files)
+    if ds_dir.is_dir():
+        folders = sorted((p for p in ds_dir.glob("*/*/*") if p.is_dir()),
+                         key=lambda p: p.stat().st_mtime, reverse=True)
+        for folder in folders:
+            files = [p for p in _split_files(folder, split) if p.suffix == ".arrow"]
+            if files:
+                return _read_arrow(files)
+    raise InstanceError(
+        f"dataset {name!r} (split {split!r}) is not in the local Hugging Face cache (looked in "
+        f"{hub_dir} and {ds_dir}); nothing is downloaded here. Where a network exists run "
+        f"`huggingface-cli download --repo-type dataset {name}` (or `datasets.load_dataset`) and "
+        "copy the cache folder here (HF_HOME / HF_HUB_CACHE point at it), or save the split as "
+        ".parquet / .jsonl and pass that path"
+    )
+
+
+def _read_saved_dataset(folder: Path, split: str | None) -> list[dict[str, Any]] | None:
+    """Rows of a ``save_to_disk`` folder (a Dataset, or a DatasetDict's ``split``), else None."""
+    if (folder / "state.json").is_file():
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        return _read_arrow([folder / f["filename"] for f in state.get("_data_files", [])])
+    if (folder / "dataset_dict.json").is_file():
+        splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        chosen = split or "test"
+        if chosen not in splits:
+            raise InstanceError(f"{folder}: no split {chosen!r} (it has {splits})")
+        return _read_saved_dataset(folder / chosen, None)
+    return None
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Read raw rows from a json / jsonl / parquet file or a task-repo folder."""
     path = Path(path)
@@ -99,7 +210,13 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if path.is_dir():
         if (path / "tasks").is_dir():
             return _read_task_repo(path)
-        raise InstanceError(f"{path} is a folder but not a swebench task repo (no tasks/ in it)")
+        saved = _read_saved_dataset(path, None)
+        if saved is not None:
+            return saved
+        raise InstanceError(
+            f"{path} is a folder but neither a swebench task repo (no tasks/ in it) nor a saved "
+            "dataset (no state.json)"
+        )
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _read_parquet(path)
@@ -114,20 +231,55 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     raise InstanceError(f"{path}: unknown instance format {suffix!r} (use .json, .jsonl, .parquet)")
 
 
-def load_instances(source: str | Path | Iterable[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
-    """Rows from ``source`` (a path, a list of rows, or None for the bundled set), checked."""
+def is_dataset_name(source: str | Path) -> bool:
+    """Whether ``source`` names a Hugging Face dataset (``org/name``) rather than a path."""
+    text = str(source)
+    return (not Path(text).exists() and bool(_DATASET_NAME.match(text))
+            and not text.lower().endswith(_FILE_SUFFIXES))
+
+
+def load_instances(
+    source: str | Path | Iterable[Mapping[str, Any]] | None,
+    split: str | None = None,
+    instance_ids: Iterable[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows from ``source``, checked.
+
+    ``source``: a path (file or folder), a Hugging Face dataset name (local cache only, see the
+    module docstring), a list of rows, or None for the bundled set. ``split``: for a dataset
+    name or a saved ``DatasetDict`` (default ``test``). ``instance_ids``: keep only these rows
+    (in the source's order); an id not in the source is an error.
+    """
+    if split is not None and (not isinstance(split, str) or not split):
+        raise InstanceError(f"split must be a non-empty string, got {split!r}")
+    base_dir = None
     if source is None:
         from bpo_envs.swebench.bundled import bundled_instances
 
         raw: list[Any] = bundled_instances()
-        base_dir = None
+    elif isinstance(source, str | Path) and is_dataset_name(source):
+        raw = read_hf_cached(str(source), split or "test")
     elif isinstance(source, str | Path):
-        raw = read_rows(source)
-        base_dir = Path(source).resolve()
+        path = Path(source)
+        saved = _read_saved_dataset(path, split) if path.is_dir() else None
+        if split is not None and saved is None:
+            raise InstanceError(
+                f"split={split!r} applies to a dataset name or a saved DatasetDict, not to {path}"
+            )
+        raw = saved if saved is not None else read_rows(source)
+        base_dir = path.resolve()
         base_dir = base_dir if base_dir.is_dir() else base_dir.parent
     else:
         raw = list(source)
         base_dir = None
+    if instance_ids is not None:
+        wanted = [instance_ids] if isinstance(instance_ids, str) else list(instance_ids)
+        present = {r.get("instance_id") for r in raw if isinstance(r, Mapping)}
+        unknown = [i for i in wanted if i not in present]
+        if unknown:
+            raise InstanceError(f"instance_ids not in {source!r}: {unknown}")
+        keep = set(wanted)
+        raw = [r for r in raw if isinstance(r, Mapping) and r.get("instance_id") in keep]
     rows = [normalize_row(r, base_dir) for r in raw]
     if not rows:
         raise InstanceError(f"no instances in {source!r}")

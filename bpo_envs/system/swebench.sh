@@ -2,7 +2,9 @@
 # System part of BPO-SWEBench-v0 (idempotent, as root):
 #  * bubblewrap for the local sandbox backend (required);
 #  * docker.io for the docker backend: starts dockerd in the background when no daemon answers
-#    and builds the small local test image (bookworm minbase + python3, pytest, git, patch).
+#    and builds the small local base image (bookworm minbase + python3, pytest, git, patch), then
+#    on it, offline, a test image in the official layout (sweb.eval.x86_64.<bundled id>, a conda-
+#    style `testbed` env activated by /root/.bashrc; python -m bpo_envs.swebench.images).
 # A docker part that cannot be set up is reported and skipped (the docker tests then skip with
 # the reason); it never fails the whole setup.
 set -uo pipefail
@@ -33,7 +35,14 @@ docker_part() {
     fi
     docker info >/dev/null 2>&1 || { tail -5 /var/log/bpo-dockerd.log >&2; return 1; }
   fi
-  if docker image inspect "$IMAGE" >/dev/null 2>&1; then return 0; fi
+  if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then build_base || return 1; fi
+  local py="${VENV:-.venv}/bin/python"
+  [ -x "$py" ] || py=python3
+  "$py" -m bpo_envs.swebench.images >/dev/null \
+    || echo "swebench setup: could not build the official-layout test image" >&2
+}
+
+build_base() {
   echo "swebench setup: building $IMAGE (debootstrap, about a minute)"
   local root mirror
   # the Debian mirror this machine's apt already uses (first "URIs:" / "deb" line for debian)

@@ -8,17 +8,23 @@ bundled catalog.
 """
 
 from bpo_envs.webshop.data import Catalog, WebShopDataError, get_catalog
-from bpo_envs.webshop.env import WebShopEnv, parse_action
+from bpo_envs.webshop.env import REWARD_SETTINGS, VERL_AGENT_REWARD, WebShopEnv, parse_action
 from bpo_envs.webshop.generator import generate_catalog, write_catalog
+from bpo_envs.webshop.queries import DEFAULT_SEARCH_ACTIONS, SEARCH_ACTIONS, instruction_queries
 from bpo_envs.webshop.reward import get_reward
 
 __all__ = [
+    "DEFAULT_SEARCH_ACTIONS",
+    "REWARD_SETTINGS",
+    "SEARCH_ACTIONS",
+    "VERL_AGENT_REWARD",
     "Catalog",
     "WebShopDataError",
     "WebShopEnv",
     "generate_catalog",
     "get_catalog",
     "get_reward",
+    "instruction_queries",
     "parse_action",
     "write_catalog",
 ]

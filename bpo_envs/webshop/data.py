@@ -276,6 +276,8 @@ class Catalog:
     goal_mode: str
     index: SearchIndex
     asin_to_index: dict[str, int] = field(default_factory=dict)
+    files: dict[str, Path | None] = field(default_factory=dict)
+    bundled: bool = False
 
     def __post_init__(self) -> None:
         self.asin_to_index = {p["asin"].lower(): i for i, p in enumerate(self.products)}
@@ -307,6 +309,30 @@ class Catalog:
             goal["attributes"] = list(entry["instruction_attributes"])
             goal["goal_options"] = list(entry["instruction_options"])
         return goal
+
+    def provenance(self) -> dict[str, Any]:
+        """The data source: the bundled generator (name, version) or the data folder, and a
+        SHA-256 of the files read either way (:func:`bpo_envs.provenance.hash_files`)."""
+        from bpo_envs.provenance import hash_files
+
+        read = [p for p in self.files.values() if p is not None]
+        out: dict[str, Any] = {}
+        if self.bundled:
+            from bpo_envs.webshop.generator import GENERATOR_VERSION
+
+            out.update(data_source="bundled-generator", generator="bpo_envs.webshop.generator",
+                       generator_version=GENERATOR_VERSION)  # fmt: skip
+        else:
+            out["data_source"] = "data_dir"
+        out.update(
+            data_dir=str(read[0].parent) if read else None,
+            files=sorted(p.name for p in read),
+            files_sha256=hash_files(read) if read else None,
+            goals=self.goal_mode,
+            goal_count=len(self.goals),
+            product_count=len(self.products),
+        )
+        return out
 
     def split(self, name: str | None) -> range:
         """Goal indices of split ``name`` (``None``/``"all"`` for every goal)."""
@@ -406,7 +432,8 @@ def get_catalog(
 
     ``data_dir=None`` means the bundled generated catalog (see :mod:`.generator`).
     """
-    if data_dir is None:
+    bundled = data_dir is None
+    if bundled:
         from bpo_envs.webshop.generator import bundled_data_dir
 
         data_dir = bundled_data_dir()
@@ -418,6 +445,7 @@ def get_catalog(
             # the snapshot kind: what the data is, not where it lies (processes may differ)
             fingerprint = tuple((p.name, p.stat().st_size) for p in files.values() if p is not None)
             catalog = build_catalog(files, goals, num_products, goal_seed, (fingerprint, *where[1:]))
+            catalog.files, catalog.bundled = dict(files), bundled
             _CATALOGS[where] = catalog
     return catalog
 

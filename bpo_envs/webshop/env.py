@@ -18,12 +18,20 @@ Behaviour follows upstream's ``web_agent_site/envs/web_agent_text_env.py`` (``Si
   action that does nothing upstream (bad syntax, an empty search, a label not on the page,
   ``click[search]``) leaves the page as it is, gives reward 0 and ``info["invalid_action"]``,
   with an observation that starts with the reason.
-* ``info["admissible_actions"]``: on a page with a search bar, upstream's candidate queries
-  (the goal's query, each goal attribute + query, the instruction), otherwise every
-  ``click[label]`` of the page.
+* ``info["admissible_actions"]``: on a page with a search bar, the ``search[...]`` candidates
+  of ``search_actions=`` (:mod:`.queries`: ``"instruction"``, the default, offers phrases of the
+  instruction the agent reads; ``"free"`` the placeholder ``search[<your query>]`` as
+  verl-agent; ``"upstream-il"`` upstream's IL candidates, built from hidden goal fields),
+  otherwise every ``click[label]`` of the page. No default offers a hidden goal field.
+* Rewards (docs in :mod:`bpo_envs.reward_settings`): ``reward_mode="score"`` (default) pays the
+  upstream score on ``Buy Now``, ``"success"`` pays ``1[score == 1]``; ``reward_scale``
+  multiplies it; ``invalid_penalty`` is paid (negated) for an invalid action.
+  ``REWARD_SETTINGS["verl-agent"]`` is verl-agent's ``10 * success`` and ``-0.1``.
 
 Tasks are goal indices (ints) into the shuffled goal list of the catalog (see :mod:`.data`);
-``split=`` restricts ``task_ids()`` without renumbering. The products and the search index
+``split=`` restricts ``task_ids()`` without renumbering: ``"test"`` is goals 0-499, ``"eval"``
+500-1499 and ``"train"`` the rest (upstream's splits; human goals when ``items_human_ins.json``
+is present), proportionally on catalogs under 2000 goals. The products and the search index
 live in a per-process :class:`~bpo_envs.webshop.data.Catalog` shared by every env instance of
 the same data configuration; an env holds only its session state (an immutable tuple), which
 is what a snapshot copies.
@@ -38,12 +46,24 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bpo_envs.core import SnapshotEnv
+from bpo_envs.reward_settings import REWARD_SETTINGS, VERL_AGENT_REWARD, reward_settings
 from bpo_envs.webshop import pages
 from bpo_envs.webshop.data import SHUFFLE_SEED, Catalog, get_catalog
+from bpo_envs.webshop.queries import (
+    DEFAULT_SEARCH_ACTIONS,
+    SEARCH_ACTIONS,
+    instruction_queries,
+    search_candidates,
+)
 from bpo_envs.webshop.reward import get_reward, resolve_noun_parser, token_set_ratio
 
 OBSERVATION_MODES = ("text", "text_rich")
 DEFAULT_MAX_STEPS = 15
+ENV_ID = "BPO-WebShop-v0"
+__all__ = [
+    "DEFAULT_SEARCH_ACTIONS", "REWARD_SETTINGS", "SEARCH_ACTIONS", "VERL_AGENT_REWARD", "Session", "WebShopEnv",
+    "parse_action",
+]  # fmt: skip
 
 
 class Session(NamedTuple):
@@ -83,7 +103,11 @@ class WebShopEnv(SnapshotEnv):
         goals: ``"auto"`` (human goals when ``items_human_ins.json`` is present, else
             synthetic), ``"synthetic"`` or ``"human"``.
         split: ``None``/``"all"``, ``"train"``, ``"eval"`` or ``"test"``: which goal indices
-            ``task_ids()`` lists.
+            ``task_ids()`` lists (test = goals 0-499, as upstream).
+        search_actions: ``"instruction"`` (default), ``"free"`` or ``"upstream-il"``: the
+            start page's admissible searches (see :mod:`.queries`). A text-generating policy
+            may use ``"free"``; ``"upstream-il"`` uses hidden goal fields.
+        reward_mode, reward_scale, invalid_penalty: see :mod:`bpo_envs.reward_settings`.
         num_products: use only the first N products of the product file (as upstream).
         noun_parser: ``"auto"``, ``"spacy"`` or ``"heuristic"`` (title nouns of the reward).
         goal_seed: seed of the drawn prices and price limits.
@@ -100,6 +124,10 @@ class WebShopEnv(SnapshotEnv):
         num_products: int | None = None,
         noun_parser: str = "auto",
         goal_seed: int = SHUFFLE_SEED,
+        search_actions: str = DEFAULT_SEARCH_ACTIONS,
+        reward_mode: str = "score",
+        reward_scale: float = 1.0,
+        invalid_penalty: float = 0.0,
         max_episode_steps: int = DEFAULT_MAX_STEPS,
         render_mode: str | None = None,
     ) -> None:
@@ -110,6 +138,10 @@ class WebShopEnv(SnapshotEnv):
             raise ValueError(f"goal_seed must be an int, got {goal_seed!r}")
         if num_products is not None and (isinstance(num_products, bool) or not isinstance(num_products, int) or num_products < 1):
             raise ValueError(f"num_products must be a positive int or None, got {num_products!r}")
+        if search_actions not in SEARCH_ACTIONS:
+            raise ValueError(f"search_actions must be one of {SEARCH_ACTIONS}, got {search_actions!r}")
+        self.search_actions = search_actions
+        self.rewards = reward_settings(reward_mode, reward_scale, invalid_penalty)
         self.observation_mode = observation_mode
         self.noun_parser = resolve_noun_parser(noun_parser)
         self.catalog: Catalog = get_catalog(data_dir, goals, num_products, goal_seed)
@@ -136,7 +168,22 @@ class WebShopEnv(SnapshotEnv):
         )
 
     def _snapshot_kind(self) -> Any:
-        return ("WebShop", self.catalog.key, self.observation_mode, self.noun_parser, self.max_episode_steps)
+        return (
+            "WebShop", self.catalog.key, self.observation_mode, self.noun_parser, self.max_episode_steps,
+            self.search_actions, self.rewards,
+        )  # fmt: skip
+
+    def provenance(self) -> dict[str, Any]:
+        """Which data, split and settings this env runs on (see :mod:`bpo_envs.provenance`)."""
+        return {
+            "env": ENV_ID,
+            **self.catalog.provenance(),
+            "split": self.split or "all",
+            "task_count": len(self._task_ids),
+            "search_actions": self.search_actions,
+            "noun_parser": self.noun_parser,
+            "reward": self.rewards.as_dict(),
+        }
 
     def _reset_task(self, task_id: int) -> tuple[str, dict[str, Any]]:
         self._goal = self.catalog.goal(task_id)
@@ -191,9 +238,7 @@ class WebShopEnv(SnapshotEnv):
 
     def _admissible(self, s: Session, table: dict[str, pages.Node]) -> list[str]:
         if s.page == "start":
-            goal = self._goal
-            texts = [goal["query"], *(f"{a} {goal['query']}" for a in goal["attributes"]), goal["instruction_text"].lower()]
-            return list(dict.fromkeys(f"search[{t}]" for t in texts))
+            return search_candidates(self.search_actions, self._goal)
         return [f"click[{label}]" for label in table if label != "search"]
 
     def _render(self, s: Session) -> tuple[str, dict[str, Any]]:
@@ -231,9 +276,11 @@ class WebShopEnv(SnapshotEnv):
         self._session = new
         obs, info = self._render(new)
         if new.page == "done":
-            info["won"] = new.reward == 1.0
+            won = new.reward == 1.0
+            info["won"] = won
+            info["score"] = new.reward
             info["reward_details"] = self._details
-            return obs, new.reward, True, info
+            return obs, self.rewards.terminal(new.reward, won), True, info
         return obs, 0.0, False, info
 
     def _click(self, s: Session, label: str, node: pages.Node) -> Session:
@@ -269,27 +316,45 @@ class WebShopEnv(SnapshotEnv):
         obs, info = self._render(self._session)
         shown = action if len(action) <= 80 else action[:77] + "..."
         info["invalid_action"] = True
-        return f"Invalid action {shown!r}: {why}.\n{obs}", 0.0, False, info
+        return f"Invalid action {shown!r}: {why}.\n{obs}", self.rewards.invalid, False, info
 
     # ---- expert and sampling -------------------------------------------------------------
+    def expert_queries(self) -> list[str]:
+        """The queries the expert tries, in order: the instruction's phrases (the start page's
+        candidates under ``"instruction"``), with ``"upstream-il"`` also its candidates, then the
+        goal product's title (which only the expert knows)."""
+        goal = self._goal
+        queries = instruction_queries(goal["instruction_text"])
+        if self.search_actions == "upstream-il":
+            queries += [a[len("search[") : -1] for a in search_candidates("upstream-il", goal)]
+        queries.append(goal["name"].lower())
+        return list(dict.fromkeys(queries))
+
     def expert_actions(self) -> list[str]:
         """Buy the goal product with the goal options, found by searching the goal's words.
 
-        It tries the instruction (without the price clause), the goal query, then the
-        product title, and uses the first whose results list the goal product; it then pages
-        to it, opens it, selects each goal option and buys.
+        Of :meth:`expert_queries`, it searches the one whose results rank the goal product
+        highest (the first such on ties, the title only when no other finds it); it then pages
+        to it, opens it, selects each goal option and buys. With ``search_actions=
+        "instruction"`` its search is an admissible action unless only the title finds the
+        product; with ``"free"`` it types its query (behaviour cloning of a choice policy then
+        skips that step).
         """
         goal = self._goal
         target = self.catalog.asin_to_index[goal["asin"].lower()]
         product = self.catalog.products[target]
         actions = [] if self._session.page == "start" else ["click[back to search]"]
-        instruction = goal["instruction_text"].split(", and price lower than")[0].lower()
-        for query in (instruction, goal["query"], goal["name"].lower()):
-            hits = self._hits(query)
-            if target in hits:
+        *visible, title = self.expert_queries()
+        best: tuple[int, str, tuple[int, ...]] | None = None
+        for query in [*visible, title]:
+            if best is not None and (query == title or best[0] == 0):
                 break
-        else:
+            hits = self._hits(query)
+            if target in hits and (best is None or hits.index(target) < best[0]):
+                best = (hits.index(target), query, hits)
+        if best is None:
             raise RuntimeError(f"the goal product {goal['asin']} is not found by its own title")
+        _, query, hits = best
         actions.append(f"search[{query}]")
         actions += ["click[next >]"] * (hits.index(target) // pages.PRODUCTS_PER_PAGE)
         actions.append(f"click[{product['asin'].lower()}]")

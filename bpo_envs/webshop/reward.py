@@ -35,6 +35,7 @@ most titles; where they differ only the ``title_score`` thresholds of ``r_type``
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -129,19 +130,29 @@ def heuristic_nouns(title: str) -> list[str]:
     return out
 
 
+def spacy_model_name() -> str:
+    """The spaCy pipeline package to tag titles with: ``$BPO_WEBSHOP_SPACY_MODEL``, default
+    ``en_core_web_sm`` (upstream's; a differently named copy of it can be named here)."""
+    return os.environ.get("BPO_WEBSHOP_SPACY_MODEL") or "en_core_web_sm"
+
+
 def spacy_available() -> bool:
-    """Whether spaCy and ``en_core_web_sm`` (upstream's tagger) can be imported."""
+    """Whether spaCy and its tagger (:func:`spacy_model_name`) can be imported."""
     return (
         importlib.util.find_spec("spacy") is not None
-        and importlib.util.find_spec("en_core_web_sm") is not None
+        and importlib.util.find_spec(spacy_model_name()) is not None
     )
 
 
-@lru_cache(maxsize=1)
-def _spacy_model() -> Any:
+@lru_cache(maxsize=4)
+def _load_spacy(name: str) -> Any:
     import spacy
 
-    return spacy.load("en_core_web_sm")
+    return spacy.load(name)
+
+
+def _spacy_model() -> Any:
+    return _load_spacy(spacy_model_name())
 
 
 def _spacy_nouns(title: str) -> list[str]:

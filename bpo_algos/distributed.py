@@ -1,0 +1,190 @@
+"""Data-parallel training over ``torch.distributed`` (gloo on CPU, NCCL on GPUs).
+
+Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every rank runs the same
+:class:`~bpo_algos.trainer.Trainer` code; what makes them one training run:
+
+* **Trees split, seeded per tree.** Every rank draws the same tasks (same seed); tree ``i`` of
+  an update is built by rank ``i mod N``, with the policy and the engine seeded by
+  :func:`tree_seed` ``(seed, update, i)``, so a tree is the same whichever rank builds it.
+* **One gradient.** Each rank back-propagates its trees' loss divided by the *global*
+  normaliser (the sum of every rank's :meth:`~bpo_algos.algorithm.Algorithm.loss_normaliser`),
+  then :func:`all_reduce_gradients` sums the gradients: the result is the one-process
+  gradient of the whole batch (up to float summation order).
+* **Global meters.** Compute meters and per-tree statistics are all-reduced/gathered, so the
+  logged row and the budget are those of the whole batch; checkpoints and logs come from rank 0.
+* **FSDP** when the model does not fit one GPU: :func:`shard_model` wraps a model with
+  ``torch.distributed.fsdp.fully_shard`` (FSDP2). It is not wired into the Trainer: a sharded
+  model's forward is a collective, so every rank would have to run the same number of forward
+  passes, while collection runs as many as its trees need. The path is generation on vLLM
+  (its own unsharded bf16 copy) and entropy from vLLM too, then the update on the sharded
+  model with each rank's loss scaled by ``N`` (FSDP averages its reduce-scatter) in place of
+  :func:`all_reduce_gradients`.
+
+Nothing here starts a process group by itself except :func:`init_from_env`, which does so only
+when ``WORLD_SIZE`` > 1 is set by a launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+def init_from_env(backend: str | None = None) -> bool:
+    """Join the process group a launcher describes (``WORLD_SIZE``/``RANK``/``MASTER_ADDR``).
+
+    Returns True when this process is one of several ranks. ``backend`` defaults to NCCL when
+    CUDA is available, else gloo. Under NCCL, each rank uses GPU ``LOCAL_RANK``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size() > 1
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if not dist.is_available():
+        raise RuntimeError("WORLD_SIZE > 1 but this torch build has no torch.distributed")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend)
+    log.info("rank %d of %d joined the %s process group", dist.get_rank(), dist.get_world_size(), backend)
+    return dist.get_world_size() > 1
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def _comm_device() -> torch.device:
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def tree_seed(seed: int, update: int, index: int) -> int:
+    """The seed of tree ``index`` of update ``update`` (independent of the rank building it)."""
+    return int(np.random.SeedSequence([int(seed), int(update), int(index)]).generate_state(1)[0])
+
+
+def shard_indices(n: int, rank_: int | None = None, world: int | None = None) -> list[int]:
+    """The items ``i < n`` this rank builds: ``i mod world == rank`` (round robin)."""
+    r = rank() if rank_ is None else rank_
+    w = world_size() if world is None else world
+    return [i for i in range(n) if i % w == r]
+
+
+def all_reduce_sum(values: Sequence[float]) -> list[float]:
+    """Element-wise sum over ranks (float64); the input itself on one process."""
+    if not is_distributed():
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` on one process)."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_same_parameters(parameters: Sequence[torch.nn.Parameter]) -> None:
+    """Raise unless every rank trains the same number of parameter elements (gradients of
+    different shapes cannot be summed: a policy that grows entries while collecting, like
+    ``TabularPolicy``, cannot train data-parallel)."""
+    if not is_distributed():
+        return
+    counts = all_gather_objects([int(p.numel()) for p in parameters])
+    if any(c != counts[0] for c in counts):
+        raise RuntimeError(
+            "data-parallel ranks hold different trainable parameters "
+            f"(element counts per rank: {[sum(c) for c in counts]}); a policy that creates "
+            "parameters while collecting (TabularPolicy) cannot be trained data-parallel"
+        )
+
+
+def all_reduce_gradients(parameters: Sequence[torch.nn.Parameter], bucket_elements: int = 1 << 24) -> None:
+    """Sum ``.grad`` over ranks in place, in flat buckets of at most ``bucket_elements``.
+
+    A parameter with no gradient on one rank contributes zeros (it must still be summed: another
+    rank may have one)."""
+    if not is_distributed():
+        return
+    device = _comm_device()
+    bucket: list[torch.nn.Parameter] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal bucket, size
+        if not bucket:
+            return
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(device, torch.float32) for p in bucket]
+        )
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in bucket:
+            n = p.numel()
+            chunk = flat[offset : offset + n].view_as(p).to(p.device, p.dtype)
+            if p.grad is None:
+                p.grad = chunk.clone()
+            else:
+                p.grad.copy_(chunk)
+            offset += n
+        bucket, size = [], 0
+
+    for p in parameters:
+        if size + p.numel() > bucket_elements:
+            flush()
+        bucket.append(p)
+        size += p.numel()
+    flush()
+
+
+def broadcast_parameters(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank (the same start everywhere)."""
+    if not is_distributed():
+        return
+    device = _comm_device()
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            buf = t.detach().to(device).clone()
+            dist.broadcast(buf, src=src)
+            t.copy_(buf.to(t.device))
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def shard_model(model: torch.nn.Module, mixed_precision: torch.dtype | None = torch.bfloat16) -> torch.nn.Module:
+    """Shard ``model`` over the ranks with FSDP2 (``fully_shard``): each decoder layer, then the
+    whole model. Parameters stay in their dtype (fp32 master weights); ``mixed_precision`` is
+    the compute dtype. Use it when weights + gradients + optimizer state do not fit one GPU
+    (``bpo-memory-plan`` says when)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    for layer in layers or []:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model

@@ -1,0 +1,175 @@
+"""The chat format of this project's LLM policies: decision points, prompts and action parsing.
+
+A :class:`Context` is one decision point (the history ``h``). :func:`build_messages` renders it
+as a system + user chat showing the model:
+
+* the task: the reset observation (omitted when it is the current observation);
+* the last ``history`` (observation, action) turns of the path (default 2), older ones elided;
+* the current observation;
+* the admissible actions, when the env gives them.
+
+The model answers with one action between configurable tags, ``<action>...</action>`` by
+default. :func:`parse_action` extracts it; output that does not parse is sent to the env as the
+raw text (:func:`env_action`), so the env answers with an invalid-action observation (bad model
+output is an observation, never an exception).
+
+This lives in ``bpo_envs`` so that the trainer integrations (``bpo_envs.integrations``) show
+exactly the prompts ``bpo_algos``' policies see; ``bpo_algos.policy.prompting`` re-exports it.
+Nothing here imports ``transformers`` or ``torch``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One past (observation, action) pair of a path."""
+
+    observation: str
+    action: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """One decision point: what the agent knows before acting.
+
+    Attributes:
+        task_id: the env's task id.
+        observation: the current observation.
+        admissible_actions: the env's admissible actions here, or None when it has none.
+        history: the (observation, action) pairs before this one on this path, oldest first.
+        initial_observation: the reset observation (it carries the task for most envs).
+    """
+
+    task_id: Any
+    observation: str
+    admissible_actions: tuple[str, ...] | None
+    history: tuple[Turn, ...] = ()
+    initial_observation: str = ""
+
+    def child(self, action: str, observation: str, admissible: Sequence[str] | None) -> Context:
+        """The context after taking ``action`` here and seeing ``observation``."""
+        return Context(
+            task_id=self.task_id,
+            observation=observation,
+            admissible_actions=tuple(admissible) if admissible is not None else None,
+            history=(*self.history, Turn(self.observation, action)),
+            initial_observation=self.initial_observation,
+        )
+
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an agent acting in a text environment. Read the task and the current observation, "
+    "then choose the next action. Answer with exactly one action in the form {open}ACTION{close}."
+)
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """How contexts become prompts and completions become actions.
+
+    Attributes:
+        history: how many past (observation, action) turns to show (0 = none).
+        action_open / action_close: the tags around the action in the model's answer.
+        system_prompt: the system message; ``{open}``/``{close}`` are filled with the tags.
+        show_admissible: list the admissible actions when the env gives them.
+        max_observation_chars: observations longer than this (in history and the current one)
+            keep their head and tail around a marker; None = never cut.
+    """
+
+    history: int = 2
+    action_open: str = "<action>"
+    action_close: str = "</action>"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    show_admissible: bool = True
+    max_observation_chars: int | None = 8000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 0:
+            raise ValueError(f"history must be an int >= 0, got {self.history!r}")
+        if not self.action_open or not self.action_close:
+            raise ValueError("action_open and action_close must be non-empty tags")
+        if self.max_observation_chars is not None and self.max_observation_chars < 64:
+            raise ValueError(f"max_observation_chars must be >= 64 or None, got {self.max_observation_chars}")
+
+
+def _cut(text: str, limit: int | None) -> str:
+    if limit is None or len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text) - limit} characters cut ...]\n"
+    keep = max(limit - len(marker), 0)
+    return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2) :]
+
+
+def format_action(action: str, config: PromptConfig = PromptConfig()) -> str:
+    """The answer text that states ``action`` (what SFT teaches and entropy scoring scores)."""
+    return f"{config.action_open}{action}{config.action_close}"
+
+
+def parse_action(text: str, config: PromptConfig = PromptConfig()) -> str | None:
+    """The action in the model's answer ``text`` (the last complete tag pair), or None.
+
+    Surrounding whitespace is stripped; an empty action counts as no action.
+    """
+    pattern = re.escape(config.action_open) + r"(.*?)" + re.escape(config.action_close)
+    matches = re.findall(pattern, text, flags=re.DOTALL)
+    if not matches:
+        return None
+    action = matches[-1].strip()
+    return action or None
+
+
+def env_action(text: str, config: PromptConfig = PromptConfig()) -> str:
+    """What to send to ``env.step``: the parsed action, else the raw text (the env rejects it)."""
+    parsed = parse_action(text, config)
+    return text if parsed is None else parsed
+
+
+def build_messages(
+    context: Context, config: PromptConfig = PromptConfig(), *, instruction: str | None = None
+) -> list[dict[str, str]]:
+    """The chat (system + user message) for one decision point.
+
+    ``instruction`` replaces the closing line (default: answer with the action between the
+    tags); the trainer integrations use it where the answer is a tool call instead.
+    """
+    limit = config.max_observation_chars
+    parts: list[str] = []
+    history = context.history[-config.history :] if config.history else ()
+    has_task = bool(context.initial_observation) and (
+        context.history or context.initial_observation != context.observation
+    )
+    if has_task:
+        parts.append("Task:\n" + _cut(context.initial_observation, limit))
+    if history:
+        skipped = len(context.history) - len(history)
+        header = f"Recent steps ({skipped} earlier step{'s' if skipped != 1 else ''} not shown):" if skipped else "Recent steps:"
+        lines = [header]
+        for i, turn in enumerate(history, start=skipped + 1):
+            shown = (
+                "(the task above)"
+                if has_task and turn.observation == context.initial_observation and i == 1
+                else _cut(turn.observation, limit)
+            )
+            lines.append(f"Step {i} observation:\n{shown}")
+            lines.append(f"Step {i} action: {turn.action}")
+        parts.append("\n".join(lines))
+    parts.append("Current observation:\n" + _cut(context.observation, limit))
+    if config.show_admissible and context.admissible_actions:
+        parts.append("Admissible actions:\n" + "\n".join(f"- {a}" for a in context.admissible_actions))
+    parts.append(instruction if instruction is not None else f"Answer with your next action as {format_action('ACTION', config)}.")
+    system = config.system_prompt.format(open=config.action_open, close=config.action_close)
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
+    """The prompt text with the generation prompt: the tokenizer's chat template, else plain."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
+    return text + "Assistant: "
