@@ -10,7 +10,9 @@ Per task, ``m`` trees, each grown as published:
 3. ``k`` of the tree's ``1 + n l`` leaves are kept at random (the rest pruned; by default all).
 
 Advantage (:func:`bpo_algos.advantages.tree_grpo_advantages`): every kept leaf's return is
-normalised against the task's ``m`` trees (inter-tree) and against its own tree (intra-tree);
+normalised against all the batch's trees of its task (inter-tree; Tree-GRPO groups by the
+prompt's dataset index, so a task met twice in a budgeted batch forms one group) and against its
+own tree (intra-tree);
 the sum is given to every token of the leaf's path. Biased by the std divisions, as published.
 
 Defaults are those of the repository's web-agent script (``train_webagent_tree_search.sh``:
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.advantages import as_batch
+from bpo_algos.advantages import as_batch, groups_by_task
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.checks import check_count
 from bpo_algos.registry import register_algorithm
@@ -79,7 +81,7 @@ class TreeGRPO(Algorithm):
         trees = as_batch(trees)
         for tree in trees:
             self._keep_leaves(tree)
-        self._groups = forests(trees, self.m)
+        self._groups = groups_by_task(trees)
         super().compute_advantages(trees)
 
     def advantage_options(self) -> dict[str, Any]:
@@ -114,20 +116,6 @@ class TreeGRPO(Algorithm):
 def _reset_branch_factor(node: Node) -> None:
     if node.branch_factor > 1:
         node.branch_factor = max(len(node.children), 1)
-
-
-def forests(trees: Sequence[RolloutTree], m: int) -> list[list[int]]:
-    """Tree indices grouped into forests: the trees of one task, ``m`` at a time in start order
-    (a budgeted batch cycles the tasks, so a task may have several forests; the last may be
-    short)."""
-    seen: dict[str, int] = {}
-    groups: dict[tuple[str, int], list[int]] = {}
-    for i, tree in enumerate(trees):
-        task = repr(tree.task_id)
-        count = seen.get(task, 0)
-        seen[task] = count + 1
-        groups.setdefault((task, count // m), []).append(i)
-    return list(groups.values())
 
 
 register_algorithm("tree-grpo", TreeGRPO)

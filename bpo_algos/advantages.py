@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from bpo_algos.checks import add_named
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 GRPO_SCALES = ("group", "none")
@@ -52,15 +53,10 @@ _ESTIMATORS: dict[str, Estimator] = {}
 # ---- registry ------------------------------------------------------------------------------
 def register_advantage(name: str, *, overwrite: bool = False) -> Callable[[Estimator], Estimator]:
     """Decorator: register ``fn(trees, **options) -> None`` as the estimator ``name``."""
-    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
-        raise ValueError(f"an estimator name must be a non-empty string without spaces, got {name!r}")
+    add_named({}, "estimator", name, len)  # check the name now, at the decorator
 
     def decorate(fn: Estimator) -> Estimator:
-        if not callable(fn):
-            raise TypeError(f"the estimator {name!r} must be callable, got {type(fn).__name__}")
-        if name in _ESTIMATORS and not overwrite:
-            raise ValueError(f"estimator {name!r} is already registered (pass overwrite=True to replace it)")
-        _ESTIMATORS[name] = fn
+        add_named(_ESTIMATORS, "estimator", name, fn, overwrite=overwrite)
         return fn
 
     return decorate
@@ -467,7 +463,8 @@ def _leaf_returns(tree: RolloutTree) -> list[tuple[Edge, float]]:
     return out
 
 
-def _groups_by_task(trees: Sequence[RolloutTree]) -> list[list[int]]:
+def groups_by_task(trees: Sequence[RolloutTree]) -> list[list[int]]:
+    """Tree indices grouped by task id, in order of first appearance."""
     groups: dict[Any, list[int]] = {}
     for i, tree in enumerate(trees):
         groups.setdefault(repr(tree.task_id), []).append(i)
@@ -497,7 +494,7 @@ def tree_grpo_advantages(
     as when every leaf's path is its own row). Biased by the std divisions, as published.
     """
     trees = as_batch(trees)
-    forests = [list(g) for g in groups] if groups is not None else _groups_by_task(trees)
+    forests = [list(g) for g in groups] if groups is not None else groups_by_task(trees)
     for forest in forests:
         leaves = [_leaf_returns(trees[i]) for i in forest]
         if not any(leaves):

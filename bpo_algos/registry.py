@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from bpo_algos.checks import add_named
+
 if TYPE_CHECKING:
     from bpo_algos.algorithm import Algorithm
 
@@ -31,13 +33,7 @@ def register_algorithm(name: str, factory: AlgorithmFactory, *, overwrite: bool 
     Registering a taken name raises unless ``overwrite=True``. Returns ``factory``, so it also
     works as a decorator: ``@functools.partial(register_algorithm, "mine")``.
     """
-    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
-        raise ValueError(f"an algorithm name must be a non-empty string without spaces, got {name!r}")
-    if not callable(factory):
-        raise TypeError(f"the factory for {name!r} must be callable, got {type(factory).__name__}")
-    if name in _ALGORITHMS and not overwrite:
-        raise ValueError(f"algorithm {name!r} is already registered (pass overwrite=True to replace it)")
-    _ALGORITHMS[name] = factory
+    add_named(_ALGORITHMS, "algorithm", name, factory, overwrite=overwrite)
     return factory
 
 

@@ -7,7 +7,8 @@ collected on a few training tasks. Per edge, ``|S(e)|`` (same-key edges of its t
 lineage; docs/unbiasedness.md, rule 6) is counted under three anchor keys, all functions of the
 history: ``observation`` (the default: task + observation), ``observation+depth`` (finer) and
 ``depth`` (coarsest: task + step index). GiGPO's step-group sizes (itself included) are counted
-on the fans with the default key. Writes ``anchor_stats.json``.
+on the fans with the default key (``fraction_at_least_2``: the steps whose group holds another
+step). Writes ``anchor_stats.json``.
 
     python scripts/anchor_stats.py --out docs/results/anchor-stats      # a few minutes
 """
@@ -44,6 +45,7 @@ def summary(sizes: list[int]) -> dict[str, Any]:
     return {
         "edges": int(a.size),
         "matched_fraction": float((a > 0).mean()) if a.size else 0.0,
+        "fraction_at_least_2": float((a >= 2).mean()) if a.size else 0.0,
         "mean": float(a.mean()) if a.size else 0.0,
         "median": float(np.median(a)) if a.size else 0.0,
         "histogram": {str(k): counts[k] for k in sorted(counts)},

@@ -196,22 +196,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "threshold": getattr(algorithm, "threshold", None),
                 "seconds": time.perf_counter() - start,
             }
-        ref = rows.get(REFERENCE)
-        if ref is not None:
-            for row in rows.values():
-                pt, rt = row["per_tree"], ref["per_tree"]
-                mb, rb = row["matched_budget"], ref["matched_budget"]
-                row["ratios_vs_reference"] = {
-                    "trace_var_x_env_steps": pt["trace_var_x_env_steps"] / rt["trace_var_x_env_steps"],
-                    "trace_var_x_leaves": pt["trace_var_x_leaves"] / rt["trace_var_x_leaves"],
-                    "var_along_truth_x_env_steps": pt["var_along_truth_x_env_steps"] / rt["var_along_truth_x_env_steps"],
-                    "matched_trace_var": mb["trace_var"] / rb["trace_var"],
-                    "matched_grad_norm_var": mb["grad_norm_var"] / rb["grad_norm_var"],
-                    "per_level_trace_var_x_env_steps": {
-                        d: v / rt["per_level_trace_var_x_env_steps"][d] if rt["per_level_trace_var_x_env_steps"].get(d) else float("nan")
-                        for d, v in pt["per_level_trace_var_x_env_steps"].items()
-                    },
-                }
+        add_ratios(rows)
         results["settings"][name] = {
             "about": setting["about"],
             "env": {k: v for k, v in setting["env"].items()},
@@ -221,21 +206,48 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def add_ratios(rows: dict[str, Any]) -> None:
+    """``ratios_vs_reference`` of every row, against :data:`REFERENCE`."""
+    ref = rows.get(REFERENCE)
+    if ref is None:
+        return
+    for row in rows.values():
+        pt, rt = row["per_tree"], ref["per_tree"]
+        mb, rb = row["matched_budget"], ref["matched_budget"]
+        row["ratios_vs_reference"] = {
+            "trace_var_x_env_steps": pt["trace_var_x_env_steps"] / rt["trace_var_x_env_steps"],
+            "trace_var_x_leaves": pt["trace_var_x_leaves"] / rt["trace_var_x_leaves"],
+            "var_along_truth_x_env_steps": pt["var_along_truth_x_env_steps"] / rt["var_along_truth_x_env_steps"],
+            "matched_trace_var": mb["trace_var"] / rb["trace_var"],
+            "matched_grad_norm_var": mb["grad_norm_var"] / rb["grad_norm_var"],
+            # scale-free (std-normalised estimators inflate every variance by a constant)
+            "noise_to_signal_x_env_steps": (pt["noise_to_signal"] * pt["cost"]["env_steps"])
+            / (rt["noise_to_signal"] * rt["cost"]["env_steps"]),
+            "matched_noise_to_signal": mb["noise_to_signal"] / rb["noise_to_signal"],
+            "per_level_trace_var_x_env_steps": {
+                d: v / rt["per_level_trace_var_x_env_steps"][d] if rt["per_level_trace_var_x_env_steps"].get(d) else float("nan")
+                for d, v in pt["per_level_trace_var_x_env_steps"].items()
+            },
+        }
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Gradient bias and variance at a fixed policy (TreeMDP)",
         "",
         f"Ratios are against {REFERENCE}; below 1 means less variance for the same compute.",
         "`var x steps` = tr Cov(g) of a one-tree estimate x its mean env steps; `along` = the same",
-        "along the true gradient; `matched` = at a fixed env-step budget per batch.",
+        "along the true gradient; `matched` = at a fixed env-step budget per batch; `N/S` = the",
+        "scale-free noise-to-signal tr Cov(g) / ||E g||^2 (x env steps for one tree; at the matched",
+        "budget), the fair figure for the std-normalised GRPO and Tree-GRPO.",
         "",
     ]
     for name, setting in results["settings"].items():
         lines += [
             f"## {name}: {setting['about']}",
             "",
-            "| config | max abs z | steps/tree | leaves/tree | var x steps (ratio) | var x leaves (ratio) | along x steps (ratio) | matched tr var (ratio) | matched grad-norm var (ratio) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| config | max abs z | steps/tree | leaves/tree | var x steps (ratio) | var x leaves (ratio) | along x steps (ratio) | matched tr var (ratio) | matched grad-norm var (ratio) | N/S x steps (ratio) | matched N/S (ratio) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for label, row in setting["configs"].items():
             pt, r = row["per_tree"], row.get("ratios_vs_reference", {})
@@ -245,7 +257,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {pt['trace_var_x_leaves']:.3g} ({r.get('trace_var_x_leaves', float('nan')):.2f}) "
                 f"| {pt['var_along_truth_x_env_steps']:.3g} ({r.get('var_along_truth_x_env_steps', float('nan')):.2f}) "
                 f"| {row['matched_budget']['trace_var']:.3g} ({r.get('matched_trace_var', float('nan')):.2f}) "
-                f"| {row['matched_budget']['grad_norm_var']:.3g} ({r.get('matched_grad_norm_var', float('nan')):.2f}) |"
+                f"| {row['matched_budget']['grad_norm_var']:.3g} ({r.get('matched_grad_norm_var', float('nan')):.2f}) "
+                f"| {r.get('noise_to_signal_x_env_steps', float('nan')):.2f} | {r.get('matched_noise_to_signal', float('nan')):.2f} |"
             )
         lines.append("")
         levels = next(iter(setting["configs"].values()))["per_tree"].get("per_level_trace_var_x_env_steps", {})
