@@ -114,6 +114,9 @@ PRESETS: dict[str, Preset] = {
             ),
         },
         policy="scorer",
+        # every estimator the project has: the tree with its own and the anchored baseline, the
+        # group baselines, and the published step-level and tree methods
+        algorithms=("bpo", "bpo-anchored", "grpo", "rloo", "rloo-anchored", "gigpo", "tree-grpo"),
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
