@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fast_downward", reason="run scripts/setup/alfworld.sh")
-pytest.importorskip("textworld", reason="run scripts/setup/alfworld.sh")
+pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
+pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
 
 import gymnasium as gym  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("fast_downward", reason="run scripts/setup/alfworld.sh")
+pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
 
 import bpo_envs  # noqa: E402
 from bpo_envs.alfworld import TASK_TYPES, ALFWorldEnv  # noqa: E402

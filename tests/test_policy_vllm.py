@@ -1,4 +1,4 @@
-"""VLLMPolicy on the tiny model (skipped unless vllm is installed: scripts/setup/vllm.sh)."""
+"""VLLMPolicy on the tiny model (skipped unless vllm is installed: bpo-gym-setup vllm)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def test_a_flag_for_an_env_not_compared_is_an_error(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/setup/swebench.sh)")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (bpo-gym-setup swebench)")
 def test_cpu_swe_preset_end_to_end(tmp_path):
     pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gym[swe]'")
     pytest.importorskip("transformers")

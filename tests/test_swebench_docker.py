@@ -1,6 +1,6 @@
 """BPO-SWEBench-v0 with the docker backend (docker-py) on the bundled instances.
 
-Needs a Docker daemon and the local base image that scripts/setup/swebench.sh builds; the
+Needs a Docker daemon and the local base image that bpo-gym-setup swebench builds; the
 tests skip, saying why, when either is missing. Every container they start is removed.
 """
 
@@ -27,11 +27,11 @@ def _daemon_problem() -> str | None:
         client = docker.from_env(timeout=10)
         client.ping()
     except Exception as exc:  # noqa: BLE001
-        return f"no Docker daemon answers ({type(exc).__name__}); scripts/setup/swebench.sh starts one"
+        return f"no Docker daemon answers ({type(exc).__name__}); bpo-gym-setup swebench starts one"
     try:
         client.images.get(DEFAULT_IMAGE)
     except docker.errors.ImageNotFound:
-        return f"the local image {DEFAULT_IMAGE} is missing; scripts/setup/swebench.sh builds it"
+        return f"the local image {DEFAULT_IMAGE} is missing; bpo-gym-setup swebench builds it"
     return None
 
 

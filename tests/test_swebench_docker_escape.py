@@ -2,7 +2,7 @@
 test_swebench_escape.py for the bubblewrap sandbox): each fails or is contained by the
 container's limits, and the env keeps working afterwards.
 
-Needs a Docker daemon and the base image scripts/setup/swebench.sh builds; skips otherwise.
+Needs a Docker daemon and the base image bpo-gym-setup swebench builds; skips otherwise.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def _daemon_problem() -> str | None:
         client.ping()
         client.images.get(DEFAULT_IMAGE)
     except docker.errors.ImageNotFound:
-        return f"the local image {DEFAULT_IMAGE} is missing; scripts/setup/swebench.sh builds it"
+        return f"the local image {DEFAULT_IMAGE} is missing; bpo-gym-setup swebench builds it"
     except Exception as exc:  # noqa: BLE001
-        return f"no Docker daemon answers ({type(exc).__name__}); scripts/setup/swebench.sh starts one"
+        return f"no Docker daemon answers ({type(exc).__name__}); bpo-gym-setup swebench starts one"
     return None
 
 

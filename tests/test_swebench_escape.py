@@ -15,7 +15,7 @@ import bpo_envs  # noqa: F401
 pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gym[swe]'")
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None,
-    reason="bubblewrap is not installed (scripts/setup/swebench.sh installs it)",
+    reason="bubblewrap is not installed (bpo-gym-setup swebench installs it)",
 )
 
 from bpo_envs.swebench import SWEBenchEnv  # noqa: E402

@@ -33,9 +33,9 @@ def _daemon_problem() -> str | None:
         client.ping()
         client.images.get(DEFAULT_IMAGE)
     except docker.errors.ImageNotFound:
-        return f"the local image {DEFAULT_IMAGE} is missing; scripts/setup/swebench.sh builds it"
+        return f"the local image {DEFAULT_IMAGE} is missing; bpo-gym-setup swebench builds it"
     except Exception as exc:  # noqa: BLE001
-        return f"no Docker daemon answers ({type(exc).__name__}); scripts/setup/swebench.sh starts one"
+        return f"no Docker daemon answers ({type(exc).__name__}); bpo-gym-setup swebench starts one"
     return None
 
 

@@ -82,10 +82,10 @@ ENVS: dict[str, EnvCase] = {
     "webshop": EnvCase("BPO-WebShop-v0", {}, ("bpo_envs.webshop", "rapidfuzz", "bm25s"),
                        "pip install 'bpo-gym[webshop]'", repeats=500, walk_steps=5000, tasks=8, llm_tasks=2),
     "alfworld": EnvCase("BPO-ALFWorld-v0", {"games_per_type": 2}, ("bpo_envs.alfworld", "textworld", "fast_downward"),
-                        "pip install 'bpo-gym[alfworld]' and run scripts/setup/alfworld.sh",
+                        "pip install 'bpo-gym[alfworld]' and run bpo-gym-setup alfworld",
                         repeats=40, walk_steps=300, tasks=2, llm=False),
     "swebench": EnvCase("BPO-SWEBench-v0", {"step_timeout": 30}, ("bpo_envs.swebench", "swebench"),
-                        "pip install 'bpo-gym[swe]' and run scripts/setup/swebench.sh",
+                        "pip install 'bpo-gym[swe]' and run bpo-gym-setup swebench",
                         repeats=10, walk_steps=30, tasks=1, tree_kwargs={"max_episode_steps": 8}),
 }  # fmt: skip
 LLM_SKIP_REASON = {

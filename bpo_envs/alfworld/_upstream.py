@@ -27,7 +27,7 @@ from typing import Any
 
 INSTALL_HINT = (
     "BPO-ALFWorld-v0 needs the ALFWorld text engine: pip install 'bpo-gym[alfworld]' and then "
-    "run scripts/setup/alfworld.sh (it installs alfworld==0.4.2, textworld==1.7.0, "
+    "run bpo-gym-setup alfworld (it installs alfworld==0.4.2, textworld==1.7.0, "
     "fast-downward-textworld==20.6.4 and jericho==3.3.1 with --no-deps)."
 )
 

@@ -98,7 +98,7 @@ def docker_client() -> Any:
     except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
         raise RuntimeError(
             "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
-            f"dockerd (scripts/setup/swebench.sh does both) ({exc})"
+            f"dockerd (bpo-gym-setup swebench does both) ({exc})"
         ) from exc
     return client
 
@@ -172,7 +172,7 @@ class DockerBackend:
 
         if not self._has_image(self.base_image):
             raise RuntimeError(
-                f"the base image {self.base_image} is missing: run scripts/setup/swebench.sh"
+                f"the base image {self.base_image} is missing: run bpo-gym-setup swebench"
             )
         with tempfile.TemporaryDirectory(prefix="bpo-swe-img-") as tmp:
             make_testbed(Path(tmp) / "testbed", row["repo_path"], row["base_commit"])

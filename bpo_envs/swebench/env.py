@@ -135,7 +135,7 @@ class SWEBenchEnv(SnapshotEnv):
             going past it is killed).
             See ``bpo_envs.swebench.local`` for where each limit is enforced.
         docker_image: for ``backend="docker"``, the image rows without ``image`` are built on
-            (the local image made by ``scripts/setup/swebench.sh``) when they carry
+            (the local image made by ``bpo-gym-setup swebench``) when they carry
             ``repo_path``; otherwise swebench's ``sweb.eval.*`` image names are used.
 
     ``instances`` may also be a Hugging Face dataset name (``"princeton-nlp/SWE-bench_Verified"``),

@@ -193,7 +193,7 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
     if not row.get("repo_path"):
         raise ValueError(f"{row['instance_id']}: building a test image needs the row's repo_path")
     if not store.has(base_image):
-        raise RuntimeError(f"the base image {base_image} is missing: run scripts/setup/swebench.sh")
+        raise RuntimeError(f"the base image {base_image} is missing: run bpo-gym-setup swebench")
     buf = io.BytesIO()
     with tempfile.TemporaryDirectory(prefix="bpo-swe-img-") as tmp:
         make_testbed(Path(tmp) / "testbed", row["repo_path"], row["base_commit"])

@@ -200,7 +200,7 @@ def require_bwrap() -> str:
     if path is None:
         raise RuntimeError(
             "the local SWE-bench backend runs commands under bubblewrap, which is not installed: "
-            "apt-get install bubblewrap (or run scripts/setup/swebench.sh)"
+            "apt-get install bubblewrap (or run bpo-gym-setup swebench)"
         )
     return path
 

