@@ -17,8 +17,9 @@ import pytest
 pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gym[swe]'")
 docker = pytest.importorskip("docker", reason="needs docker-py: pip install 'bpo-gym[swe]'")
 
+from docker_support import docker_problem  # noqa: E402
+
 from bpo_envs.swebench import SWEBenchEnv, bundled_instances  # noqa: E402
-from bpo_envs.swebench.docker_backend import DEFAULT_IMAGE  # noqa: E402
 from bpo_envs.swebench.images import (  # noqa: E402
     ImageStore,
     build_test_image,
@@ -26,20 +27,7 @@ from bpo_envs.swebench.images import (  # noqa: E402
     verified_row,
 )
 
-
-def _daemon_problem() -> str | None:
-    try:
-        client = docker.from_env(timeout=10)
-        client.ping()
-        client.images.get(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        return f"the local image {DEFAULT_IMAGE} is missing; bpo-gym-setup swebench builds it"
-    except Exception as exc:  # noqa: BLE001
-        return f"no Docker daemon answers ({type(exc).__name__}); bpo-gym-setup swebench starts one"
-    return None
-
-
-_PROBLEM = _daemon_problem()
+_PROBLEM = docker_problem()
 pytestmark = pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")
 ENV_CHECK = "python -c 'import bpo_testbed_env'"  # only the testbed env has this module
 

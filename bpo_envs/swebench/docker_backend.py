@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bpo_envs.swebench.images import ImageStore, row_image_names
-from bpo_envs.swebench.local import SandboxLimits
+from bpo_envs.swebench.local import SandboxLimits, disk_usage
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 
 log = logging.getLogger(__name__)
@@ -273,28 +273,6 @@ class DockerBackend:
                         (box.attrs.get("GraphDriver") or {}).get("Name"))
         return None
 
-    @staticmethod
-    def _disk_bytes(root: Path) -> int:
-        """Bytes allocated under ``root`` (hard links counted once)."""
-        total, seen, stack = 0, set(), [str(root)]
-        while stack:
-            try:
-                entries = os.scandir(stack.pop())
-            except OSError:
-                continue
-            with entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                    if (st.st_dev, st.st_ino) not in seen:
-                        seen.add((st.st_dev, st.st_ino))
-                        total += st.st_blocks * 512
-        return total
-
     def _exec(self, box: Any, script: str, timeout: float, cap: int, agent: bool = True) -> CommandResult:
         """Run ``script``; ``agent``: in the agent's environment (``BASH_ENV``, ``AGENT_ENV``),
         with the disk quota watched, and every process it leaves killed afterwards."""
@@ -319,7 +297,7 @@ class DockerBackend:
 
         def watch() -> None:
             while not done.wait(1.0):
-                if self._disk_bytes(upper) > quota:
+                if disk_usage(upper) > quota:
                     over.set()
                     api.exec_start(api.exec_create(box.id, ["bash", "-c", REAP + "__bpo_reap"])["Id"])
                     return
@@ -339,7 +317,7 @@ class DockerBackend:
         # timeout(1) -s KILL exits 128 + 9 when it fired
         timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5 and not over.is_set()
         killed = collector.total_bytes >= cap
-        if upper is not None and (over.is_set() or self._disk_bytes(upper) > quota):
+        if upper is not None and (over.is_set() or disk_usage(upper) > quota):
             sep = "" if not text or text.endswith("\n") else "\n"
             what = "the command was killed" if over.is_set() else "after this command"
             text += (f"{sep}[disk quota exceeded ({what}): the container's writes since its last "
