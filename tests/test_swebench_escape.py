@@ -112,8 +112,8 @@ def test_filling_the_disk_is_undone(env):
     assert int(obs.split()[-4]) < 32
     # many files in /tmp: bounded by its tmpfs size
     # (count only the files written: the repo or venv may be bind-mounted below /tmp)
-    obs, _ = _step(env, "for i in $(seq 20); do head -c 4M /dev/zero > /tmp/f$i || break; done; "
-                        "du -c -m /tmp/f* | tail -n 1 | cut -f1")
+    obs, _ = _step(env, "for i in $(seq 20); do head -c 4M /dev/zero > /tmp/bpo-fill-$i || break; done; "
+                        "du -c -m /tmp/bpo-fill-* | tail -n 1 | cut -f1")
     assert "No space left on device" in obs and int(obs.split()[-4]) <= 32
     _still_works(env)
 
