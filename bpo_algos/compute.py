@@ -151,7 +151,9 @@ def should_start(amount: float, spent: float, open_costs: Sequence[float], known
             end += float(above.mean()) - c
             variance += float(above.var(ddof=1)) if above.size > 1 else 0.0
     # the means are estimated from the same sample: their error adds up over the open trees
-    variance += (len(open_costs) + 1) ** 2 * spread / known.size
+    # (the new tree's own share of it is, like its spread, no risk beyond one tree's cost; with
+    # no tree in flight the rule is the centred one, which matches budgets on average)
+    variance += len(open_costs) ** 2 * spread / known.size
     return end - mean / 2 + z * variance**0.5 <= amount
 
 

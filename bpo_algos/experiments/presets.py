@@ -114,9 +114,10 @@ PRESETS: dict[str, Preset] = {
             ),
         },
         policy="scorer",
-        # every estimator the project has: the tree with its own and the anchored baseline, the
-        # group baselines, and the published step-level and tree methods
-        algorithms=("bpo", "bpo-anchored", "grpo", "rloo", "rloo-anchored", "gigpo", "tree-grpo"),
+        # the tree with its own and the state-anchored baseline (pooled with earlier batches: the
+        # form the estimator study found best), the group baselines with and without it, and
+        # the published step-level and tree methods
+        algorithms=("bpo", "bpo-anchored+history", "grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
