@@ -75,6 +75,9 @@ def build_preset(args: argparse.Namespace) -> Preset:
         preset.treatment = args.treatment
     if preset.treatment not in preset.algorithms:
         raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
+    if args.algorithms and preset.baselines is not None:
+        # the preset's baselines that are still trained (an explicit list changes what is compared)
+        preset.baselines = tuple(b for b in preset.baselines if b in preset.algorithms) or None
     for item in args.algorithm_option or ():
         name, key, value = _parse_algorithm_option(item)
         preset.algorithm_options.setdefault(name, {})[key] = value
@@ -189,7 +192,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         saved = json.loads(previous_preset.read_text())
         preset.wandb_group = preset.wandb_group or saved.get("wandb_group")
         current = preset_dict(preset)
-        changed = sorted(k for k in set(saved) | set(current) if k not in _LOGGING_FIELDS and saved.get(k) != current.get(k))
+        # a field newer than the saved run counts at its default
+        defaults = preset_dict(Preset(envs={}))
+        changed = sorted(
+            k for k in set(saved) | set(current)
+            if k not in _LOGGING_FIELDS and saved.get(k, defaults.get(k)) != current.get(k, defaults.get(k))
+        )
         if changed:
             raise SystemExit(f"{out} holds a comparison with another setting (differs in: {', '.join(changed)}); choose another --out")
     if preset.wandb_project and preset.wandb_group is None:

@@ -42,7 +42,10 @@ class Preset:
     algorithms: tuple[str, ...] = ("bpo", "grpo", "rloo")
     """Registered algorithm names (``bpo_algos.register_algorithm``) trained on every env."""
     treatment: str = "bpo"
-    """The algorithm compared, paired by seed, against the best of the others (the baselines)."""
+    """The algorithm compared, paired by seed, against the best of the baselines."""
+    baselines: tuple[str, ...] | None = None
+    """The algorithms the treatment is compared with (None: every other one; a preset that also
+    trains variants of the treatment names the baselines proper)."""
     algorithm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Extra constructor options per algorithm name (over the shared fields below)."""
     seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
@@ -118,6 +121,7 @@ PRESETS: dict[str, Preset] = {
         # form the estimator study found best), the group baselines with and without it, and
         # the published step-level and tree methods
         algorithms=("bpo", "bpo-anchored+history", "grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
+        baselines=("grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
