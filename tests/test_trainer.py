@@ -25,12 +25,12 @@ def _config(tmp_path, updates, **kw):
 
 @pytest.mark.parametrize("algorithm", [lambda: BPO(entropy_threshold=None), lambda: GRPO(group_size=4), lambda: RLOO(group_size=4)])
 def test_training_raises_the_return(tmp_path, algorithm):
-    history = Trainer(algorithm(), TabularPolicy(), [make, make], [0, 1, 2, 3], _config(tmp_path, 40)).train()
+    history = Trainer(algorithm(), TabularPolicy(), [make, make], [0, 1, 2, 3], _config(tmp_path, 60)).train()
     first = np.mean([r["return"] for r in history[:5]])
     last = np.mean([r["return"] for r in history[-5:]])
     assert last > first + 0.1
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 40 and rows[-1]["update"] == 40
+    assert len(rows) == 60 and rows[-1]["update"] == 60
     for key in ("success", "return", "loss", "grad_norm", "entropy", "compute", "compute_total"):
         assert key in rows[0]
     assert set(rows[0]["compute"]) >= {"env_steps", "restores", "snapshots", "leaves", "gen_tokens", "prefill_tokens", "policy_calls", "seconds"}
