@@ -26,6 +26,7 @@ when ``WORLD_SIZE`` > 1 is set by a launcher.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections.abc import Sequence
@@ -53,8 +54,17 @@ def init_from_env(backend: str | None = None) -> bool:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend)
+    # a group still alive at interpreter exit can abort the process from gloo's threads
+    # ("terminate called without an active exception") after the work is done
+    atexit.register(_leave_process_group)
     log.info("rank %d of %d joined the %s process group", dist.get_rank(), dist.get_world_size(), backend)
     return dist.get_world_size() > 1
+
+
+def _leave_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # no rank leaves while another still talks to it
+        dist.destroy_process_group()
 
 
 def is_distributed() -> bool:
