@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import gymnasium as gym
@@ -38,3 +39,11 @@ def main(out: str, aggregation: str = "token-mean") -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    # torch 2.13 + gloo: a rank can abort in interpreter teardown ("terminate called without an
+    # active exception") after all its work is done; leave the group and skip the teardown
+    from bpo_algos.distributed import _leave_process_group
+
+    _leave_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
