@@ -115,14 +115,15 @@ class Snapshot:
         return f"Snapshot(kind={self._kind!r}, {status})"
 
 
-def decode_portable(blob: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """The payload of ``Snapshot.portable()`` bytes (raises ``SnapshotError`` on anything else)."""
+def decode_portable(blob: bytes | bytearray | memoryview, format: str = PORTABLE_FORMAT, what: str = "a portable snapshot") -> dict[str, Any]:
+    """The payload of pickled bytes tagged ``{"format": format, ...}``: by default
+    ``Snapshot.portable()`` bytes. Raises ``SnapshotError`` naming ``what`` on anything else."""
     try:
         payload = pickle.loads(bytes(blob))
     except Exception as exc:
-        raise SnapshotError(f"not a portable snapshot: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != PORTABLE_FORMAT:
-        raise SnapshotError("not a portable snapshot (unknown format)")
+        raise SnapshotError(f"not {what}: {exc}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != format:
+        raise SnapshotError(f"not {what} (unknown format)")
     return payload
 
 

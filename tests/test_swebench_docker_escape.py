@@ -16,6 +16,8 @@ pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gy
 docker = pytest.importorskip("docker", reason="needs docker-py: pip install 'bpo-gym[swe]'")
 
 from docker_support import docker_problem  # noqa: E402
+from sandbox_support import step as _step  # noqa: E402
+from sandbox_support import still_works as _still_works  # noqa: E402
 
 from bpo_envs.swebench import SWEBenchEnv  # noqa: E402
 
@@ -32,22 +34,6 @@ def env():
     e = SWEBenchEnv(backend="docker", step_timeout=8, **LIMITS)
     yield e
     e.close()
-
-
-def _step(env, action):
-    obs, _, _, _, info = env.step(action)
-    return obs, info
-
-
-def _still_works(env):
-    obs, info = _step(env, "ls")
-    assert info["exit_code"] == 0 and "README.md" in obs
-    snap = env.snapshot()
-    _step(env, "echo changed > after.txt")
-    env.restore(snap)
-    obs, _ = _step(env, "ls after.txt")
-    assert "No such file" in obs
-    snap.release()
 
 
 def _leftovers(env) -> list[str]:

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.skipif(
     reason="bubblewrap is not installed (bpo-gym-setup swebench installs it)",
 )
 
+from sandbox_support import step as _step  # noqa: E402
+from sandbox_support import still_works as _still_works  # noqa: E402
+
 from bpo_envs.swebench import SWEBenchEnv  # noqa: E402
 
 TASK = "bpo-gym__textkit-1"
@@ -30,22 +33,6 @@ def env():
     e = gym.make("BPO-SWEBench-v0", step_timeout=8, **LIMITS)
     yield e
     e.close()
-
-
-def _step(env, action):
-    obs, _, _, _, info = env.step(action)
-    return obs, info
-
-
-def _still_works(env):
-    obs, info = _step(env, "ls")
-    assert info["exit_code"] == 0 and "README.md" in obs
-    snap = env.unwrapped.snapshot()
-    _step(env, "echo changed > after.txt")
-    env.unwrapped.restore(snap)
-    obs, _ = _step(env, "ls after.txt")
-    assert "No such file" in obs
-    snap.release()
 
 
 def _host_pids(pattern):

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import bpo_envs
+from bpo_envs.core import SnapshotError, decode_portable
 from bpo_envs.integrations import require
 from bpo_envs.prompting import Context, PromptConfig, build_messages
 
@@ -313,11 +314,9 @@ def portable_state(tool_env: BPOToolEnv, *, keep_rewards: bool = False) -> bytes
 
 def _restore_portable(tool_env: BPOToolEnv, state: bytes) -> None:
     try:
-        payload = pickle.loads(bytes(state))
-    except Exception as exc:
-        raise ValueError(f"the row's state column is not portable_state() bytes: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != _STATE_FORMAT:
-        raise ValueError("the row's state column is not portable_state() bytes")
+        payload = decode_portable(state, format=_STATE_FORMAT, what="portable_state() bytes")
+    except SnapshotError as exc:
+        raise ValueError(f"the row's state column is {exc}") from exc
     if payload["env_id"] != type(tool_env).env_id:
         raise ValueError(f"a state of {payload['env_id']} cannot resume a {type(tool_env).env_id} env")
     bpo_envs.restore(tool_env.env, payload["env"])
