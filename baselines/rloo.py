@@ -28,6 +28,8 @@ class RLOO(AnchoredBaselineMixin, Algorithm):
             ``"anchored+history"`` (rule 6).
         anchor_key: ``key(tree, node) -> hashable`` (default: the task and the observation).
         history_window: earlier batches pooled by ``"anchored+history"``.
+        min_matches: the anchored baselines use a pool of at least this many same-key edges,
+            else the plain advantage.
         **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
     """
 
@@ -39,13 +41,15 @@ class RLOO(AnchoredBaselineMixin, Algorithm):
         baseline: str = "trajectory",
         anchor_key: AnchorKey | None = None,
         history_window: int = 4,
+        min_matches: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.group_size = check_count("group_size", group_size, 2)
         self.baseline = baseline
         self.baseline_choice = BaselineChoice(
-            baseline, plain="trajectory", plain_estimator="rloo", anchor_key=anchor_key, history_window=history_window
+            baseline, plain="trajectory", plain_estimator="rloo", anchor_key=anchor_key,
+            history_window=history_window, min_matches=min_matches,
         )
 
     @property

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.checks import add_named
+from bpo_algos.checks import add_named, check_count
 from bpo_algos.tree import Edge, Node, RolloutTree
 
 GRPO_SCALES = ("group", "none")
@@ -309,16 +309,19 @@ def anchored_baselines(
     history: AnchorHistory | None = None,
     include_self: bool = False,
     exclude_lineage: bool = True,
+    min_matches: int = 1,
 ) -> list[tuple[Edge, float | None]]:
     """``(edge, baseline)`` for every edge of ``tree``: the mean ``Q`` over ``S(e)``
-    (:func:`anchored_sets`) joined by the history's same-key edges, or None when that is empty."""
+    (:func:`anchored_sets`) joined by the history's same-key edges, or None when that pool holds
+    fewer than ``min_matches`` edges."""
+    min_matches = check_count("min_matches", min_matches, 1)
     out: list[tuple[Edge, float | None]] = []
     sets = anchored_sets(tree, anchor_key, include_self=include_self, exclude_lineage=exclude_lineage)
     for edge, key, members in sets:
         total, count = history.pooled(key) if history is not None else (0.0, 0)
         total += sum(e.q for e in members)
         count += len(members)
-        out.append((edge, total / count if count else None))
+        out.append((edge, total / count if count >= min_matches else None))
     return out
 
 
@@ -330,13 +333,16 @@ def anchored_advantages(
     anchor_key: AnchorKey = observation_key,
     history: AnchorHistory | None = None,
     fallback_options: dict[str, Any] | None = None,
+    min_matches: int = 1,
 ) -> None:
     """State-anchored baselines (docs/unbiasedness.md, rule 6).
 
     ``A(e) = Q(e) - mean_{e' in S(e)} Q(e')`` where ``S(e)`` holds the same-key edges of e's own
     tree outside e's lineage (:func:`anchored_baselines`), pooled with the same-key edges of the
-    earlier batches in ``history`` when one is given. Where that pool is empty, the edge keeps
-    the ``fallback`` estimator's advantage (``"rloo"``: the trajectory baseline; ``"bpo"``: rule 4).
+    earlier batches in ``history`` when one is given. Where that pool holds fewer than
+    ``min_matches`` edges (default 1: where it is empty), the edge keeps the ``fallback``
+    estimator's advantage (``"rloo"``: the trajectory baseline; ``"bpo"``: rule 4). A mean of one
+    or two returns is a noisy baseline, and a larger ``min_matches`` trades it for the fallback's.
 
     Unbiased: for ``e`` at history ``h`` with action ``a``, the term is
     ``(Q(e) - b(e)) grad log pi(a|h)`` and ``E[b(e) grad log pi(a|h) | h] = 0`` as soon as
@@ -348,12 +354,12 @@ def anchored_advantages(
     Edges of earlier batches are independent of this batch altogether. ``Q(e)`` itself is the
     reward-to-go from ``h``; the reward collected before ``h`` is a function of ``h`` and adds no
     bias either (it is dropped, a further variance reduction). The fallback is unbiased by rules
-    4-5, and which edges fall back (an empty pool) is, again, decided off e's lineage.
+    4-5, and which edges fall back (the pool's size) is, again, decided off e's lineage.
     """
     trees = as_batch(trees)
     estimate_advantages(fallback, trees, **(fallback_options or {}))
     for tree in trees:
-        for edge, baseline in anchored_baselines(tree, anchor_key, history=history):
+        for edge, baseline in anchored_baselines(tree, anchor_key, history=history, min_matches=min_matches):
             if baseline is not None:
                 edge.advantage = float(edge.q - baseline)
 

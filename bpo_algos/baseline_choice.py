@@ -6,6 +6,9 @@
 * ``"anchored+history"``: that pool joined by the same-key edges of the previous
   ``history_window`` batches, frozen before the batch (docs/unbiasedness.md, rule 6).
 
+Either anchored choice uses the pool only when it holds at least ``min_matches`` edges (default
+1), else the plain advantage; the pool's size is decided off e's lineage, so this stays unbiased.
+
 The anchor key is a function of the decision node (the history) only: by default a stable hash
 of the task and the observation the policy sees (:func:`bpo_algos.advantages.observation_key`);
 ``anchor_key=`` takes any ``key(tree, node) -> hashable``.
@@ -32,6 +35,7 @@ class BaselineChoice:
         plain_estimator: str,
         anchor_key: AnchorKey | None = None,
         history_window: int = 4,
+        min_matches: int = 1,
     ) -> None:
         choices = (plain, "anchored", "anchored+history")
         if baseline not in choices:
@@ -42,6 +46,7 @@ class BaselineChoice:
         self.plain_estimator = plain_estimator
         self.anchor_key: AnchorKey = anchor_key or observation_key
         self.history_window = check_count("history_window", history_window, 1)
+        self.min_matches = check_count("min_matches", min_matches, 1)
         self.history = (
             AnchorHistory(self.history_window, self.anchor_key) if baseline == "anchored+history" else None
         )
@@ -54,7 +59,12 @@ class BaselineChoice:
         """``(estimator name, options)`` for :func:`bpo_algos.advantages.estimate_advantages`."""
         if not self.anchored:
             return self.plain_estimator, {}
-        return "anchored", {"fallback": self.plain_estimator, "anchor_key": self.anchor_key, "history": self.history}
+        return "anchored", {
+            "fallback": self.plain_estimator,
+            "anchor_key": self.anchor_key,
+            "history": self.history,
+            "min_matches": self.min_matches,
+        }
 
     def end_batch(self, trees: Sequence[RolloutTree]) -> None:
         """Record the batch into the history (after its advantages are written)."""
@@ -70,6 +80,8 @@ class BaselineChoice:
 
     def config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"baseline": self.baseline}
+        if self.anchored:
+            out["min_matches"] = self.min_matches
         if self.history is not None:
             out["history_window"] = self.history_window
         return out

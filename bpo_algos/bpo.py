@@ -81,6 +81,8 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         anchor_key: ``key(tree, node) -> hashable`` for the anchored baselines (default: the
             task and the observation).
         history_window: earlier batches pooled by ``"anchored+history"``.
+        min_matches: the anchored baselines use a pool of at least this many same-key edges,
+            else the plain advantage.
         **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
     """
 
@@ -99,12 +101,14 @@ class BPO(AnchoredBaselineMixin, Algorithm):
         baseline: str = "tree",
         anchor_key: AnchorKey | None = None,
         history_window: int = 4,
+        min_matches: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.baseline = baseline
         self.baseline_choice = BaselineChoice(
-            baseline, plain="tree", plain_estimator="bpo", anchor_key=anchor_key, history_window=history_window
+            baseline, plain="tree", plain_estimator="bpo", anchor_key=anchor_key,
+            history_window=history_window, min_matches=min_matches,
         )
         self.backbones = check_count("backbones", backbones, 2)
         self.siblings = check_count("branch_factor", branch_factor, 2)

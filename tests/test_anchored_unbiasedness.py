@@ -49,6 +49,7 @@ CONFIGS = {
     "rloo-anchored+history": lambda: RLOO(group_size=3, baseline="anchored+history", history_window=3, aggregation="step-sum", seed=12),
     "rloo-anchored-depthless-key": lambda: RLOO(group_size=4, baseline="anchored", anchor_key=depthless_key, aggregation="step-sum", seed=13),
     "bpo-anchored": lambda: BPO(backbones=2, branch_factor=3, entropy_threshold=0.0, max_branch_points=2, baseline="anchored", aggregation="step-sum", seed=14),
+    "rloo-anchored-min3": lambda: RLOO(group_size=4, baseline="anchored", min_matches=3, aggregation="step-sum", seed=16),
     "bpo-anchored+history": lambda: BPO(backbones=2, branch_factor=2, entropy_threshold=None, entropy_quantile=0.5, baseline="anchored+history", aggregation="step-sum", seed=15),
 }
 

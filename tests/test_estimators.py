@@ -208,6 +208,22 @@ def test_anchored_falls_back_and_stays_within_a_tree():
     assert a1.advantage == pytest.approx(a1.q - b1.q)
 
 
+def test_min_matches_falls_back_on_small_pools():
+    tree, (a, a1, a2, b, b1) = _anchor_tree()
+    base = dict((id(e), v) for e, v in anchored_baselines(tree, _by_obs, min_matches=2))
+    # b1's pool {a1, a2} has two edges; a1's and a2's ({b1}) and the root steps' have one
+    assert base[id(b1)] == pytest.approx(np.mean([a1.q, a2.q]))
+    assert base[id(a1)] is None and base[id(a2)] is None and base[id(a)] is None
+    estimate_advantages("rloo", [tree])
+    plain = {id(e): e.advantage for e in (a, a1, a2, b, b1)}
+    estimate_advantages("anchored", [tree], fallback="rloo", anchor_key=_by_obs, min_matches=2)
+    assert a1.advantage == pytest.approx(plain[id(a1)]) and a.advantage == pytest.approx(plain[id(a)])
+    assert b1.advantage == pytest.approx(b1.q - np.mean([a1.q, a2.q]))
+    with pytest.raises(ValueError, match="min_matches"):
+        RLOO(baseline="anchored", min_matches=0)
+    assert RLOO(baseline="anchored", min_matches=3).config()["min_matches"] == 3
+
+
 def test_history_is_frozen_until_recorded():
     tree, (a, a1, a2, b, b1) = _anchor_tree()
     history = AnchorHistory(window=2, anchor_key=_by_obs)

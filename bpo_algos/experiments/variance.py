@@ -101,6 +101,10 @@ def configurations(quick: bool) -> dict[str, Callable[[], Algorithm]]:
         "bpo-K0=2-K=4-q0.8-anchored+history": lambda: BPO(
             backbones=2, branch_factor=4, entropy_quantile=0.8, baseline="anchored+history", **common
         ),
+        "rloo-4-anchored-min3": lambda: RLOO(group_size=4, baseline="anchored", min_matches=3, **common),
+        "bpo-K0=2-K=4-q0.8-anchored+history-min3": lambda: BPO(
+            backbones=2, branch_factor=4, entropy_quantile=0.8, baseline="anchored+history", min_matches=3, **common
+        ),
         "gigpo-4": lambda: GiGPO(group_size=4, **common),
         "tree-grpo-m2n2l1k3": lambda: TreeGRPO(**common),
     }
