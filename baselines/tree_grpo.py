@@ -62,7 +62,7 @@ class TreeGRPO(Algorithm):
         if self.m * self.k < 2:
             raise ValueError("m * k must be >= 2: the inter-tree group needs two leaves")
         self.eps = eps
-        self._tree_rng = np.random.default_rng(int(self._rng.integers(2**63 - 1)))
+        self._salt = int(self._rng.integers(2**63 - 1))
         self._groups: list[list[int]] = []
 
     # ---- topology ------------------------------------------------------------------------
@@ -74,7 +74,7 @@ class TreeGRPO(Algorithm):
         if round >= self.l:
             return []
         candidates = [tree.root, *(e.child for e in tree.edges() if not e.child.is_leaf)]
-        return [candidates[i] for i in self._tree_rng.integers(len(candidates), size=self.n)]
+        return [candidates[i] for i in self._tree_random(tree, 1, round).integers(len(candidates), size=self.n)]
 
     # ---- estimator -----------------------------------------------------------------------
     def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
@@ -91,7 +91,7 @@ class TreeGRPO(Algorithm):
         leaves = tree.leaf_edges()
         if len(leaves) <= self.k:
             return
-        kept = {id(leaves[i]) for i in self._tree_rng.choice(len(leaves), size=self.k, replace=False)}
+        kept = {id(leaves[i]) for i in self._tree_random(tree, 2).choice(len(leaves), size=self.k, replace=False)}
 
         def keep(edge: Edge) -> bool:
             edge.child.children = [c for c in edge.child.children if keep(c)]
@@ -102,12 +102,12 @@ class TreeGRPO(Algorithm):
         _reset_branch_factor(tree.root)
         tree.finalize()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "tree_rng": self._tree_rng.bit_generator.state}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._tree_rng.bit_generator.state = state["tree_rng"]
+    def _tree_random(self, tree: RolloutTree, *purpose: int) -> np.random.Generator:
+        """The randomness of one tree's expansions or pruning: a function of the algorithm's
+        seed and the tree's reset seed only (not of which trees came before it, or where)."""
+        if tree.seed is None:
+            raise ValueError("Tree-GRPO needs trees built by the rollout engine (tree.seed is None)")
+        return np.random.default_rng([self._salt, tree.seed, *purpose])
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "m": self.m, "n": self.n, "l": self.l, "k": self.k}

@@ -512,7 +512,7 @@ class RolloutEngine:
                 admissible_actions=admissible_of(info),
                 initial_observation=obs,
             )
-            tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info))
+            tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info), seed=seed)
             tree.compute.resets += 1
             tree.compute.seconds += time.perf_counter() - t0
             trees.append(tree)

@@ -112,6 +112,9 @@ class RolloutTree:
     compute: ComputeMeter = field(default_factory=ComputeMeter)
     algorithm: str | None = None
     """Name of the algorithm that collected the tree (set by ``Algorithm.collect``)."""
+    seed: int | None = None
+    """The env seed the tree's root was reset with (set by the engine). An algorithm's own
+    per-tree randomness derives from it, so a tree is the same whichever rank builds it."""
 
     def edges(self) -> list[Edge]:
         """Every edge, depth-first, children in sampling order."""
@@ -206,6 +209,7 @@ class RolloutTree:
         return {
             "task_id": _jsonable_task_id(self.task_id),
             "algorithm": self.algorithm,
+            "seed": self.seed,
             "compute": self.compute.to_dict(),
             "nodes": nodes,
         }
@@ -263,6 +267,7 @@ class RolloutTree:
             root=root,
             compute=ComputeMeter(**{k: v for k, v in compute.items() if k in known}),
             algorithm=data.get("algorithm"),
+            seed=data.get("seed"),
         )
 
 

@@ -246,6 +246,26 @@ def _state_mdp():
     return gym.make("BPO-TreeMDP-v0", depth=4, n_actions=2, seed=3, decisive_levels=(2,), observe="state", n_tasks=2)
 
 
+def _tree_shape(tree):
+    return [(e.parent.depth, e.action.text, e.weight) for e in tree.edges()]
+
+
+def test_a_tree_grpo_tree_does_not_depend_on_the_trees_built_before_it():
+    # data-parallel ranks build different trees before tree i (seeded per tree): tree i must be
+    # the same on every rank, so its expansions and pruning may not draw from a shared stream
+    def tree_two(warm_up: bool):
+        policy = TabularPolicy(seed=0)
+        algorithm = TreeGRPO(m=1, n=2, l=2, k=3, seed=5)
+        if warm_up:
+            algorithm.collect(policy, [_state_mdp], [0], seed=1)
+        policy.seed(7)
+        return algorithm.collect(policy, [_state_mdp], [1], seed=2).trees[0]
+
+    fresh, after_another = tree_two(False), tree_two(True)
+    assert fresh.seed == after_another.seed is not None
+    assert _tree_shape(fresh) == _tree_shape(after_another)
+
+
 def test_tree_grpo_collects_m_trees_per_task_expanding_from_snapshots():
     policy = TabularPolicy(seed=0)
     algorithm = TreeGRPO(m=3, n=2, l=2, k=4, seed=0)
