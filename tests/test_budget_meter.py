@@ -46,6 +46,43 @@ def test_budget_holds_whatever_the_trees_in_flight(name, parallel):
         pool.close()
 
 
+class _Clock:
+    """A deterministic stand-in for ``time``: 10 ms pass per env step, nothing else takes time."""
+
+    now = 0.0
+
+    @classmethod
+    def perf_counter(cls) -> float:
+        return cls.now
+
+
+class _TimedStep(gym.Wrapper):
+    def step(self, action):
+        _Clock.now += 0.01
+        return self.env.step(action)
+
+
+@pytest.mark.parametrize("parallel", [1, 8])
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_budget_in_seconds_holds(monkeypatch, name, parallel):
+    """A 2.4 s budget at 10 ms a step (on a clock that only env steps advance, so the test
+    cannot fail by the machine's load): the batch ends within 5% of it or within one tree."""
+    import bpo_algos.engine
+
+    monkeypatch.setattr(bpo_algos.engine, "time", _Clock)
+    algorithm = ALGORITHMS[name](parallel)
+    pool = EnvPool([lambda: _TimedStep(tree()())] * parallel)
+    try:
+        for _ in range(3):
+            batch = algorithm.collect(TabularPolicy(seed=0), pool, list(range(16)), Budget("seconds", 2.4))
+            used = batch.compute.seconds
+            one_tree = max(t.compute.seconds for t in batch.trees)
+            assert abs(used - 2.4) <= max(0.05 * 2.4, one_tree) + 1e-9, (name, parallel, used, one_tree)
+            assert used == pytest.approx(0.01 * batch.compute.env_steps)
+    finally:
+        pool.close()
+
+
 def test_start_rule_counts_open_trees_at_their_expected_cost():
     # ten trees of 24 fit a budget of 240 only if none is running yet
     assert should_start(240, 0, [], [24, 24])
