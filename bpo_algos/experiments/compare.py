@@ -21,7 +21,7 @@ example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked 
 ``--resume`` continues an interrupted run: finished runs are kept, unfinished ones resume from
 their last checkpoint.
 
-    bpo-compare --out results/compare            # CPU default (~10 min)
+    bpo-compare --out results/compare            # CPU default (~35 min on 2 cores)
     bpo-compare --smoke --out /tmp/compare       # < 2 min (CI)
     bpo-compare --preset cpu-swe --out /tmp/swe  # SWE-bench end to end on a CPU (tiny LLM)
     bpo-compare --preset gpu --out results/gpu \

@@ -102,7 +102,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # About 10 minutes on a 2-core CPU: the small text-scoring model (TextScorerPolicy, ~1M
+    # About 35 minutes on a 2-core CPU (seven algorithms): the small text-scoring model (TextScorerPolicy, ~1M
     # parameters) warm-started by behaviour cloning on the env experts, short horizons, small
     # task sets, evaluated on the standard splits (WebShop test goals, ALFWorld valid_seen; the
     # train-task success is in final_train_success: 16 games of demos teach this model little
