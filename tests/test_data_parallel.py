@@ -1,14 +1,18 @@
-"""Data-parallel training: two gloo ranks under torchrun reproduce one process.
+"""Data-parallel training: two gloo ranks under torchrun or accelerate reproduce one process.
 
 Trees are seeded per tree (update, index), split round robin over the ranks, and the loss of
 each rank is divided by the global normaliser before the gradients are summed, so after three
 SGD updates the parameters of 2 ranks equal those of 1 process up to float summation order.
+With ``fsdp=True`` the tiny Qwen2 is sharded with FSDP2 over the 2 ranks; in float64 the
+summation order is all that differs, so the parameters agree to ~1e-12 (any error in the
+normaliser, the zero passes or the reduce would show at ~1e-3), also across a resume.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +58,105 @@ def test_two_gloo_ranks_give_the_parameters_of_one_process(tmp_path, aggregation
         torch.testing.assert_close(a["params"][key], b["params"][key], rtol=0, atol=1e-6)
     diff = max(float((a["params"][k] - b["params"][k]).abs().max()) for k in a["params"])
     print(f"max |theta_2proc - theta_1proc| after 3 updates ({aggregation}): {diff:.3g}")
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    assert path, f"{name} not found next to {sys.executable}"
+    return path
+
+
+def _one(out: Path, *args: str) -> dict:
+    subprocess.run([sys.executable, str(HERE / "dp_train.py"), str(out), *args], check=True, env=_env(), timeout=300)
+    return torch.load(out, weights_only=False)
+
+
+def _torchrun(out: Path, *args: str) -> dict:
+    cmd = [_tool("torchrun"), "--nproc_per_node=2", "--standalone", str(HERE / "dp_train.py"), str(out), *args]
+    subprocess.run(cmd, check=True, env=_env(), timeout=300)
+    return torch.load(out, weights_only=False)
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _counts(row: dict) -> dict:
+    return {k: v for k, v in row["compute"].items() if k != "seconds"}
+
+
+HF = ("--policy", "hf", "--dtype", "float64")
+
+
+@pytest.mark.slow  # 3 launches of the tiny Qwen2 (2 of them 2 ranks): ~50 s of CPU
+def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path):
+    pytest.importorskip("transformers")
+    one = _one(tmp_path / "one.pt", *HF)
+    two = _torchrun(tmp_path / "two.pt", *HF, "--fsdp")
+    assert two["world_size"] == 2 and two["fsdp"] and not one["fsdp"]
+    for x, y in zip(one["history"], two["history"], strict=True):
+        assert (x["n_trees"], x["n_steps"], _counts(x)) == (y["n_trees"], y["n_steps"], _counts(y))
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-9)
+    from bpo_algos.policy import HFPolicy
+    from bpo_algos.policy.tiny import tiny_model_path
+
+    init = HFPolicy(tiny_model_path(), device="cpu", dtype=torch.float64).state_dict()
+    assert _max_diff(one["params"], init) > 1e-3  # training changed the parameters
+    diff = _max_diff(one["params"], two["params"])
+    print(f"max |theta_fsdp2 - theta_1proc| after 3 updates (float64): {diff:.3g}")
+    assert diff < 1e-9
+
+
+@pytest.mark.slow  # 1 launch of one process, 2 of 2 FSDP ranks: ~50 s of CPU
+def test_a_resumed_fsdp_run_continues_where_it_stopped(tmp_path):
+    pytest.importorskip("transformers")
+    adam = (*HF, "--optimizer", "adam")
+    one = _one(tmp_path / "one.pt", *adam)
+    part = _torchrun(tmp_path / "part.pt", *adam, "--fsdp", "--updates", "2", "--out-dir", str(tmp_path / "run"))
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["update"] == 2 and checkpoint["fsdp"]
+    assert set(checkpoint["policy"]) == set(one["params"])  # the full, unsharded weights
+    assert checkpoint["optimizer"]["state"]  # Adam's moments, gathered
+    resumed = _torchrun(tmp_path / "resumed.pt", *adam, "--fsdp", "--updates", "3", "--out-dir", str(tmp_path / "run"))
+    assert resumed["history"][:2] == part["history"]  # loaded, not recomputed
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+    diff = _max_diff(one["params"], resumed["params"])
+    print(f"max |theta_fsdp2 resumed after 2 - theta_1proc| after 3 Adam updates (float64): {diff:.3g}")
+    assert diff < 1e-9
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow  # two launches of the TextScorerPolicy script: ~15 s
+def test_accelerate_launch_gives_the_parameters_of_one_process(tmp_path):
+    pytest.importorskip("accelerate")
+    one = _one(tmp_path / "one.pt")
+    # accelerate's torchrun launcher; without a GPU the ranks join a gloo group (``--cpu
+    # --num_processes N`` needs MPI, ``--mpirun_hostfile``, else it starts one process)
+    cmd = [
+        _tool("accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        str(HERE / "dp_train.py"), str(tmp_path / "acc.pt"),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, env=_env(), timeout=300)
+    two = torch.load(tmp_path / "acc.pt", weights_only=False)
+    assert two["world_size"] == 2
+    assert [_counts(r) for r in one["history"]] == [_counts(r) for r in two["history"]]
+    diff = _max_diff(one["params"], two["params"])
+    print(f"max |theta_accelerate2 - theta_1proc| after 3 updates: {diff:.3g}")
+    assert diff < 1e-6
 
 
 def _init() -> dict[str, torch.Tensor]:
