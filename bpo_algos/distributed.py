@@ -12,13 +12,28 @@ Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every ra
   gradient of the whole batch (up to float summation order).
 * **Global meters.** Compute meters and per-tree statistics are all-reduced/gathered, so the
   logged row and the budget are those of the whole batch; checkpoints and logs come from rank 0.
-* **FSDP** when the model does not fit one GPU: :func:`shard_model` wraps a model with
-  ``torch.distributed.fsdp.fully_shard`` (FSDP2). It is not wired into the Trainer: a sharded
-  model's forward is a collective, so every rank would have to run the same number of forward
-  passes, while collection runs as many as its trees need. The path is generation on vLLM
-  (its own unsharded bf16 copy) and entropy from vLLM too, then the update on the sharded
-  model with each rank's loss scaled by ``N`` (FSDP averages its reduce-scatter) in place of
-  :func:`all_reduce_gradients`.
+* **FSDP** (``TrainerConfig(fsdp=True)``) when the model does not fit one GPU:
+  :func:`shard_model` shards ``policy.model`` with FSDP2 (``fully_shard`` per decoder layer, then
+  the whole model). A sharded forward is a collective and ranks run different numbers of
+  forwards while collecting, so the Trainer gathers the full weights (:func:`unshard`, every
+  rank at the same point) before collection and keeps them through the update, like verl's
+  hybrid engine: rollouts and micro-batch forwards then issue no collectives (checked with
+  FSDP2 on gloo: ranks with 3 and 1 forwards do not wait for each other). The only collectives
+  of the update are the gradient reduce-scatters of each backward, one per layer: every
+  micro-batch is exactly one forward (at most the policy's ``train_batch_size`` steps; more
+  raises), and a rank with fewer micro-batches than the most (:func:`all_reduce_max`) runs
+  zero-weighted one-token passes, so all ranks issue the same reduce-scatters in the same order.
+  FSDP sums them (divide factor 1, sum-only collectives: gloo has no pre-multiplied sum), with
+  each rank's loss divided by the global normaliser, in place of :func:`all_reduce_gradients`;
+  :func:`reshard` then registers the sharded parameters for the norm
+  (:func:`sharded_gradient_norm`: squares of the DTensor shards summed over ranks), clipping
+  and the optimizer step. Memory per rank: the full weights (fp32, or bf16 with
+  ``precision="bf16"``) from collection to the end of the update, plus shards of the fp32
+  master weights, gradients and optimizer state, plus one layer's full gradient in flight.
+  Checkpoints hold the full state dicts (:func:`full_state_dicts`, gathered to rank 0; the
+  weights' keys are those of the unsharded policy), loaded back into the shards on resume. Two
+  FSDP ranks give the parameters of one process after 3 updates (float64: ~2e-12). The
+  gradient-variance probe (``diagnostics.gradient_samples``) refuses a sharded policy.
 
 Nothing here starts a process group by itself except :func:`init_from_env`, which does so only
 when ``WORLD_SIZE`` > 1 is set by a launcher.

@@ -14,7 +14,8 @@ on a bf16 weight rounds away); ``micro_batch_tokens`` back-propagates the loss o
 a time with the whole batch's normaliser (the same gradient, memory bounded by a micro-batch);
 ``gradient_checkpointing`` asks the policy to recompute activations. Under ``torchrun`` the same
 code trains data-parallel (:mod:`bpo_algos.distributed`): trees split across ranks and seeded
-per tree, one global normaliser, gradients summed, meters all-reduced, files from rank 0.
+per tree, one global normaliser, gradients summed, meters all-reduced, files from rank 0;
+``fsdp=True`` shards the model with FSDP2 there.
 
 Checkpoints (``out_dir/checkpoint.pt``: policy, optimizer, RNG states, algorithm state such as
 BPO's adaptive threshold, the metrics so far) are written atomically after each update, so a run
@@ -95,8 +96,9 @@ class TrainerConfig:
             verl's hybrid engine), gradients are reduce-scattered per micro-batch into shards,
             and the fp32 master weights and optimizer state stay sharded: per rank, full
             weights + sharded gradients, weights and optimizer state (+ one layer's full
-            gradient). Checkpoints hold the full state (gathered to rank 0). Ignored, with a
-            warning, on one process.
+            gradient). With a KL term and no LoRA the frozen reference is a full copy on
+            every rank. Checkpoints hold the full state (gathered to rank 0). Ignored, with
+            a warning, on one process.
     """
 
     updates: int = 50

@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--out-dir", default=None)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-grad-norm", type=float, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.policy == "scorer":
@@ -79,13 +82,24 @@ def main() -> None:
         device="cpu",
         fsdp=args.fsdp,
         out_dir=args.out_dir,
+        precision=args.precision,
+        epochs=args.epochs,
+        max_grad_norm=args.max_grad_norm,
     )
     trainer = Trainer(algorithm, policy, [env], tasks, config)
     history = trainer.train()
+    probe_error = None
+    if trainer.fsdp:  # the gradient probe refuses a sharded policy
+        from bpo_algos.diagnostics import gradient_samples
+
+        try:
+            gradient_samples(algorithm, policy, [env], tasks[:1], 1)
+        except RuntimeError as exc:
+            probe_error = str(exc)
     params = trainer.policy_state_dict()  # every rank (a gather under FSDP)
     if trainer.rank == 0:
         state = {"params": {k: v.detach().clone() for k, v in params.items()}, "history": history}
-        state["world_size"], state["fsdp"] = trainer.world_size, trainer.fsdp
+        state["world_size"], state["fsdp"], state["probe_error"] = trainer.world_size, trainer.fsdp, probe_error
         torch.save(state, args.out)
 
 

@@ -10,6 +10,7 @@ normaliser, the zero passes or the reduce would show at ~1e-3), also across a re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -60,6 +61,57 @@ def test_two_gloo_ranks_give_the_parameters_of_one_process(tmp_path, aggregation
     print(f"max |theta_2proc - theta_1proc| after 3 updates ({aggregation}): {diff:.3g}")
 
 
+def _make():
+    import gymnasium as gym
+
+    import bpo_envs  # noqa: F401
+
+    return gym.make("BPO-TreeMDP-v0", depth=2, n_actions=3, seed=4, n_tasks=3)
+
+
+def _scorer():
+    from bpo_algos.policy.scorer import TextScorerPolicy
+
+    return TextScorerPolicy(buckets=128, dim=4, hidden=8, seed=3)
+
+
+def test_micro_batches_of_at_most_k_steps_give_the_one_batch_gradient():
+    from baselines import GRPO
+
+    policy, algorithm = _scorer(), GRPO(group_size=3, seed=2)
+    batch = algorithm.collect(policy, [_make], [0, 1])
+    groups = batch.micro_batches(None, 2)
+    assert max(len(g) for g in groups) == 2 and [i for g in groups for i in g] == list(range(len(batch.steps)))
+    assert batch.micro_batches(10**6, 3) == batch.micro_batches(None, 3)
+    algorithm.loss(policy, batch).backward()
+    whole = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad()
+    calls = []
+    algorithm.backward(policy, batch, micro_batch_steps=2, before_micro_batch=lambda: calls.append(1))
+    assert len(calls) == len(groups)
+    for a, p in zip(whole, policy.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_fsdp_on_one_process_warns_and_trains_unsharded(tmp_path, caplog):
+    from baselines import GRPO
+    from bpo_algos import Trainer, TrainerConfig
+
+    with pytest.raises(ValueError, match="fsdp"):
+        TrainerConfig(fsdp="yes")
+    config = TrainerConfig(updates=1, tasks_per_update=2, optimizer="sgd", fsdp=True, out_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="bpo_algos.trainer"):
+        trainer = Trainer(GRPO(group_size=2), _scorer(), [_make], [0, 1, 2], config)
+    assert not trainer.fsdp and "nothing to shard" in caplog.text
+    trainer.train()
+    # a checkpoint of another sharding cannot be resumed: its optimizer state has another form
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    state["fsdp"] = True
+    torch.save(state, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="with FSDP sharding"):
+        Trainer(GRPO(group_size=2), _scorer(), [_make], [0, 1, 2], dataclasses.replace(config, updates=2))
+
+
 def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -99,9 +151,11 @@ HF = ("--policy", "hf", "--dtype", "float64")
 @pytest.mark.slow  # 3 launches of the tiny Qwen2 (2 of them 2 ranks): ~50 s of CPU
 def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path):
     pytest.importorskip("transformers")
-    one = _one(tmp_path / "one.pt", *HF)
-    two = _torchrun(tmp_path / "two.pt", *HF, "--fsdp")
+    clipped = (*HF, "--max-grad-norm", "10")  # the norm is ~40: clipping on the sharded gradients
+    one = _one(tmp_path / "one.pt", *clipped)
+    two = _torchrun(tmp_path / "two.pt", *clipped, "--fsdp")
     assert two["world_size"] == 2 and two["fsdp"] and not one["fsdp"]
+    assert "unsharded policy" in two["probe_error"]
     for x, y in zip(one["history"], two["history"], strict=True):
         assert (x["n_trees"], x["n_steps"], _counts(x)) == (y["n_trees"], y["n_steps"], _counts(y))
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-9)
@@ -111,7 +165,7 @@ def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path):
     init = HFPolicy(tiny_model_path(), device="cpu", dtype=torch.float64).state_dict()
     assert _max_diff(one["params"], init) > 1e-3  # training changed the parameters
     diff = _max_diff(one["params"], two["params"])
-    print(f"max |theta_fsdp2 - theta_1proc| after 3 updates (float64): {diff:.3g}")
+    print(f"max |theta_fsdp2 - theta_1proc| after 3 clipped updates (float64): {diff:.3g}")
     assert diff < 1e-9
 
 
