@@ -667,11 +667,12 @@ class Trainer:
                 f"run is {'sharded' if self.fsdp else 'not sharded'}: their optimizer states differ in "
                 "form; resume with the same fsdp setting and number of ranks > 1, or resume=False"
             )
-        self.optimizer = self._make_optimizer()
         if self.fsdp:
+            self.optimizer = self._make_optimizer()
             dp.load_full_state_dicts(self.policy, self.optimizer, state["policy"], state["optimizer"])
         else:
-            self.policy.load_state_dict(state["policy"])
+            self.policy.load_state_dict(state["policy"])  # first: a tabular policy grows entries here
+            self.optimizer = self._make_optimizer()
             self.optimizer.load_state_dict(state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self._rng.bit_generator.state = state["trainer_rng"]
