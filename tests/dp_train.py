@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-grad-norm", type=float, default=None)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.policy == "scorer":
@@ -65,7 +67,8 @@ def main() -> None:
         from bpo_algos.policy import HFPolicy
         from bpo_algos.policy.tiny import tiny_model_path
 
-        policy = HFPolicy(tiny_model_path(), max_new_tokens=3, device="cpu", seed=0, train_batch_size=8, dtype=getattr(torch, args.dtype))
+        torch.manual_seed(0)  # LoRA's adapters are initialised from torch's generator
+        policy = HFPolicy(tiny_model_path(), max_new_tokens=3, device="cpu", seed=0, train_batch_size=8, dtype=getattr(torch, args.dtype), lora=args.lora or None)
         algorithm = signed_rloo()
         # 3 trees on 2 ranks: rank 1 has fewer micro-batches (zero passes under FSDP)
         env, tasks, lr, per_update, tokens = make_small, list(range(4)), 0.02, 3, 400
@@ -85,6 +88,7 @@ def main() -> None:
         precision=args.precision,
         epochs=args.epochs,
         max_grad_norm=args.max_grad_norm,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     trainer = Trainer(algorithm, policy, [env], tasks, config)
     history = trainer.train()

@@ -148,10 +148,11 @@ def _counts(row: dict) -> dict:
 HF = ("--policy", "hf", "--dtype", "float64")
 
 
-@pytest.mark.slow  # 3 launches of the tiny Qwen2 (2 of them 2 ranks): ~50 s of CPU
-def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path):
+@pytest.mark.slow  # 2 launches of the tiny Qwen2 (one of 2 ranks) per case: ~35 s of CPU
+@pytest.mark.parametrize("lora", [False, True])
+def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path, lora):
     pytest.importorskip("transformers")
-    clipped = (*HF, "--max-grad-norm", "10")  # the norm is ~40: clipping on the sharded gradients
+    clipped = (*HF, "--max-grad-norm", "10", *(["--lora"] if lora else []))  # clipping: the norm is ~40
     one = _one(tmp_path / "one.pt", *clipped)
     two = _torchrun(tmp_path / "two.pt", *clipped, "--fsdp")
     assert two["world_size"] == 2 and two["fsdp"] and not one["fsdp"]
@@ -162,10 +163,13 @@ def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path):
     from bpo_algos.policy import HFPolicy
     from bpo_algos.policy.tiny import tiny_model_path
 
-    init = HFPolicy(tiny_model_path(), device="cpu", dtype=torch.float64).state_dict()
-    assert _max_diff(one["params"], init) > 1e-3  # training changed the parameters
+    if lora:  # the adapters' B matrices start at zero
+        assert min(float(v.abs().max()) for k, v in one["params"].items() if "lora_B" in k) > 1e-4
+    else:
+        init = HFPolicy(tiny_model_path(), device="cpu", dtype=torch.float64).state_dict()
+        assert _max_diff(one["params"], init) > 1e-3  # training changed the parameters
     diff = _max_diff(one["params"], two["params"])
-    print(f"max |theta_fsdp2 - theta_1proc| after 3 clipped updates (float64): {diff:.3g}")
+    print(f"max |theta_fsdp2 - theta_1proc| after 3 clipped updates (float64, lora={lora}): {diff:.3g}")
     assert diff < 1e-9
 
 
