@@ -330,4 +330,13 @@ def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_state, options=options)
-    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+    if optim_state.get("state"):
+        set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+        return
+    # a stateless optimizer (SGD without momentum): torch's loader finds no tensor to place
+    # ("Expected device to be set"); the hyperparameters are all there is to restore
+    groups = optim_state.get("param_groups", [])
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint has {len(groups)} optimizer parameter groups, the optimizer {len(optimizer.param_groups)}")
+    for saved, group in zip(groups, optimizer.param_groups, strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})

@@ -26,7 +26,7 @@ def make_small():
     return gym.make("BPO-TreeMDP-v0", depth=2, n_actions=3, seed=1, n_tasks=4)
 
 
-def signed_rloo():
+def signed_rloo(kl_coef: float = 0.0):
     """RLOO with advantages +-1 by step parity within a tree (an untrained model's rewards are
     all equal: a zero advantage would leave nothing to learn from)."""
     from baselines import RLOO
@@ -39,7 +39,7 @@ def signed_rloo():
                 for i, edge in enumerate(tree.edges()):
                     edge.advantage = 1.0 if i % 2 else -1.0
 
-    return SignedRLOO(group_size=2, seed=1)
+    return SignedRLOO(group_size=2, seed=1, kl_coef=kl_coef)
 
 
 def main() -> None:
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--max-grad-norm", type=float, default=None)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--kl-coef", type=float, default=0.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.policy == "scorer":
@@ -69,7 +70,7 @@ def main() -> None:
 
         torch.manual_seed(0)  # LoRA's adapters are initialised from torch's generator
         policy = HFPolicy(tiny_model_path(), max_new_tokens=3, device="cpu", seed=0, train_batch_size=8, dtype=getattr(torch, args.dtype), lora=args.lora or None)
-        algorithm = signed_rloo()
+        algorithm = signed_rloo(args.kl_coef)
         # 3 trees on 2 ranks: rank 1 has fewer micro-batches (zero passes under FSDP)
         env, tasks, lr, per_update, tokens = make_small, list(range(4)), 0.02, 3, 400
         if args.optimizer != "sgd":

@@ -173,21 +173,26 @@ def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path, lora):
     assert diff < 1e-9
 
 
-@pytest.mark.slow  # 1 launch of one process, 2 of 2 FSDP ranks: ~50 s of CPU
-def test_a_resumed_fsdp_run_continues_where_it_stopped(tmp_path):
+@pytest.mark.slow  # 1 launch of one process, 2 of 2 FSDP ranks, per case: ~50 s of CPU
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_resumed_fsdp_run_continues_where_it_stopped(tmp_path, optimizer):
     pytest.importorskip("transformers")
-    adam = (*HF, "--optimizer", "adam")
-    one = _one(tmp_path / "one.pt", *adam)
-    part = _torchrun(tmp_path / "part.pt", *adam, "--fsdp", "--updates", "2", "--out-dir", str(tmp_path / "run"))
+    # Adam: moments to gather and shard again; SGD: no optimizer state, and a KL term whose
+    # frozen reference (a full copy on every rank) is part of the checkpoint
+    args = (*HF, "--optimizer", optimizer, *(["--kl-coef", "0.5"] if optimizer == "sgd" else []))
+    one = _one(tmp_path / "one.pt", *args)
+    part = _torchrun(tmp_path / "part.pt", *args, "--fsdp", "--updates", "2", "--out-dir", str(tmp_path / "run"))
     checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
     assert checkpoint["update"] == 2 and checkpoint["fsdp"]
     assert set(checkpoint["policy"]) == set(one["params"])  # the full, unsharded weights
-    assert checkpoint["optimizer"]["state"]  # Adam's moments, gathered
-    resumed = _torchrun(tmp_path / "resumed.pt", *adam, "--fsdp", "--updates", "3", "--out-dir", str(tmp_path / "run"))
+    assert bool(checkpoint["optimizer"]["state"]) == (optimizer == "adam")  # Adam's moments, gathered
+    if optimizer == "sgd":
+        assert any(k.startswith("_reference.") for k in checkpoint["policy"])
+    resumed = _torchrun(tmp_path / "resumed.pt", *args, "--fsdp", "--updates", "3", "--out-dir", str(tmp_path / "run"))
     assert resumed["history"][:2] == part["history"]  # loaded, not recomputed
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
     diff = _max_diff(one["params"], resumed["params"])
-    print(f"max |theta_fsdp2 resumed after 2 - theta_1proc| after 3 Adam updates (float64): {diff:.3g}")
+    print(f"max |theta_fsdp2 resumed after 2 - theta_1proc| after 3 {optimizer} updates (float64): {diff:.3g}")
     assert diff < 1e-9
 
 
