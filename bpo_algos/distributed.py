@@ -31,9 +31,11 @@ Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every ra
   ``precision="bf16"``) from collection to the end of the update, plus shards of the fp32
   master weights, gradients and optimizer state, plus one layer's full gradient in flight.
   Checkpoints hold the full state dicts (:func:`full_state_dicts`, gathered to rank 0; the
-  weights' keys are those of the unsharded policy), loaded back into the shards on resume. Two
-  FSDP ranks give the parameters of one process after 3 updates (float64: ~2e-12). The
-  gradient-variance probe (``diagnostics.gradient_samples``) refuses a sharded policy.
+  weights' keys are those of the unsharded policy), loaded back into the shards on resume. With
+  a KL term the frozen reference is copied before sharding (a full replicated copy; LoRA needs
+  none). Two FSDP ranks give the parameters of one process after 3 updates, full fine-tune and
+  LoRA (float64: ~1e-16), also across a resume. The gradient-variance probe
+  (``diagnostics.gradient_samples``) refuses a sharded policy.
 
 Nothing here starts a process group by itself except :func:`init_from_env`, which does so only
 when ``WORLD_SIZE`` > 1 is set by a launcher.

@@ -3,7 +3,10 @@ or ``accelerate launch --num_processes 2 --cpu`` (gloo) and by one process in
 ``tests/test_data_parallel.py``.
 
 ``--policy scorer`` (default): BPO with a TextScorerPolicy on TreeMDP. ``--policy hf``: RLOO with
-signed advantages on the tiny offline Qwen2 (``--fsdp`` shards it with FSDP2)."""
+signed advantages on the tiny offline Qwen2, 3 trees an update (so the 2 ranks hold different
+numbers of micro-batches); ``--fsdp`` shards it with FSDP2, ``--dtype float64`` leaves summation
+order as the only difference from one process, and the other options set the TrainerConfig
+field or algorithm argument of their name (``--lora`` and ``--kl-coef`` the policy's and RLOO's)."""
 
 from __future__ import annotations
 
