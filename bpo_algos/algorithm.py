@@ -7,7 +7,7 @@ comparison at matched compute differs only in what the algorithms are meant to d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,17 +99,20 @@ class Batch:
             ref_logprobs=ref,
         )
 
-    def micro_batches(self, max_tokens: int | None) -> list[list[int]]:
+    def micro_batches(self, max_tokens: int | None, max_steps: int | None = None) -> list[list[int]]:
         """Consecutive step indices in groups of at most ``max_tokens`` tokens (prompt + action)
-        each; a step longer than that is a group of its own. None: one group of every step."""
-        if max_tokens is None:
+        and at most ``max_steps`` steps each; a step longer than ``max_tokens`` is a group of its
+        own. Both None: one group of every step."""
+        if max_tokens is None and max_steps is None:
             return [list(range(len(self.steps)))] if self.steps else []
         groups: list[list[int]] = []
         current: list[int] = []
         used = 0
         for i, step in enumerate(self.steps):
             cost = step_tokens(step)
-            if current and used + cost > max_tokens:
+            over_tokens = max_tokens is not None and used + cost > max_tokens
+            over_steps = max_steps is not None and len(current) >= max_steps
+            if current and (over_tokens or over_steps):
                 groups.append(current)
                 current, used = [], 0
             current.append(i)
@@ -314,29 +317,35 @@ class Algorithm:
         micro_batch_tokens: int | None = None,
         normaliser: float | None = None,
         scale: float = 1.0,
+        micro_batch_steps: int | None = None,
+        before_micro_batch: Callable[[], None] | None = None,
     ) -> float:
         """Accumulate ``scale x d loss / d theta`` into ``.grad``, one micro-batch at a time.
 
         Each micro-batch (at most ``micro_batch_tokens`` prompt + action tokens, see
-        :meth:`Batch.micro_batches`) is scored and back-propagated before the next, so only one
+        :meth:`Batch.micro_batches`; at most ``micro_batch_steps`` steps) is scored and
+        back-propagated before the next, so only one
         micro-batch's activations are alive; all are divided by one denominator ``normaliser``
         (default: this batch's, :meth:`loss_normaliser`), so the accumulated gradient is the
-        one-batch gradient. Returns the loss value; ``last_loss_stats`` are token-weighted means
-        over the micro-batches."""
+        one-batch gradient. ``before_micro_batch`` is called before each micro-batch is scored.
+        Returns the loss value; ``last_loss_stats`` are token-weighted means over the
+        micro-batches."""
         if not batch.steps:
             raise ValueError("empty batch: nothing to learn from")
         shared = type(self).loss is Algorithm.loss
-        if not shared and (micro_batch_tokens is not None or normaliser is not None):
+        if not shared and (micro_batch_tokens is not None or micro_batch_steps is not None or normaliser is not None):
             raise TypeError(
                 f"{type(self).__name__} overrides loss(); micro-batching and data-parallel "
                 "normalisation need the shared loss (accept and apply normaliser=)"
             )
         z = self.loss_normaliser(batch) if normaliser is None else normaliser
-        groups = batch.micro_batches(micro_batch_tokens)
+        groups = batch.micro_batches(micro_batch_tokens, micro_batch_steps)
         total = 0.0
         sums: dict[str, float] = {}
         tokens = 0.0
         for group in groups:
+            if before_micro_batch is not None:
+                before_micro_batch()
             part = batch if len(groups) == 1 else batch.subset(group)
             loss = self.loss(policy, part, normaliser=z) if shared else self.loss(policy, part)
             (loss * scale).backward()

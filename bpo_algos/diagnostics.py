@@ -28,6 +28,7 @@ import torch
 
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
+from bpo_algos.distributed import is_sharded
 from bpo_algos.engine import EnvFn, EnvPool
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,11 @@ def gradient_samples(
     when given). ``keep_grads``: also keep the full samples (True), never (False), or while
     ``n x P`` float32 values fit :data:`KEEP_GRADS_BYTES` (None; logged when they do not).
     """
+    if isinstance(policy, torch.nn.Module) and is_sharded(policy):
+        raise RuntimeError(
+            "gradient_samples needs an unsharded policy: under FSDP each rank holds a shard of "
+            "every gradient and collects its own samples; probe a copy on one process"
+        )
     pool = env_fns if isinstance(env_fns, EnvPool) else EnvPool(env_fns)
     rows: list[torch.Tensor] = []
     costs: list[dict[str, float]] = []

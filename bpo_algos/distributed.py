@@ -12,13 +12,30 @@ Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every ra
   gradient of the whole batch (up to float summation order).
 * **Global meters.** Compute meters and per-tree statistics are all-reduced/gathered, so the
   logged row and the budget are those of the whole batch; checkpoints and logs come from rank 0.
-* **FSDP** when the model does not fit one GPU: :func:`shard_model` wraps a model with
-  ``torch.distributed.fsdp.fully_shard`` (FSDP2). It is not wired into the Trainer: a sharded
-  model's forward is a collective, so every rank would have to run the same number of forward
-  passes, while collection runs as many as its trees need. The path is generation on vLLM
-  (its own unsharded bf16 copy) and entropy from vLLM too, then the update on the sharded
-  model with each rank's loss scaled by ``N`` (FSDP averages its reduce-scatter) in place of
-  :func:`all_reduce_gradients`.
+* **FSDP** (``TrainerConfig(fsdp=True)``) when the model does not fit one GPU:
+  :func:`shard_model` shards ``policy.model`` with FSDP2 (``fully_shard`` per decoder layer, then
+  the whole model). A sharded forward is a collective and ranks run different numbers of
+  forwards while collecting, so the Trainer gathers the full weights (:func:`unshard`, every
+  rank at the same point) before collection and keeps them through the update, like verl's
+  hybrid engine: rollouts and micro-batch forwards then issue no collectives (checked with
+  FSDP2 on gloo: ranks with 3 and 1 forwards do not wait for each other). The only collectives
+  of the update are the gradient reduce-scatters of each backward, one per layer: every
+  micro-batch is exactly one forward (at most the policy's ``train_batch_size`` steps; more
+  raises), and a rank with fewer micro-batches than the most (:func:`all_reduce_max`) runs
+  zero-weighted one-token passes, so all ranks issue the same reduce-scatters in the same order.
+  FSDP sums them (divide factor 1, sum-only collectives: gloo has no pre-multiplied sum), with
+  each rank's loss divided by the global normaliser, in place of :func:`all_reduce_gradients`;
+  :func:`reshard` then registers the sharded parameters for the norm
+  (:func:`sharded_gradient_norm`: squares of the DTensor shards summed over ranks), clipping
+  and the optimizer step. Memory per rank: the full weights (fp32, or bf16 with
+  ``precision="bf16"``) from collection to the end of the update, plus shards of the fp32
+  master weights, gradients and optimizer state, plus one layer's full gradient in flight.
+  Checkpoints hold the full state dicts (:func:`full_state_dicts`, gathered to rank 0; the
+  weights' keys are those of the unsharded policy), loaded back into the shards on resume. With
+  a KL term the frozen reference is copied before sharding (a full replicated copy; LoRA needs
+  none). Two FSDP ranks give the parameters of one process after 3 updates, full fine-tune and
+  LoRA (float64: ~1e-16), also across a resume. The gradient-variance probe
+  (``diagnostics.gradient_samples``) refuses a sharded policy.
 
 Nothing here starts a process group by itself except :func:`init_from_env`, which does so only
 when ``WORLD_SIZE`` > 1 is set by a launcher.
@@ -106,6 +123,15 @@ def all_reduce_sum(values: Sequence[float]) -> list[float]:
     return t.cpu().tolist()
 
 
+def all_reduce_max(value: int) -> int:
+    """The largest ``value`` over ranks (the input itself on one process)."""
+    if not is_distributed():
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order (``[obj]`` on one process)."""
     if not is_distributed():
@@ -131,7 +157,8 @@ def check_same_parameters(parameters: Sequence[torch.nn.Parameter]) -> None:
 
 
 def all_reduce_gradients(parameters: Sequence[torch.nn.Parameter], bucket_elements: int = 1 << 24) -> None:
-    """Sum ``.grad`` over ranks in place, in flat buckets of at most ``bucket_elements``.
+    """Sum ``.grad`` over ranks in place, in flat buckets of at most ``bucket_elements`` (float32,
+    float64 when a parameter is).
 
     A parameter with no gradient on one rank contributes zeros (it must still be summed: another
     rank may have one)."""
@@ -145,9 +172,8 @@ def all_reduce_gradients(parameters: Sequence[torch.nn.Parameter], bucket_elemen
         nonlocal bucket, size
         if not bucket:
             return
-        flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(device, torch.float32) for p in bucket]
-        )
+        dtype = torch.float64 if any(p.dtype == torch.float64 for p in bucket) else torch.float32
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(device, dtype) for p in bucket])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0
         for p in bucket:
@@ -185,16 +211,134 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The first ``ModuleList`` named ``layers`` (a transformer's decoder blocks; also under a
+    LoRA wrapper), else none."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+            return list(module)
+    return []
+
+
 def shard_model(model: torch.nn.Module, mixed_precision: torch.dtype | None = torch.bfloat16) -> torch.nn.Module:
     """Shard ``model`` over the ranks with FSDP2 (``fully_shard``): each decoder layer, then the
     whole model. Parameters stay in their dtype (fp32 master weights); ``mixed_precision`` is
-    the compute dtype. Use it when weights + gradients + optimizer state do not fit one GPU
-    (``bpo-memory-plan`` says when)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    the dtype of the gathered (unsharded) weights and of the compute, gradients are reduced in
+    fp32. Use it when weights + gradients + optimizer state do not fit one GPU
+    (``bpo-memory-plan`` says when).
+
+    Gradients are reduced as a *sum* over ranks (divide factor 1, sum-only collectives, which
+    gloo needs: it has no pre-multiplied sum): the Trainer divides each rank's loss by the
+    global normaliser itself. Parameters are set to stay gathered after a forward and a
+    backward (:func:`unshard` gathers them, :func:`reshard` frees them), so forwards issue no
+    collectives (module docstring)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32) if mixed_precision else MixedPrecisionPolicy()
-    layers = getattr(getattr(model, "model", model), "layers", None)
-    for layer in layers or []:
+    for layer in _decoder_layers(model):
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    assert isinstance(model, FSDPModule)
+    model.set_reshard_after_forward(False)
+    model.set_reshard_after_backward(False)
+    model.set_reduce_scatter_unused_params(True)  # every rank reduces the same tensors
+    for module in fsdp_modules(model):
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    """The FSDP2-sharded modules inside ``model`` (outermost first)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds FSDP2-sharded modules."""
+    return bool(fsdp_modules(model))
+
+
+def unshard(model: torch.nn.Module) -> None:
+    """Gather every sharded module's full weights (a collective: every rank calls it at the same
+    point); a no-op for modules already gathered. Until :func:`reshard`, forwards and
+    backwards run on the full weights without collectives, except the gradient reduce-scatter
+    of a backward (see :func:`shard_model`)."""
+    for module in fsdp_modules(model):
+        module.unshard()
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free the gathered weights; the sharded ones are registered again (what the optimizer
+    updates and the checkpoint saves)."""
+    for module in fsdp_modules(model):
+        module.reshard()
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def sharded_gradient_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
+    """The L2 norm of the whole gradient when some gradients are FSDP shards (DTensors, each
+    element on exactly one rank: squares summed over ranks) and the rest are plain tensors
+    already equal on every rank (counted once). A collective."""
+    sharded = 0.0
+    plain = 0.0
+    for p in parameters:
+        if p.grad is None:
+            continue
+        if is_dtensor(p.grad):
+            sharded += float(p.grad.to_local().detach().double().pow(2).sum())
+        else:
+            plain += float(p.grad.detach().double().pow(2).sum())
+    (sharded,) = all_reduce_sum([sharded])
+    return float((sharded + plain) ** 0.5)
+
+
+def clip_gradients_(parameters: Sequence[torch.nn.Parameter], max_norm: float, norm: float) -> None:
+    """Scale every gradient by ``min(1, max_norm / (norm + 1e-6))`` in place (what
+    ``torch.nn.utils.clip_grad_norm_`` does, with the global ``norm`` given)."""
+    coef = min(1.0, max_norm / (norm + 1e-6))
+    if coef < 1.0:
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+
+
+def full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The unsharded model and optimizer state dicts (keys as of the unsharded model), on the
+    CPU of rank 0; empty elsewhere. A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+    """Load :func:`full_state_dicts`' output on every rank (each keeps its shard)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    if optim_state.get("state"):
+        set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+        return
+    # a stateless optimizer (SGD without momentum): torch's loader finds no tensor to place
+    # ("Expected device to be set"); the hyperparameters are all there is to restore
+    groups = optim_state.get("param_groups", [])
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint has {len(groups)} optimizer parameter groups, the optimizer {len(optimizer.param_groups)}")
+    for saved, group in zip(groups, optimizer.param_groups, strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})

@@ -14,7 +14,8 @@ on a bf16 weight rounds away); ``micro_batch_tokens`` back-propagates the loss o
 a time with the whole batch's normaliser (the same gradient, memory bounded by a micro-batch);
 ``gradient_checkpointing`` asks the policy to recompute activations. Under ``torchrun`` the same
 code trains data-parallel (:mod:`bpo_algos.distributed`): trees split across ranks and seeded
-per tree, one global normaliser, gradients summed, meters all-reduced, files from rank 0.
+per tree, one global normaliser, gradients summed, meters all-reduced, files from rank 0;
+``fsdp=True`` shards the model with FSDP2 there.
 
 Checkpoints (``out_dir/checkpoint.pt``: policy, optimizer, RNG states, algorithm state such as
 BPO's adaptive threshold, the metrics so far) are written atomically after each update, so a run
@@ -88,6 +89,16 @@ class TrainerConfig:
             instead of per batch; trees are then collected one by one. None: on exactly when
             data-parallel, which is what makes N ranks reproduce one process (set it True on
             the one process to compare).
+        fsdp: under a multi-rank launch, shard ``policy.model`` (a transformers model) with
+            FSDP2 (:func:`~bpo_algos.distributed.shard_model`; bf16 gathered weights when
+            ``precision="bf16"``). The full weights are gathered once before collection and
+            kept through the update (rollouts and micro-batches run without collectives, like
+            verl's hybrid engine), gradients are reduce-scattered per micro-batch into shards,
+            and the fp32 master weights and optimizer state stay sharded: per rank, full
+            weights + sharded gradients, weights and optimizer state (+ one layer's full
+            gradient). With a KL term and no LoRA the frozen reference is a full copy on
+            every rank. Checkpoints hold the full state (gathered to rank 0). Ignored, with
+            a warning, on one process.
     """
 
     updates: int = 50
@@ -114,6 +125,7 @@ class TrainerConfig:
     micro_batch_tokens: int | None = None
     gradient_checkpointing: bool = False
     seed_per_tree: bool | None = None
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("updates", "tasks_per_update", "epochs"):
@@ -138,6 +150,8 @@ class TrainerConfig:
             isinstance(self.micro_batch_tokens, bool) or not isinstance(self.micro_batch_tokens, int) or self.micro_batch_tokens < 1
         ):
             raise ValueError(f"micro_batch_tokens must be an int >= 1 or None, got {self.micro_batch_tokens!r}")
+        if not isinstance(self.fsdp, bool):
+            raise ValueError(f"fsdp must be a bool, got {self.fsdp!r}")
         self.budget = Budget.parse(self.budget)
 
 
@@ -179,9 +193,10 @@ def upcast_trainable(parameters: Sequence[torch.nn.Parameter]) -> int:
     return changed
 
 def gradient_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
-    """L2 norm of all gradients together."""
-    grads = [p.grad.detach().flatten() for p in parameters if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
+    """L2 norm of all gradients together (accumulated in float64: a float32 sum over millions
+    of squares is off in the fourth digit)."""
+    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64) for p in parameters if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
 def _atomic_write(path: Path, write: Any) -> None:
@@ -243,6 +258,7 @@ class Trainer:
             policy.seed(self.config.seed)
         if self.world_size > 1:
             dp.broadcast_parameters(policy)
+        self.fsdp = self._shard()
         self.optimizer = self._make_optimizer()
         # every rank keeps the history; only rank 0 writes files
         self.out_dir = Path(self.config.out_dir) if self.config.out_dir is not None and self.rank == 0 else None
@@ -260,6 +276,77 @@ class Trainer:
                 _atomic_write(self.out_dir / "metrics.jsonl", lambda fh: None)
         dp.barrier()
 
+    # ---- FSDP ----------------------------------------------------------------------------
+    def _shard(self) -> bool:
+        """Shard ``policy.model`` when ``fsdp=True`` on several ranks (see :class:`TrainerConfig`)."""
+        if not self.config.fsdp:
+            return False
+        if self.world_size == 1:
+            log.warning("fsdp=True on one process: nothing to shard, the model trains unsharded")
+            return False
+        model = getattr(self.policy, "model", None)
+        if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+            raise TypeError(f"fsdp=True shards policy.model, a transformers model; {type(self.policy).__name__} has none")
+        if getattr(self.algorithm, "kl_coef", 0.0) and callable(getattr(self.policy, "set_reference", None)):
+            # the frozen reference is copied before sharding: a plain replicated copy whose
+            # forwards are no collectives (LoRA needs none: its base model is the reference)
+            self.policy.set_reference()
+        dp.shard_model(model, mixed_precision=torch.bfloat16 if self.config.precision == "bf16" else None)
+        # a micro-batch must be exactly one forward pass through the sharded model on every rank
+        # (its backward is one reduce-scatter per layer): at most the rows of one forward
+        self._fsdp_steps = getattr(self.policy, "train_batch_size", None)
+        self._fsdp_forwards = 0
+        self._fsdp_counting = False
+        model.register_forward_pre_hook(self._count_forward)
+        return True
+
+    def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if not (self._fsdp_counting and torch.is_grad_enabled()):
+            return
+        self._fsdp_forwards += 1
+        if self._fsdp_forwards > 1:
+            raise RuntimeError(
+                f"fsdp=True: one micro-batch ran more than one forward pass through the sharded model "
+                f"({type(self.policy).__name__} splits a micro-batch of <= {self._fsdp_steps} steps); "
+                "ranks would issue different numbers of gradient reduce-scatters"
+            )
+
+    def _new_micro_batch(self) -> None:
+        self._fsdp_forwards = 0
+
+    def _zero_pass(self) -> None:
+        """One forward/backward of a one-token input with zero weight: this rank's share of a
+        micro-batch another rank has and it has not (the same collectives, no gradient)."""
+        self._new_micro_batch()
+        model = self.policy.model  # type: ignore[attr-defined]
+        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        (logits.float().sum() * 0.0).backward()
+
+    def _fsdp_backward(self, batch: Batch, normaliser: float) -> float:
+        """Back-propagate this rank's micro-batches, then zero passes up to the largest count
+        over ranks, so every rank issues the same reduce-scatters; returns this rank's loss."""
+        cfg = self.config
+        groups = batch.micro_batches(cfg.micro_batch_tokens, self._fsdp_steps) if batch.steps else []
+        most = dp.all_reduce_max(len(groups))
+        loss_value = 0.0
+        self._fsdp_counting = True
+        try:
+            if batch.steps:
+                loss_value = self.algorithm.backward(
+                    self.policy,
+                    batch,
+                    micro_batch_tokens=cfg.micro_batch_tokens,
+                    micro_batch_steps=self._fsdp_steps,
+                    normaliser=normaliser,
+                    before_micro_batch=self._new_micro_batch,
+                )
+            for _ in range(most - len(groups)):
+                self._zero_pass()
+        finally:
+            self._fsdp_counting = False
+        return loss_value
+
     # ---- optimizer -----------------------------------------------------------------------
     def _trainable(self) -> list[torch.nn.Parameter]:
         explicit = getattr(self.policy, "trainable_parameters", None)
@@ -269,7 +356,8 @@ class Trainer:
     def _make_optimizer(self) -> torch.optim.Optimizer:
         # A tabular policy starts with no entries and grows; an empty anchor keeps the param
         # group non-empty and the saved optimizer state aligned with a rebuilt one on resume.
-        params = [self._anchor, *self._trainable()]
+        # (under FSDP every parameter must belong to the policy: the checkpoint names them)
+        params = [*self._trainable()] if self.fsdp else [self._anchor, *self._trainable()]
         cfg = self.config
         if cfg.optimizer == "adam":
             return torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -337,6 +425,8 @@ class Trainer:
         tasks = self.draw_tasks()
         if isinstance(self.policy, torch.nn.Module):
             self.policy.eval()
+        if self.fsdp:
+            dp.unshard(self.policy)  # full weights for the rollouts: their forwards are local
         with self._autocast():
             batch = self._collect(tasks)
         self.policy.train()
@@ -346,6 +436,8 @@ class Trainer:
         losses, norms = [], []
         for _ in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
+            if self.fsdp:
+                dp.unshard(self.policy)  # (re)gathered after the previous epoch's step
             with self._autocast():
                 if plain:
                     loss = self.algorithm.loss(self.policy, batch)
@@ -357,22 +449,37 @@ class Trainer:
                     z, n_trees = dp.all_reduce_sum([z_local, trees_local])
                     if self.algorithm.aggregation == "step-sum":
                         z = n_trees
-                    loss_value = (
-                        self.algorithm.backward(self.policy, batch, micro_batch_tokens=cfg.micro_batch_tokens, normaliser=z)
-                        if batch.steps
-                        else 0.0
-                    )
+                    if self.fsdp:
+                        loss_value = self._fsdp_backward(batch, z)
+                    else:
+                        loss_value = (
+                            self.algorithm.backward(self.policy, batch, micro_batch_tokens=cfg.micro_batch_tokens, normaliser=z)
+                            if batch.steps
+                            else 0.0
+                        )
+            if self.fsdp:
+                dp.reshard(self.policy)  # the sharded parameters (and their gradients) again
             self._sync_optimizer()
             params = self._trainable()
-            if distributed:
-                dp.check_same_parameters(params)
-                dp.all_reduce_gradients(params)
+            if self.fsdp:
+                # sharded gradients are summed by FSDP; any other trainable tensor here
+                dp.all_reduce_gradients([p for p in params if not dp.is_dtensor(p)])
                 (loss_value,) = dp.all_reduce_sum([loss_value])
-            norms.append(gradient_norm(params))
-            if cfg.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                norms.append(dp.sharded_gradient_norm(params))
+                if cfg.max_grad_norm is not None:
+                    dp.clip_gradients_(params, cfg.max_grad_norm, norms[-1])
+            else:
+                if distributed:
+                    dp.check_same_parameters(params)
+                    dp.all_reduce_gradients(params)
+                    (loss_value,) = dp.all_reduce_sum([loss_value])
+                norms.append(gradient_norm(params))
+                if cfg.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             self.optimizer.step()
             losses.append(loss_value)
+        if self.fsdp and callable(getattr(self.policy, "clear_cache", None)):
+            self.policy.clear_cache()  # prompt KV of the old weights
         self.update += 1
         compute = self._global_compute(batch.compute) if distributed else batch.compute
         self.total_compute.add(compute)
@@ -384,8 +491,11 @@ class Trainer:
         every = self.config.save_trees_every
         if self.out_dir is not None and every and (self.update % every == 0 or self.update == self.config.updates):
             save_trees(batch.trees, self.out_dir / "trees" / f"update{self.update:05d}.json.gz")
-        if self.out_dir is not None and self.config.checkpoint_every and self.update % self.config.checkpoint_every == 0:
-            self.save_checkpoint(self.out_dir / "checkpoint.pt")
+        if self.config.checkpoint_every and self.update % self.config.checkpoint_every == 0:
+            if self.out_dir is not None and not self.fsdp:
+                self.save_checkpoint(self.out_dir / "checkpoint.pt")
+            elif self.fsdp and self._resume_dir is not None:
+                self.save_checkpoint(self._resume_dir / "checkpoint.pt")  # every rank: a gather
         dp.barrier()
         return row
 
@@ -509,13 +619,30 @@ class Trainer:
                 writer.log(scalars, step=self.update)
 
     # ---- checkpoints ---------------------------------------------------------------------
+    def policy_state_dict(self) -> dict[str, Any]:
+        """The policy's full state dict (``policy.state_dict()``; under FSDP gathered to rank 0,
+        empty on the other ranks, and every rank must call it)."""
+        if self.fsdp:
+            return dp.full_state_dicts(self.policy, self.optimizer)[0]
+        return self.policy.state_dict()
+
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Write everything needed to resume, atomically."""
+        """Write everything needed to resume, atomically.
+
+        Under FSDP every rank must call it (the full weights and optimizer state are gathered
+        to rank 0, which writes; the weights' keys are those of the unsharded policy)."""
+        if self.fsdp:
+            policy_state, optimizer_state = dp.full_state_dicts(self.policy, self.optimizer)
+            if self.rank != 0:
+                return
+        else:
+            policy_state, optimizer_state = self.policy.state_dict(), self.optimizer.state_dict()
         state = {
             "update": self.update,
             "algorithm_name": self.algorithm.name,
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "fsdp": self.fsdp,
+            "policy": policy_state,
+            "optimizer": optimizer_state,
             "algorithm": self.algorithm.state_dict(),
             "trainer_rng": self._rng.bit_generator.state,
             "policy_rng": self.policy.rng_state() if hasattr(self.policy, "rng_state") else None,
@@ -534,9 +661,19 @@ class Trainer:
                 f"{path} is a checkpoint of {state.get('algorithm_name')!r}, not of "
                 f"{self.algorithm.name!r}: use another out_dir or resume=False"
             )
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer = self._make_optimizer()
-        self.optimizer.load_state_dict(state["optimizer"])
+        if bool(state.get("fsdp", False)) != self.fsdp:
+            raise ValueError(
+                f"{path} was written {'with' if state.get('fsdp') else 'without'} FSDP sharding and this "
+                f"run is {'sharded' if self.fsdp else 'not sharded'}: their optimizer states differ in "
+                "form; resume with the same fsdp setting and number of ranks > 1, or resume=False"
+            )
+        if self.fsdp:
+            self.optimizer = self._make_optimizer()
+            dp.load_full_state_dicts(self.policy, self.optimizer, state["policy"], state["optimizer"])
+        else:
+            self.policy.load_state_dict(state["policy"])  # first: a tabular policy grows entries here
+            self.optimizer = self._make_optimizer()
+            self.optimizer.load_state_dict(state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self._rng.bit_generator.state = state["trainer_rng"]
         if state["policy_rng"] is not None:

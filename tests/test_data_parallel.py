@@ -1,14 +1,19 @@
-"""Data-parallel training: two gloo ranks under torchrun reproduce one process.
+"""Data-parallel training: two gloo ranks under torchrun or accelerate reproduce one process.
 
 Trees are seeded per tree (update, index), split round robin over the ranks, and the loss of
 each rank is divided by the global normaliser before the gradients are summed, so after three
 SGD updates the parameters of 2 ranks equal those of 1 process up to float summation order.
+With ``fsdp=True`` the tiny Qwen2 is sharded with FSDP2 over the 2 ranks; in float64 the
+summation order is all that differs, so the parameters agree to ~1e-12 (any error in the
+normaliser, the zero passes or the reduce would show at ~1e-3), also across a resume.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +59,167 @@ def test_two_gloo_ranks_give_the_parameters_of_one_process(tmp_path, aggregation
         torch.testing.assert_close(a["params"][key], b["params"][key], rtol=0, atol=1e-6)
     diff = max(float((a["params"][k] - b["params"][k]).abs().max()) for k in a["params"])
     print(f"max |theta_2proc - theta_1proc| after 3 updates ({aggregation}): {diff:.3g}")
+
+
+def _make():
+    import gymnasium as gym
+
+    import bpo_envs  # noqa: F401
+
+    return gym.make("BPO-TreeMDP-v0", depth=2, n_actions=3, seed=4, n_tasks=3)
+
+
+def _scorer():
+    from bpo_algos.policy.scorer import TextScorerPolicy
+
+    return TextScorerPolicy(buckets=128, dim=4, hidden=8, seed=3)
+
+
+def test_micro_batches_of_at_most_k_steps_give_the_one_batch_gradient():
+    from baselines import GRPO
+
+    policy, algorithm = _scorer(), GRPO(group_size=3, seed=2)
+    batch = algorithm.collect(policy, [_make], [0, 1])
+    groups = batch.micro_batches(None, 2)
+    assert max(len(g) for g in groups) == 2 and [i for g in groups for i in g] == list(range(len(batch.steps)))
+    assert batch.micro_batches(10**6, 3) == batch.micro_batches(None, 3)
+    algorithm.loss(policy, batch).backward()
+    whole = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad()
+    calls = []
+    algorithm.backward(policy, batch, micro_batch_steps=2, before_micro_batch=lambda: calls.append(1))
+    assert len(calls) == len(groups)
+    for a, p in zip(whole, policy.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_fsdp_on_one_process_warns_and_trains_unsharded(tmp_path, caplog):
+    from baselines import GRPO
+    from bpo_algos import Trainer, TrainerConfig
+
+    with pytest.raises(ValueError, match="fsdp"):
+        TrainerConfig(fsdp="yes")
+    config = TrainerConfig(updates=1, tasks_per_update=2, optimizer="sgd", fsdp=True, out_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="bpo_algos.trainer"):
+        trainer = Trainer(GRPO(group_size=2), _scorer(), [_make], [0, 1, 2], config)
+    assert not trainer.fsdp and "nothing to shard" in caplog.text
+    trainer.train()
+    # a checkpoint of another sharding cannot be resumed: its optimizer state has another form
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    state["fsdp"] = True
+    torch.save(state, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="with FSDP sharding"):
+        Trainer(GRPO(group_size=2), _scorer(), [_make], [0, 1, 2], dataclasses.replace(config, updates=2))
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    assert path, f"{name} not found next to {sys.executable}"
+    return path
+
+
+def _one(out: Path, *args: str) -> dict:
+    subprocess.run([sys.executable, str(HERE / "dp_train.py"), str(out), *args], check=True, env=_env(), timeout=300)
+    return torch.load(out, weights_only=False)
+
+
+def _torchrun(out: Path, *args: str) -> dict:
+    cmd = [_tool("torchrun"), "--nproc_per_node=2", "--standalone", str(HERE / "dp_train.py"), str(out), *args]
+    subprocess.run(cmd, check=True, env=_env(), timeout=300)
+    return torch.load(out, weights_only=False)
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert set(a) == set(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _counts(row: dict) -> dict:
+    return {k: v for k, v in row["compute"].items() if k != "seconds"}
+
+
+HF = ("--policy", "hf", "--dtype", "float64")
+
+
+@pytest.mark.slow  # 2 launches of the tiny Qwen2 (one of 2 ranks) per case: ~35 s of CPU
+@pytest.mark.parametrize("lora", [False, True])
+def test_two_fsdp_ranks_give_the_parameters_of_one_process(tmp_path, lora):
+    pytest.importorskip("transformers")
+    clipped = (*HF, "--max-grad-norm", "10", *(["--lora"] if lora else []))  # clipping: the norm is ~40
+    one = _one(tmp_path / "one.pt", *clipped)
+    two = _torchrun(tmp_path / "two.pt", *clipped, "--fsdp")
+    assert two["world_size"] == 2 and two["fsdp"] and not one["fsdp"]
+    assert "unsharded policy" in two["probe_error"]
+    for x, y in zip(one["history"], two["history"], strict=True):
+        assert (x["n_trees"], x["n_steps"], _counts(x)) == (y["n_trees"], y["n_steps"], _counts(y))
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-9)
+    from bpo_algos.policy import HFPolicy
+    from bpo_algos.policy.tiny import tiny_model_path
+
+    if lora:  # the adapters' B matrices start at zero
+        assert min(float(v.abs().max()) for k, v in one["params"].items() if "lora_B" in k) > 1e-4
+    else:
+        init = HFPolicy(tiny_model_path(), device="cpu", dtype=torch.float64).state_dict()
+        assert _max_diff(one["params"], init) > 1e-3  # training changed the parameters
+    diff = _max_diff(one["params"], two["params"])
+    print(f"max |theta_fsdp2 - theta_1proc| after 3 clipped updates (float64, lora={lora}): {diff:.3g}")
+    assert diff < 1e-9
+
+
+@pytest.mark.slow  # 1 launch of one process, 2 of 2 FSDP ranks, per case: ~50 s of CPU
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_a_resumed_fsdp_run_continues_where_it_stopped(tmp_path, optimizer):
+    pytest.importorskip("transformers")
+    # Adam: moments to gather and shard again; SGD: no optimizer state, and a KL term whose
+    # frozen reference (a full copy on every rank) is part of the checkpoint
+    args = (*HF, "--optimizer", optimizer, *(["--kl-coef", "0.5"] if optimizer == "sgd" else []))
+    one = _one(tmp_path / "one.pt", *args)
+    part = _torchrun(tmp_path / "part.pt", *args, "--fsdp", "--updates", "2", "--out-dir", str(tmp_path / "run"))
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["update"] == 2 and checkpoint["fsdp"]
+    assert set(checkpoint["policy"]) == set(one["params"])  # the full, unsharded weights
+    assert bool(checkpoint["optimizer"]["state"]) == (optimizer == "adam")  # Adam's moments, gathered
+    if optimizer == "sgd":
+        assert any(k.startswith("_reference.") for k in checkpoint["policy"])
+    resumed = _torchrun(tmp_path / "resumed.pt", *args, "--fsdp", "--updates", "3", "--out-dir", str(tmp_path / "run"))
+    assert resumed["history"][:2] == part["history"]  # loaded, not recomputed
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+    diff = _max_diff(one["params"], resumed["params"])
+    print(f"max |theta_fsdp2 resumed after 2 - theta_1proc| after 3 {optimizer} updates (float64): {diff:.3g}")
+    assert diff < 1e-9
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow  # two launches of the TextScorerPolicy script: ~15 s
+def test_accelerate_launch_gives_the_parameters_of_one_process(tmp_path):
+    pytest.importorskip("accelerate")
+    one = _one(tmp_path / "one.pt")
+    # accelerate's torchrun launcher; without a GPU the ranks join a gloo group (``--cpu
+    # --num_processes N`` needs MPI, ``--mpirun_hostfile``, else it starts one process)
+    cmd = [
+        _tool("accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        str(HERE / "dp_train.py"), str(tmp_path / "acc.pt"),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, env=_env(), timeout=300)
+    two = torch.load(tmp_path / "acc.pt", weights_only=False)
+    assert two["world_size"] == 2
+    assert [_counts(r) for r in one["history"]] == [_counts(r) for r in two["history"]]
+    diff = _max_diff(one["params"], two["params"])
+    print(f"max |theta_accelerate2 - theta_1proc| after 3 updates: {diff:.3g}")
+    assert diff < 1e-6
 
 
 def _init() -> dict[str, torch.Tensor]:
