@@ -3,12 +3,13 @@
 Per GPU, in bytes (``P`` parameters, ``A`` LoRA adapter parameters, ``N`` GPUs, ``L`` layers,
 ``h`` hidden size, ``i`` MLP size, ``V`` vocabulary, ``kv`` = key/value heads x head size):
 
-* **weights**: full fine-tune: fp32 master weights ``4P`` (FSDP: ``4P / N`` plus one layer
-  gathered in bf16); LoRA: the frozen base in bf16 ``2P`` (every GPU holds it) + ``4A``.
+* **weights**: full fine-tune: fp32 master weights ``4P`` (FSDP: ``4P / N`` plus the full model
+  gathered in bf16, ``2P``: ``TrainerConfig(fsdp=True)`` holds it from collection to the end of
+  the update); LoRA: the frozen base in bf16 ``2P`` (every GPU holds it) + ``4A``.
 * **gradients**: ``4P`` (FSDP: ``/ N``) or ``4A``.
 * **optimizer**: AdamW's two fp32 moments, ``8P`` (FSDP: ``/ N``) or ``8A``.
-* **reference** (``--kl``): a frozen bf16 copy ``2P`` (FSDP: ``/ N``); LoRA needs none (the
-  reference is the base with the adapter off).
+* **reference** (``--kl``): a frozen bf16 copy ``2P`` (not sharded by FSDP); LoRA needs none
+  (the reference is the base with the adapter off).
 * **activations** of one micro-batch of ``T`` tokens with gradient checkpointing: the layer
   inputs ``2 L T h`` plus one layer recomputed, ``T (34 h + 6 i)`` bytes (bf16; flash
   attention, no ``s^2`` term), plus fp32 log-softmax over the answer tokens ``8 T_a V``.
@@ -165,10 +166,10 @@ def plan(
         mode = f"LoRA r={lora_rank}, bf16 base"
     else:
         div = gpus if shard else 1
-        gathered = 2 * m.layer_params() if shard else 0
+        gathered = 2 * p if shard else 0
         weights, grads, optim = 4 * p / div + gathered, 4 * p / div, 8 * p / div
-        ref = 2 * p / div if kl else 0
-        mode = "full, fp32 master" + (f", FSDP over {gpus}" if shard else "")
+        ref = 2 * p if kl else 0
+        mode = "full, fp32 master" + (f", FSDP over {gpus}" if shard else "") + (", KL ref" if kl else "")
     t = micro_batch_tokens
     acts = 2 * m.layers * t * m.hidden + t * (34 * m.hidden + 6 * m.intermediate) + 8 * int(t * answer_share) * m.vocab
     kv = decode_rows * seq_len * m.kv_bytes_per_token()

@@ -21,6 +21,9 @@ def test_full_fine_tune_is_16_bytes_a_parameter_and_fsdp_divides_it():
     assert not one.fits  # 122 GB of states plus activations and KV do not fit one H200
     eight = plan(config, gpus=8, gpu_gb=80)
     assert eight.optimizer == pytest.approx(one.optimizer / 8) and eight.fits
+    # TrainerConfig(fsdp=True) holds the full bf16 weights through collection and the update
+    assert eight.weights * 1e9 == pytest.approx(4 * p / 8 + 2 * p)
+    assert plan(config, gpus=8, gpu_gb=80, kl=True).reference * 1e9 == pytest.approx(2 * p)  # not sharded
     lora = plan(config, gpus=1, gpu_gb=141, lora=True)
     assert lora.fits and lora.weights * 1e9 == pytest.approx(2 * p + 4 * shape.lora_params(8))
     assert lora.optimizer * 1e9 == pytest.approx(8 * shape.lora_params(8))
