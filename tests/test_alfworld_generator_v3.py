@@ -183,3 +183,26 @@ def test_env_defaults_to_v3_and_names_it() -> None:
         env.close()
     with pytest.raises(ValueError, match="planner_timeout"):
         ALFWorldEnv(planner_timeout=0)
+
+
+def test_stats_table_sets_published_numbers_beside_generated_ones_and_invents_none() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "alfworld_stats.py"
+    spec = importlib.util.spec_from_file_location("alfworld_stats", path)
+    stats = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stats)
+    summary = {"mean": 2.0, "median": 2, "min": 1, "max": 3, "n": 2}
+    split = {"games": 2, "scenes": 1, "receptacles_per_game": summary, "objects_per_game": summary,
+             "objects_inside_closed_receptacles": 0.5, "lamp_hosts": {},
+             "plan_steps_per_task_type": {"pick_two_obj_and_place": summary},
+             "games_per_task_type": {"pick_two_obj_and_place": 2}}  # fmt: skip
+    table = stats.compare({"mine": {"splits": {"train": split}}})
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("|")}
+    assert rows["games measured (published: split size)"].endswith("| 2 /  /  | 3553 / 140 / 134 |")
+    assert rows["floor plans"].endswith("| 108 / 88 / 4 |")
+    # no published receptacle count: the cell stays empty
+    assert rows["receptacles / game (mean)"].endswith("| 2.0 /  /  |  |")
+    assert rows["games: pick_two_obj_and_place (published: valid_unseen split)"].endswith("|  /  / 17 |")
+    assert "ysymyth/ReAct/issues/11" in table and "alfworld/alfworld data/README.md" in table

@@ -41,15 +41,18 @@ fields that name the task. Everything comes from the ``alfworld`` wheel:
     generating a set of them can stall;
   - ``3`` (default) is version 2 with ALFRED's valid_unseen rooms, the lamp hosts above and a
     deterministic bound on the problem's size, decided before planning: at most
-    :data:`MAX_RECEPTACLES_V3` receptacles (the largest kitchens lose repeated cabinets and
-    drawers; most rooms keep all of theirs) and at most :data:`MAX_PROBLEM_SIZE`
-    ``objects x receptacles`` (extra copies of the most repeated object class go first, then
-    whole classes the task does not need). Planner time grows steeply with both (measured on
-    2 CPU cores: a two-object task with 25 receptacles and 43 objects 5 s, 30 and 40 11 s or
-    over 60 s, 54 and 51 over 120 s), so the bound keeps the planner's check, and the
-    ``expert_actions()`` that replan with it, to seconds. The bound depends on the problem
-    only, so every machine keeps the same games; the planner's wall-clock limit
-    (:mod:`bpo_envs.alfworld.verify`) is a safety net that a kept game must not need;
+    :data:`MAX_RECEPTACLES_V3` receptacles (77 of the 96 floor plans keep all of theirs; 15
+    kitchens, 3 living rooms and 1 bedroom lose repeated cabinets and drawers, as in version
+    1) and at most :data:`MAX_PROBLEM_SIZE` ``objects x receptacles`` (extra copies of the most
+    repeated object class go first, then whole classes the task does not need). Planner time
+    grows steeply with both and varies between rooms of one size (measured on a shared 2-core
+    machine, two-object tasks: 24 receptacles and 37 objects 16-19 s, 27 and 33 over 60 CPU s,
+    30 and 30 over 60 CPU s in one kitchen and 30 and 40 11 s in another, 54 and 62 over 2
+    minutes); at the bound the CPU preset's 32 games took 1.2 s each (median), 27 s at most.
+    The bound depends on the problem only, so every machine keeps the same games, and it also
+    keeps ``expert_actions()`` (which replans with the planner) to seconds; the planner
+    check's CPU-time limit (:mod:`bpo_envs.alfworld.verify`) is a safety net that a kept game
+    must not need;
 * constraints: ``alfworld/gen/constants.py`` (which receptacle can hold which object, which
   objects are cleanable/heatable/coolable/sliceable/toggleable, which receptacles open);
 * goals: the PDDL goals and the goal templates of ``alfworld/gen/goal_library.py``;
