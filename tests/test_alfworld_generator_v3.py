@@ -206,3 +206,21 @@ def test_stats_table_sets_published_numbers_beside_generated_ones_and_invents_no
     assert rows["receptacles / game (mean)"].endswith("| 2.0 /  /  |  |")
     assert rows["games: pick_two_obj_and_place (published: valid_unseen split)"].endswith("|  /  / 17 |")
     assert "ysymyth/ReAct/issues/11" in table and "alfworld/alfworld data/README.md" in table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", SPLITS)
+def test_v3_games_never_need_the_time_limit(split: str) -> None:
+    # the size bound, not the clock, decides which games exist: 8 games per type and split
+    # (a few minutes on 2 cores) are kept without one planner timeout
+    import json
+
+    env = ALFWorldEnv(split=split, games_per_type=8)
+    try:
+        for task_id in env.task_ids():
+            env.games.game(task_id)
+            traj = json.loads((env.games.root / task_id / "traj_data.json").read_text())
+            assert "timeout" not in traj["generator"]["rejected"], (task_id, traj["generator"])
+        assert env.provenance()["planner_timeouts"] == 0
+    finally:
+        env.close()
