@@ -224,3 +224,20 @@ def test_v3_games_never_need_the_time_limit(split: str) -> None:
         assert env.provenance()["planner_timeouts"] == 0
     finally:
         env.close()
+
+
+def test_a_worker_that_dies_is_an_error_naming_the_game_not_a_timeout() -> None:
+    import signal
+
+    game = generate_problem("pick_and_place_simple", "train", 0, version=1).game()
+    worker = PlannerWorker()
+    try:
+        assert worker.verify(game, "small", timeout=60).status == "solved"
+        worker._proc.send_signal(signal.SIGTERM)  # dies between checks: a fresh worker answers
+        worker._proc.wait(timeout=10)
+        assert worker.verify(game, "small", timeout=60).status == "solved"
+        bad = dict(game, pddl_problem="(define (problem broken)")  # the engine raises on it
+        with pytest.raises(RuntimeError, match="the planner failed on broken-game"):
+            worker.verify(bad, "broken-game", timeout=60)
+    finally:
+        worker.close()

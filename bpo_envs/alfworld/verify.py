@@ -33,6 +33,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -112,24 +113,32 @@ class PlannerWorker:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._answered = 0  # checks the current process has answered
+        self._stderr: Any = None
 
     def _start(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # kept to explain a worker that dies
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "bpo_envs.alfworld.verify"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True,
         )  # fmt: skip
         self._answered = 0
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read()[-2000:]
 
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait(timeout=10)
-            for pipe in (self._proc.stdin, self._proc.stdout):
+            for pipe in (self._proc.stdin, self._proc.stdout, self._stderr):
                 if pipe is not None:
                     pipe.close()
-        self._proc = None
+        self._proc = self._stderr = None
 
     def verify(self, game: dict[str, Any], key: str, timeout: float = PLANNER_TIMEOUT_S) -> Verdict:
         """Check ``game`` (a ``game.tw-pddl`` dict); ``key`` names it in logs."""
@@ -148,9 +157,10 @@ class PlannerWorker:
             line = proc.stdout.readline() if ready else ""
             if not line:
                 died = proc.wait(timeout=10) if ready else None
+                tail = self._stderr_tail()
                 self._kill()
                 if ready and died != -signal.SIGXCPU:
-                    raise RuntimeError(f"the planner process died (exit status {died}) while checking {key}")
+                    raise RuntimeError(f"the planner process died (exit status {died}) while checking {key}: {tail}")
                 what = f"{timeout:g} CPU seconds" if ready else f"{4 * timeout + 60:g} s of wall-clock time"
                 log.warning("ALFWorld generator: the planner ran over %s on %s; killed, trying the next attempt", what, key)
                 return Verdict("timeout", [], time.monotonic() - start)
