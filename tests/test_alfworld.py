@@ -443,14 +443,14 @@ def test_generated_provenance_and_split_disjointness(env: gym.Env) -> None:
     assert p["generator"] == "bpo_envs.alfworld.generator" and p["split"] == "train"
     assert p["task_count"] == len(env.unwrapped.task_ids()) == 3 * len(TASK_TYPES)
     json.dumps(p)
-    from bpo_envs.alfworld.generator import _tables, generate_problem
+    from bpo_envs.alfworld.generator import generate_problem, scene_numbers
 
     # the same task id in two splits is two different games; valid_unseen rooms are never train rooms
     for index in range(3):
         problems = {s: generate_problem("pick_and_place_simple", s, index) for s in ("train", "valid_seen", "valid_unseen")}
         assert len({p.pddl_problem for p in problems.values()}) == 3
-        assert problems["valid_unseen"].traj_data["scene"]["scene_num"] not in _tables()["train"]
-        assert problems["valid_seen"].traj_data["scene"]["scene_num"] in _tables()["train"]
+        assert problems["valid_unseen"].traj_data["scene"]["scene_num"] not in scene_numbers("train")
+        assert problems["valid_seen"].traj_data["scene"]["scene_num"] in scene_numbers("train")
 
 
 def test_generator_v2_keeps_alfreds_rooms_and_instance_counts() -> None:
@@ -488,7 +488,7 @@ def test_generator_v2_games_are_verified_and_named() -> None:
         *_, info = env.step(command)
     assert info["won"]
     bpo_envs.check_snapshot(env, seed=0, steps=6)
-    v1 = ALFWorldEnv(task_types=["look_at_obj_in_light"], games_per_type=1)
+    v1 = ALFWorldEnv(task_types=["look_at_obj_in_light"], games_per_type=1, generator_version=1)
     assert v1.provenance()["generator_version"] == 1 and v1.games.root != env.games.root
     with pytest.raises(ValueError, match="generator_version"):
-        ALFWorldEnv(generator_version=3)
+        ALFWorldEnv(generator_version=4)

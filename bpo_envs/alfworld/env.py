@@ -12,6 +12,7 @@ from typing import Any
 from bpo_envs.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, FactState, NativeState
 from bpo_envs.alfworld.games import DataGames, GeneratedGames
 from bpo_envs.alfworld.generator import GENERATOR_VERSION
+from bpo_envs.alfworld.verify import PLANNER_TIMEOUT_S
 from bpo_envs.core import SnapshotEnv
 from bpo_envs.reward_settings import REWARD_SETTINGS, VERL_AGENT_REWARD, reward_settings
 
@@ -98,8 +99,11 @@ class ALFWorldEnv(SnapshotEnv):
             games only; each is made and planner-checked the first time it is used, then cached
             under ``$BPO_ALFWORLD_CACHE`` or ``$XDG_CACHE_HOME/bpo_gym/alfworld``).
         generator_seed: selects another deterministic set of generated games.
-        generator_version: ``1`` (default) or ``2`` (closer to ALFRED's rooms: every
-            receptacle, ALFRED's instance counts; see :mod:`.generator`).
+        generator_version: ``3`` (default: ALFRED's rooms with every receptacle, ALFRED's
+            instance counts within a problem-size bound, ALFRED's valid_unseen floor plans), ``2``
+            or ``1`` (earlier, easier rooms, kept reproducible); see :mod:`.generator`.
+        planner_timeout: seconds one planner check of a generated game may take before it is
+            killed and the next attempt drawn (logged and counted; see :mod:`.verify`).
         reward_mode, reward_scale, invalid_penalty: see :mod:`bpo_envs.reward_settings`
             (both modes pay 1 on success here; ``REWARD_SETTINGS["verl-agent"]`` pays 10 and
             -0.1 per invalid command).
@@ -107,7 +111,8 @@ class ALFWorldEnv(SnapshotEnv):
 
     Reward ``reward_scale`` when the goal holds (the episode then terminates), else 0, and
     ``-invalid_penalty`` after an invalid command. ``info`` has ``admissible_actions``
-    (sorted), ``won``, ``task_type``, ``data_source``, and ``invalid_action`` after a command the
+    (sorted), ``won``, ``task_type``, ``data_source`` (where :func:`find_data` found the games,
+    or ``"generated-v<version>"``), and ``invalid_action`` after a command the
     engine does not accept (answered "Nothing happens.", state unchanged). Commands are matched
     after collapsing whitespace and lower-casing.
     """
@@ -122,6 +127,7 @@ class ALFWorldEnv(SnapshotEnv):
         games_per_type: int = 200,
         generator_seed: int = 0,
         generator_version: int = GENERATOR_VERSION,
+        planner_timeout: float = PLANNER_TIMEOUT_S,
         reward_mode: str = "score",
         reward_scale: float = 1.0,
         invalid_penalty: float = 0.0,
@@ -135,12 +141,16 @@ class ALFWorldEnv(SnapshotEnv):
             self.games: DataGames | GeneratedGames = DataGames(folder, split, task_types)
             log.info("ALFWorld %s: %d games from %s (%s)", split, len(self.games.task_ids()), self.games.root, self.data_source)
         else:
-            self.games = GeneratedGames(split, task_types, games_per_type, generator_seed, generator_version)
+            self.games = GeneratedGames(
+                split, task_types, games_per_type, generator_seed, generator_version, planner_timeout
+            )
             log.info(
                 "ALFWorld %s: no ALFWorld data (data_dir=, $ALFWORLD_DATA, %s); %d generated games (generator v%s)",
                 split, UPSTREAM_HOME, len(self.games.task_ids()), self.games.identity[1],
             )  # fmt: skip
         self.split = split
+        # info names the generator's version, as provenance() does
+        self._info_source = self.data_source if folder is not None else f"generated-v{self.games.identity[1]}"
         self._ids = self.games.task_ids()
         self._engine = AlfredEngine()
         self._moved = False
@@ -165,7 +175,7 @@ class ALFWorldEnv(SnapshotEnv):
             "admissible_actions": self._engine.admissible_commands,
             "won": self._engine.won,
             "task_type": self.games.task_type(task_id),
-            "data_source": self.data_source,
+            "data_source": self._info_source,
         }
 
     def _reset_task(self, task_id: str) -> tuple[str, dict[str, Any]]:

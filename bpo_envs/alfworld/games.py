@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from bpo_envs.alfworld.generator import (
     GenerationFailed,
     generate_problem,
 )
+from bpo_envs.alfworld.verify import PLANNER_TIMEOUT_S, worker
 
 log = logging.getLogger(__name__)
 
@@ -200,14 +202,17 @@ class DataGames:
 class GeneratedGames:
     """Games from the offline generator, cached on disk in alfworld's layout.
 
-    Task ``"<task_type>/<index>"`` is generated the first time it is asked for (a few hundred
-    ms: the planner checks it) and read from the cache afterwards. Every cached game was solved
-    by Fast Downward and does not hold its goal at the start.
+    Task ``"<task_type>/<index>"`` is generated the first time it is asked for (the planner
+    checks it: 0.2-15 s) and read from the cache afterwards. Every cached game was solved by
+    Fast Downward and does not hold its goal at the start. The cache folder names the generator
+    version and seed, not ``planner_timeout``: the limit is a safety net that the problem-size
+    bound keeps from firing (:mod:`.verify`); :attr:`rejected` counts this process's rejected
+    attempts by reason, and a timeout is also logged.
     """
 
     def __init__(
         self, split: str, task_types: Sequence[str] | None, games_per_type: int, seed: int,
-        version: int = GENERATOR_VERSION,
+        version: int = GENERATOR_VERSION, planner_timeout: float = PLANNER_TIMEOUT_S,
     ) -> None:  # fmt: skip
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -220,6 +225,10 @@ class GeneratedGames:
         if isinstance(version, bool) or version not in GENERATOR_VERSIONS:
             raise ValueError(f"generator_version must be one of {GENERATOR_VERSIONS}, got {version!r}")
         self.version = int(version)
+        if isinstance(planner_timeout, bool) or not isinstance(planner_timeout, (int, float)) or not planner_timeout > 0:
+            raise ValueError(f"planner_timeout must be a positive number of seconds, got {planner_timeout!r}")
+        self.planner_timeout = float(planner_timeout)
+        self.rejected: Counter = Counter()
         self.root = cache_root() / f"generated-v{self.version}" / f"seed{self.seed}" / "json_2.1.1" / split
         self._ids = [f"{t}/{i:04d}" for t in self.task_types for i in range(games_per_type)]
         self._lock = threading.Lock()
@@ -239,6 +248,8 @@ class GeneratedGames:
             "generator_version": self.version,
             "generator_seed": self.seed,
             "games_per_type": self.games_per_type,
+            "planner_timeout_s": self.planner_timeout,
+            "planner_timeouts": self.rejected["timeout"],
             "split": self.split,
             "task_count": len(self._ids),
             "task_types": list(self.task_types),
@@ -253,47 +264,44 @@ class GeneratedGames:
                 pass  # a damaged cache entry is regenerated
         task_type, index = task_id.split("/", 1)
         with self._lock:
-            game, traj = make_verified_game(task_type, self.split, int(index), self.seed, self.version)
+            game, traj = make_verified_game(
+                task_type, self.split, int(index), self.seed, self.version, self.planner_timeout, self.rejected
+            )
             _write_json(path.parent / TRAJ_FILE, traj)
             _write_json(path, game)
         return game
 
 
-_VERIFIER: Any = None
-_VERIFIER_LOCK = threading.Lock()
-
-
 def make_verified_game(
-    task_type: str, split: str, index: int, seed: int = 0, version: int = GENERATOR_VERSION
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Generate game ``index`` and check it with the planner: not won at the start, and the
-    planner's plan, played command by command, wins. Returns ``(game, traj_data)``."""
-    from bpo_envs.alfworld.engine import AlfredEngine
-
-    global _VERIFIER
-    with _VERIFIER_LOCK:
-        if _VERIFIER is None:
-            _VERIFIER = AlfredEngine()
-        engine = _VERIFIER
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                problem = generate_problem(task_type, split, index, seed, attempt, version)
-            except GenerationFailed:
-                continue
-            game = problem.game()
-            engine.load(game, f"verify:v{version}:{split}:{task_type}:{index}:{attempt}")
-            if engine.won:
-                continue
-            plan = engine.plan()
-            if not plan:
-                continue
-            for command in plan:
-                if not engine.is_admissible(command):
-                    break
-                engine.step(command)
-            if not engine.won:
-                continue
-            game["solvable"] = True
-            game["walkthrough"] = plan
-            return game, problem.traj_data
-    raise RuntimeError(f"could not generate a solvable {task_type} game #{index} in {MAX_ATTEMPTS} attempts")
+    task_type: str, split: str, index: int, seed: int = 0, version: int = GENERATOR_VERSION,
+    planner_timeout: float = PLANNER_TIMEOUT_S, rejected: Counter | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """Generate game ``index`` and check it with the planner (:mod:`.verify`): not won at the
+    start, and the planner's plan, played command by command, wins. Attempts that fail are
+    counted in ``rejected`` by reason (``generation_failed`` or a verdict of :data:`.verify.VERDICTS`)
+    and the next ``attempt`` is drawn. Returns ``(game, traj_data)``; ``traj_data["generator"]``
+    records the attempt kept and the rejections before it."""
+    counts: Counter = Counter()
+    for attempt in range(MAX_ATTEMPTS):
+        try:
+            problem = generate_problem(task_type, split, index, seed, attempt, version)
+        except GenerationFailed:
+            counts["generation_failed"] += 1
+            continue
+        game = problem.game()
+        verdict = worker().verify(game, f"v{version}:seed{seed}:{split}:{task_type}:{index}:{attempt}", planner_timeout)
+        if verdict.status != "solved":
+            counts[verdict.status] += 1
+            continue
+        game["solvable"] = True
+        game["walkthrough"] = verdict.plan
+        traj = dict(problem.traj_data)
+        traj["generator"] = dict(traj["generator"], rejected=dict(sorted(counts.items())), planner_timeout=planner_timeout)
+        if rejected is not None:
+            rejected.update(counts)
+        return game, traj
+    if rejected is not None:
+        rejected.update(counts)
+    raise RuntimeError(
+        f"could not generate a solvable {task_type} game #{index} in {MAX_ATTEMPTS} attempts ({dict(counts)})"
+    )

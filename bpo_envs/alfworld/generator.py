@@ -7,21 +7,52 @@ fields that name the task. Everything comes from the ``alfworld`` wheel:
 * rooms: the AI2-THOR floor plans shipped in ``alfworld/gen/layouts`` (kitchens 1-30, living
   rooms 201-230, bedrooms 301-330, bathrooms 401-430): their receptacle instances and
   interaction points (``FloorPlanN-openable.json``) and the object classes present
-  (``FloorPlanN-objects.json``); ``train`` uses ``TRAIN_SCENE_NUMBERS``, ``valid_unseen`` the test scenes
-  (alfworld ships no list of ALFRED's own valid_unseen scenes), ``valid_seen`` the train scenes
-  under another seed;
+  (``FloorPlanN-objects.json``);
+* splits: version 3 draws ``valid_unseen`` from ALFRED's valid_unseen floor plans,
+  :data:`ALFRED_VALID_UNSEEN_SCENES` = 10, 219, 308, 424 (one kitchen, living room, bedroom and
+  bathroom), and ``train``/``valid_seen`` from alfworld's ``TRAIN_SCENE_NUMBERS`` without them
+  (``valid_seen`` under another seed). alfworld ships no split list; the four rooms are those of
+  the published ALFRED ``valid_unseen`` trajectories (task folders such as
+  ``valid_unseen/pick_and_place_simple-PepperShaker-None-Drawer-10/``,
+  ``...-Vase-None-Safe-219/``, ``...-Mug-None-Desk-308/``, ``...-SoapBar-None-CounterTop-424/``
+  in ALFWorld's ``json_2.1.1``), and the ALFRED paper counts 4 valid-unseen scenes. Versions 1
+  and 2 use alfworld's ``TEST_SCENE_NUMBERS`` (1-6, 201-206, 301-306, 401-406) for
+  ``valid_unseen``, which are *not* ALFRED's;
 * objects: each carried class the floor plan lists, placed in receptacles that
   ``VAL_RECEPTACLE_OBJECTS`` lets hold it (closed ones included: cabinets, drawers, the
-  fridge); lamps on a table-like receptacle (the layouts do not record where);
-* versions (:data:`GENERATOR_VERSIONS`, ``generator_version=`` of the env): ``1`` (default)
-  thins a room's receptacles to :data:`MAX_RECEPTACLES` (dropping repeated cabinets and
-  drawers), makes 1-3 copies of an object and keeps each lamp the task does not need with
-  probability 1/2; ``2`` is closer to ALFRED: every receptacle of the room (up to ~50 in a
-  kitchen), 1 to ``MAX_NUM_OF_OBJ_INSTANCES`` copies of each object and 1 (2 for two-object
-  tasks) to ``PICKUP_REPEAT_MAX`` of the task's object (ALFRED's generator settings in
-  ``constants.py``), and every lamp of the floor plan. Version 2's kitchens take the planner
-  1-13 s a game to verify (version 1: under 1 s), and a two-object task in the largest kitchens
-  can take it many minutes (no time limit is applied yet), so version 1 stays the default;
+  fridge);
+* lamps: nothing in the alfworld wheel records where THOR's lamps stand (the layouts list only
+  that a floor plan has a ``DeskLamp``/``FloorLamp``, and ``VAL_RECEPTACLE_OBJECTS`` lists no
+  receptacle for either). Version 3 puts one of each lamp the floor plan lists on a desk, side
+  table, dresser or shelf (where ALFWorld's own games show a desklamp: "On the sidetable 2,
+  you see a desklamp 1"; the text engine needs a floor lamp at a receptacle's location too);
+  versions 1-2 use any table-like receptacle;
+* versions (:data:`GENERATOR_VERSIONS`, ``generator_version=`` of the env), each reproducible
+  (the same games in every process) and cached in its own folder:
+
+  - ``1`` thins a room's receptacles to :data:`MAX_RECEPTACLES` (dropping repeated cabinets
+    and drawers), makes 1-3 copies of an object and keeps each lamp the task does not need
+    with probability 1/2;
+  - ``2`` keeps every receptacle of the room (up to 54 in a kitchen), 1 to
+    ``MAX_NUM_OF_OBJ_INSTANCES`` copies of each object and 1 (2 for two-object tasks) to
+    ``PICKUP_REPEAT_MAX`` of the task's object (ALFRED's generator settings in
+    ``constants.py``), and every lamp of the floor plan. Fast Downward takes minutes on some
+    of these games (a two-object task in a 54-receptacle kitchen: over 2 minutes), so
+    generating a set of them can stall;
+  - ``3`` (default) is version 2 with ALFRED's valid_unseen rooms, the lamp hosts above and a
+    deterministic bound on the problem's size, decided before planning: at most
+    :data:`MAX_RECEPTACLES_V3` receptacles (77 of the 96 floor plans keep all of theirs; 15
+    kitchens, 3 living rooms and 1 bedroom lose repeated cabinets and drawers, as in version
+    1) and at most :data:`MAX_PROBLEM_SIZE` ``objects x receptacles`` (extra copies of the most
+    repeated object class go first, then whole classes the task does not need). Planner time
+    grows steeply with both and varies between rooms of one size (measured on a shared 2-core
+    machine, two-object tasks: 24 receptacles and 37 objects 16-19 s, 27 and 33 over 60 CPU s,
+    30 and 30 over 60 CPU s in one kitchen and 30 and 40 11 s in another, 54 and 62 over 2
+    minutes); at the bound the CPU preset's 32 games took 1.2 s each (median), 27 s at most.
+    The bound depends on the problem only, so every machine keeps the same games, and it also
+    keeps ``expert_actions()`` (which replans with the planner) to seconds; the planner
+    check's CPU-time limit (:mod:`bpo_envs.alfworld.verify`) is a safety net that a kept game
+    must not need;
 * constraints: ``alfworld/gen/constants.py`` (which receptacle can hold which object, which
   objects are cleanable/heatable/coolable/sliceable/toggleable, which receptacles open);
 * goals: the PDDL goals and the goal templates of ``alfworld/gen/goal_library.py``;
@@ -57,10 +88,16 @@ TASK_TYPES: tuple[str, ...] = (
 """The six ALFWorld task types, in alfworld's order (``TASK_TYPES`` 1-6)."""
 
 SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
-GENERATOR_VERSIONS: tuple[int, ...] = (1, 2)
-GENERATOR_VERSION = 1
+GENERATOR_VERSIONS: tuple[int, ...] = (1, 2, 3)
+GENERATOR_VERSION = 3
 """The default version (see the module docstring)."""
 MAX_RECEPTACLES = 24
+MAX_RECEPTACLES_V3 = 24
+"""Version 3: receptacles kept per room (see the module docstring)."""
+MAX_PROBLEM_SIZE = 720
+"""Version 3: the most ``objects x receptacles`` a problem may have (see the module docstring)."""
+ALFRED_VALID_UNSEEN_SCENES: tuple[int, ...] = (10, 219, 308, 424)
+"""The floor plans of ALFRED's ``valid_unseen`` split (one per room type; see the module docstring)."""
 
 # the appliance a task type needs, which is then not also the place to put the object
 _APPLIANCE = {
@@ -70,6 +107,8 @@ _APPLIANCE = {
 }
 _LAMPS = ("DeskLamp", "FloorLamp")
 _LAMP_SURFACES = ("SideTable", "Desk", "Dresser", "DiningTable", "CoffeeTable", "TVStand", "Shelf")
+# version 3: where a lamp may stand (nothing in the alfworld wheel records it; see the docstring)
+_LAMP_HOSTS = {"DeskLamp": ("Desk", "SideTable", "Dresser", "Shelf"), "FloorLamp": ("SideTable", "Desk", "Dresser", "Shelf")}
 # classes that appear in canContain lists but are fixtures of the room, not things to carry
 _NOT_CARRIED = {"Painting", "Plunger"}
 # instances of a static receptacle class that a floor plan lists in objects.json without an
@@ -136,11 +175,12 @@ def load_scene(number: int) -> Scene:
     return Scene(number, _room(number), tuple(receptacles), objects)
 
 
-def _thin(receptacles: list, rng: random.Random) -> list:
-    """Version 1: drop instances of the most repeated classes (cabinets, drawers) down to
-    :data:`MAX_RECEPTACLES`, keeping one of each class."""
+def _thin(receptacles: list, rng: random.Random, limit: int = MAX_RECEPTACLES) -> list:
+    """Drop instances of the most repeated classes (cabinets, drawers) down to ``limit``
+    (version 1: :data:`MAX_RECEPTACLES`, version 3: :data:`MAX_RECEPTACLES_V3`), keeping one of
+    each class."""
     receptacles = list(receptacles)
-    while len(receptacles) > MAX_RECEPTACLES:
+    while len(receptacles) > limit:
         counts: dict[str, int] = {}
         for _, cls, _ in receptacles:
             counts[cls] = counts.get(cls, 0) + 1
@@ -197,9 +237,49 @@ class GeneratedProblem:
         }
 
 
-def _scenes_for(task_type: str, split: str, rng: random.Random) -> list[int]:
+def scene_numbers(split: str, version: int = GENERATOR_VERSION) -> tuple[int, ...]:
+    """The floor plans ``split`` draws from: version 3 holds ALFRED's ``valid_unseen`` rooms out
+    of ``train``/``valid_seen`` and uses them for ``valid_unseen``; versions 1-2 use alfworld's
+    ``TRAIN_SCENE_NUMBERS`` and ``TEST_SCENE_NUMBERS``."""
     t = _tables()
-    numbers = list(t["test"] if split == "valid_unseen" else t["train"])
+    if version >= 3:
+        if split == "valid_unseen":
+            return ALFRED_VALID_UNSEEN_SCENES
+        return tuple(n for n in t["train"] if n not in ALFRED_VALID_UNSEEN_SCENES)
+    return tuple(t["test"] if split == "valid_unseen" else t["train"])
+
+
+def _lamp_hosts(lamp: str, version: int) -> tuple[str, ...]:
+    return _LAMP_HOSTS[lamp] if version >= 3 else _LAMP_SURFACES
+
+
+def _trim(
+    objects: list, n_receptacles: int, minimum: dict[str, int], rng: random.Random, limit: int | None = None
+) -> list:
+    """Version 3: drop object copies until ``len(objects) * n_receptacles <= limit`` (default
+    :data:`MAX_PROBLEM_SIZE`): first a copy of the most repeated class (a class in ``minimum``
+    keeps that many), then, when every class is down to one copy, a whole class not in
+    ``minimum``."""
+    limit = MAX_PROBLEM_SIZE if limit is None else limit
+    objects = list(objects)
+    while len(objects) * n_receptacles > limit:
+        counts: dict[str, int] = {}
+        for _, cls, _ in objects:
+            counts[cls] = counts.get(cls, 0) + 1
+        spare = [c for c in sorted(counts) if counts[c] > minimum.get(c, 1)]
+        if spare:
+            victim = max(spare, key=counts.__getitem__)
+        else:
+            droppable = [c for c in sorted(counts) if c not in minimum]
+            if not droppable:
+                raise GenerationFailed(f"{len(objects)} objects x {n_receptacles} receptacles exceed MAX_PROBLEM_SIZE")
+            victim = rng.choice(droppable)
+        del objects[rng.choice([i for i, o in enumerate(objects) if o[1] == victim])]
+    return objects
+
+
+def _scenes_for(task_type: str, split: str, rng: random.Random, version: int) -> list[int]:
+    numbers = list(scene_numbers(split, version))
     rng.shuffle(numbers)
     return numbers
 
@@ -218,12 +298,20 @@ def generate_problem(
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     rng = _rng(version, seed, split, task_type, index, attempt)
     t = _tables()
-    scene = load_scene(_scenes_for(task_type, split, rng)[0])
-    scene_receptacles = _thin(list(scene.receptacles), rng) if version == 1 else list(scene.receptacles)
+    scene = load_scene(_scenes_for(task_type, split, rng, version)[0])
+    if version == 1:
+        scene_receptacles = _thin(list(scene.receptacles), rng)
+    elif version >= 3:
+        scene_receptacles = _thin(list(scene.receptacles), rng, MAX_RECEPTACLES_V3)
+    else:
+        scene_receptacles = list(scene.receptacles)
     recep_classes = sorted({cls for _, cls, _ in scene_receptacles})
     carried = [cls for cls in scene.object_classes if cls in t["carried"]]
     lamps = [cls for cls in scene.object_classes if cls in _LAMPS]
     surfaces = [cls for cls in recep_classes if cls in _LAMP_SURFACES]
+    if version >= 3:  # only lamps with somewhere to stand
+        lamps = [cls for cls in lamps if any(r in _LAMP_HOSTS[cls] for r in recep_classes)]
+        surfaces = lamps
 
     def can_hold(recep: str, obj: str) -> bool:
         return obj in t["holds"].get(recep, ())
@@ -289,7 +377,7 @@ def generate_problem(
         if cls in _LAMPS:
             if version == 1 and cls != toggle and rng.random() < 0.5:
                 continue
-            hosts = [r for r in receptacles if r[1] in _LAMP_SURFACES]
+            hosts = [r for r in receptacles if r[1] in _lamp_hosts(cls, version)]
             count = 1
         else:
             hosts = [r for r in receptacles if can_hold(r[1], cls) and not (cls == obj and r[1] == recep)]
@@ -305,6 +393,11 @@ def generate_problem(
                     break
             host = rng.choice(hosts)
             objects.append((_escape(thor_id), cls, host[0]))
+    if version >= 3:
+        minimum = {obj: 2 if task_type == "pick_two_obj_and_place" else 1}
+        if toggle:
+            minimum[toggle] = 1
+        objects = _trim(objects, len(receptacles), minimum, rng)
     if not any(cls == obj for _, cls, _ in objects):
         raise GenerationFailed(f"no place for a {obj} in FloorPlan{scene.number}")
     if toggle and not any(cls == toggle for _, cls, _ in objects):
