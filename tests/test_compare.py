@@ -42,6 +42,13 @@ def test_compare_writes_results_and_resumes(tmp_path):
     assert resumed["per_env"]["treemdp"]["algorithms"]["bpo"] == results["per_env"]["treemdp"]["algorithms"]["bpo"]
     assert resumed["per_env"]["treemdp"]["algorithms"]["rloo"]["curve"] == results["per_env"]["treemdp"]["algorithms"]["rloo"]["curve"]
 
+    # the same setting on other data (here: as if the env's data had changed) is refused
+    data = json.loads((out / "data.json").read_text())
+    data["treemdp"]["train"]["tasks_used"] += 1
+    (out / "data.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="other data for treemdp"):
+        compare.main(["--smoke", "--out", str(out), "--resume", *ARGS])
+
 
 def test_compare_rejects_unknown_env(tmp_path):
     with pytest.raises(SystemExit, match="unknown env"):

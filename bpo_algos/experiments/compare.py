@@ -205,7 +205,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
+    # which data and split make these numbers (generator + version, or files + hash)
+    data = {env_name: data_provenance(setup) for env_name, setup in preset.envs.items()}
+    previous_data = out / "data.json"
+    if previous_data.exists():
+        # the same preset on other data (a new generator version, other files) is another setting
+        saved_data = json.loads(previous_data.read_text())
+        moved = sorted(e for e in data if e in saved_data and _data_identity(saved_data[e]) != _data_identity(data[e]))
+        if moved:
+            raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous_data}); choose another --out")
     (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
+    previous_data.write_text(json.dumps(data, indent=2))
 
     from tqdm.auto import tqdm
 
@@ -226,9 +236,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bar.close()
     results = aggregate(runs, preset, list(preset.envs))
     results["example_trees"] = example_trees(runs, out)
-    for env_name, setup in preset.envs.items():
-        # which data and split made these numbers (generator + version, or files + hash)
-        results["per_env"][env_name]["data"] = data_provenance(setup)
+    for env_name in preset.envs:
+        results["per_env"][env_name]["data"] = data[env_name]
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
@@ -239,6 +248,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group")
 """Preset fields that change where a run logs, not what it computes."""
+
+_DATA_COUNTERS = ("planner_timeouts",)
+"""Provenance fields that count what one process did (not which data it is)."""
+
+
+def _data_identity(provenance: Any) -> Any:
+    """``provenance`` without the per-process counters."""
+    if isinstance(provenance, dict):
+        return {k: _data_identity(v) for k, v in provenance.items() if k not in _DATA_COUNTERS}
+    return provenance
 
 
 def _parse_algorithm_option(item: str) -> tuple[str, str, Any]:
