@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.compute import ComputeMeter
+from bpo_algos.compute import DERIVED_UNITS, ComputeMeter
 from bpo_algos.policy.base import Action, Context
 
 logger = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ class RolloutTree:
             raise ValueError("a RolloutTree dict starts with its root (a node without parent)")
         known = {f.name for f in fields(ComputeMeter)}
         compute = data.get("compute", {})
-        extra = set(compute) - known
+        extra = set(compute) - known - set(DERIVED_UNITS)  # derived values are recomputed
         if extra:
             logger.warning("ignoring unknown compute fields %s of a saved tree", sorted(extra))
         first = records[0]
