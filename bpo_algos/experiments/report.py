@@ -220,12 +220,16 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(2.5 + 2 * len(envs), 4))
     width = 0.8 / max(1, len(algorithms))
+    positive = False
     for i, a in enumerate(algorithms):
         values = [results["per_env"][e]["algorithms"].get(a, {}).get("grad_norm_var", np.nan) for e in envs]
+        positive = positive or any(np.isfinite(v) and v > 0 for v in values)
         ax.bar(np.arange(len(envs)) + (i - (len(algorithms) - 1) / 2) * width, values, width, label=a, color=colours[a])
     ax.set_xticks(np.arange(len(envs)), envs)
-    ax.set(title="gradient-norm variance at the initial policy (same budget)", ylabel="Var ||g|| (log scale)")
-    ax.set_yscale("log")
+    # a log axis needs a positive value (a policy that never earns a reward has no gradient)
+    scale = "log" if positive else "linear"
+    ax.set(title="gradient-norm variance at the initial policy (same budget)", ylabel=f"Var ||g|| ({scale} scale)")
+    ax.set_yscale(scale)
     ax.legend()
     fig.tight_layout()
     paths.append(out / "grad_norm_variance.png")
