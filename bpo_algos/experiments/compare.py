@@ -50,7 +50,7 @@ import torch
 from bpo_algos.compute import COMPUTE_UNITS, Budget
 from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
-from bpo_algos.experiments.runner import data_provenance, make_policy, run_dir, run_one, task_split
+from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split_with_provenance
 from bpo_algos.experiments.stats import aggregate
 from bpo_algos.registry import registered_algorithms
 
@@ -205,8 +205,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
-    # which data and split make these numbers (generator + version, or files + hash)
-    data = {env_name: data_provenance(setup) for env_name, setup in preset.envs.items()}
+    # the tasks, and which data and split make these numbers (generator + version, or files +
+    # hash): the same for every seed and algorithm, so drawn once per env
+    splits = {env_name: task_split_with_provenance(setup) for env_name, setup in preset.envs.items()}
+    data = {env_name: split[2] for env_name, split in splits.items()}
     previous_data = out / "data.json"
     if previous_data.exists():
         # the same preset on other data (a new generator version, other files) is another setting
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bar = tqdm(total=len(jobs) * len(preset.algorithms), desc="runs", disable=args.no_progress)
     for env_name, seed in jobs:
         setup = preset.envs[env_name]
-        train_tasks, eval_tasks = task_split(setup)
+        train_tasks, eval_tasks, _ = splits[env_name]
         initial = None
         for algorithm in preset.algorithms:
             bar.set_postfix(env=env_name, seed=seed, algorithm=algorithm)

@@ -159,11 +159,14 @@ def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
     ``eval_tasks`` train tasks; a split name: the first ``eval_tasks`` of a fixed shuffle of that
     split's tasks (disjoint from training when the env's splits are).
     """
-    train, eval_tasks, _ = _split_with_provenance(setup)
+    train, eval_tasks, _ = task_split_with_provenance(setup)
     return train, eval_tasks
 
 
-def _split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[str, Any]]:
+def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """:func:`task_split`, and what the results are made from: ``{"train": ..., "eval": ...}``,
+    each the env's ``provenance()`` (data source, split, task count; see
+    :mod:`bpo_envs.provenance`) plus ``tasks_used``, the tasks drawn from it."""
     order, train_prov = _shuffled_ids(env_factory(setup))
     train = order[: setup.train_tasks]
     if setup.eval_split == "train":
@@ -187,13 +190,6 @@ def _split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[
         "eval": {**(eval_prov or {"env": setup.env_id}), "tasks_used": len(eval_tasks), "eval_split": setup.eval_split},
     }
     return train, eval_tasks, data
-
-
-def data_provenance(setup: EnvSetup) -> dict[str, Any]:
-    """What each env's results were made from: ``{"train": ..., "eval": ...}``, each the env's
-    ``provenance()`` (data source, split, task count; see :mod:`bpo_envs.provenance`) plus
-    ``tasks_used``, the tasks the main job drew from it."""
-    return _split_with_provenance(setup)[2]
 
 
 class _Episode:

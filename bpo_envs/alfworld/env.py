@@ -150,7 +150,7 @@ class ALFWorldEnv(SnapshotEnv):
             )  # fmt: skip
         self.split = split
         # info names the generator's version, as provenance() does
-        self._info_source = self.data_source if folder is not None else f"generated-v{self.games.identity[1]}"
+        self._info_source = self.data_source if folder is not None else f"generated-v{self.games.version}"
         self._ids = self.games.task_ids()
         self._engine = AlfredEngine()
         self._moved = False
