@@ -40,7 +40,7 @@ import torch
 
 from bpo_algos import distributed as dp
 from bpo_algos.algorithm import Algorithm, Batch, merge_batches
-from bpo_algos.compute import Budget, ComputeMeter
+from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters
 from bpo_algos.engine import EnvFn, EnvPool
 from bpo_algos.policy.base import Policy
 from bpo_algos.tree import save_trees
@@ -480,6 +480,11 @@ class Trainer:
             losses.append(loss_value)
         if self.fsdp and callable(getattr(self.policy, "clear_cache", None)):
             self.policy.clear_cache()  # prompt KV of the old weights
+        if cfg.epochs > 1:
+            # the engine charged one learner pass per recorded step; every further epoch is another
+            extra = (cfg.epochs - 1) * batch.compute.train_tokens
+            batch.compute.train_tokens += extra
+            batch.compute.flops += cost_flops(policy_parameters(self.policy), train_tokens=extra)
         self.update += 1
         compute = self._global_compute(batch.compute) if distributed else batch.compute
         self.total_compute.add(compute)
