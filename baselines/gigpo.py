@@ -33,6 +33,9 @@ class GiGPO(Algorithm):
     """
 
     name = "gigpo"
+    unbiased = False
+    """Its group-normalised (and, for GiGPO, step-grouped) advantages bias the gradient: the main
+    job reports the cosine of its mean gradient to RLOO's."""
     advantage_estimator = "gigpo"
 
     def __init__(

@@ -27,6 +27,8 @@ class GRPO(Algorithm):
             raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}")
         self.scale = scale
         self.eps = eps
+        # the std division biases the gradient; Dr. GRPO's scale="none" does not
+        self.unbiased = scale == "none"
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]

@@ -46,6 +46,9 @@ class TreeGRPO(Algorithm):
     """
 
     name = "tree-grpo"
+    unbiased = False
+    """Its group-normalised (and, for GiGPO, step-grouped) advantages bias the gradient: the main
+    job reports the cosine of its mean gradient to RLOO's."""
     advantage_estimator = "tree-grpo"
     root_branches = 1
     snapshot_nodes = True

@@ -165,6 +165,9 @@ class Algorithm:
     """
 
     name = "algorithm"
+    unbiased: bool = True
+    """Whether the expected gradient estimate is the policy gradient (docs/unbiasedness.md); the
+    main job compares a biased estimator's mean gradient with an unbiased reference."""
 
     def __init__(
         self,

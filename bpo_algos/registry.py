@@ -51,6 +51,18 @@ def algorithm_factory(name: str) -> AlgorithmFactory:
     return _ALGORITHMS[name]
 
 
+def factory_parameters(factory: Any) -> set[str]:
+    """The keyword parameters ``factory`` names (empty for a bare ``**options`` factory or a
+    callable without a signature): the shared options the main job passes it."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 def make_algorithm(name: str, **options: Any) -> Algorithm:
     """Build the algorithm registered as ``name`` with ``options``."""
     return algorithm_factory(name)(**options)
@@ -61,3 +73,4 @@ def _load_builtins() -> None:
     # this module importable from the algorithm modules without a cycle
     import baselines  # noqa: F401
     import bpo_algos.bpo  # noqa: F401
+    import bpo_algos.controls  # noqa: F401

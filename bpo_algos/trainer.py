@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -530,9 +530,16 @@ class Trainer:
             "compute": compute.to_dict(),
         }
 
-    def train(self) -> list[dict[str, Any]]:
-        """Run the remaining updates (all of them, or what a resumed run has left)."""
+    def train(self, after_update: Callable[[Trainer], None] | None = None) -> list[dict[str, Any]]:
+        """Run the remaining updates (all of them, or what a resumed run has left).
+
+        ``after_update(trainer)`` is called before the first remaining update and after every
+        update (with ``trainer.update`` the number of updates done): the hook for evaluations and
+        probes along training. It must leave the policy's parameters and sampling RNG as it found
+        them, so that what it measures does not change the run."""
         remaining = range(self.update, self.config.updates)
+        if after_update is not None:
+            after_update(self)
         bar = None
         if self.config.progress:
             from tqdm.auto import tqdm
@@ -541,6 +548,8 @@ class Trainer:
         try:
             for _ in remaining:
                 row = self.step()
+                if after_update is not None:
+                    after_update(self)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(success=f"{row['success']:.2f}", ret=f"{row['return']:.3f}")

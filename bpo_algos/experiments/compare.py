@@ -40,7 +40,9 @@ import copy
 import importlib
 import importlib.util
 import json
+import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,10 +50,17 @@ from typing import Any
 import torch
 
 from bpo_algos.compute import COMPUTE_UNITS, Budget
+from bpo_algos.experiments.parallel import check_ray_address, execute
 from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
-from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split_with_provenance
-from bpo_algos.experiments.stats import aggregate
+from bpo_algos.experiments.runner import (
+    initial_dir,
+    initial_job,
+    run_dir,
+    run_one,
+    task_split_with_provenance,
+)
+from bpo_algos.experiments.stats import METRICS, aggregate
 from bpo_algos.registry import registered_algorithms
 
 
@@ -75,13 +84,28 @@ def build_preset(args: argparse.Namespace) -> Preset:
         preset.treatment = args.treatment
     if preset.treatment not in preset.algorithms:
         raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
+    if args.comparator:
+        preset.comparator = args.comparator
+    known = registered_algorithms()
+    if preset.comparator not in known:
+        raise SystemExit(f"unknown comparator {preset.comparator!r}; registered: {known}")
+    if preset.comparator not in preset.algorithms:
+        raise SystemExit(
+            f"--comparator {preset.comparator!r} is not among the algorithms {list(preset.algorithms)}: "
+            "the headline is treatment - comparator, so the comparator must be trained too (add it to --algorithms)"
+        )
+    if preset.comparator == preset.treatment:
+        raise SystemExit(f"the treatment and the comparator are both {preset.treatment!r}: choose another --comparator")
+    if args.primary_metric:
+        preset.primary_metric = args.primary_metric
     if args.algorithms and preset.baselines is not None:
         # the preset's baselines that are still trained (an explicit list changes what is compared)
         preset.baselines = tuple(b for b in preset.baselines if b in preset.algorithms) or None
     for item in args.algorithm_option or ():
         name, key, value = _parse_algorithm_option(item)
         preset.algorithm_options.setdefault(name, {})[key] = value
-    for key in ("policy", "updates", "budget_unit", "learning_rate", "group_size", "backbones", "branch_factor", "sft_epochs", "grad_batches"):
+    for key in ("policy", "updates", "budget_unit", "learning_rate", "group_size", "backbones", "branch_factor", "sft_epochs", "grad_batches",
+                "eval_every", "eval_episodes", "grad_seeds"):
         value = getattr(args, key)
         if value is not None:
             setattr(preset, key, value)
@@ -141,47 +165,81 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
         )
 
 
+def _jobs(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--jobs takes a whole number >= 1, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be >= 1 (the number of worker processes), got {n}")
+    return n
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="results/compare", help="output folder")
+    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    p.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI)")
+    p.add_argument("--envs", nargs="+", help="env names (default: the preset's)")
+    p.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
+    p.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
+                   help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
+    p.add_argument("--treatment", help="the algorithm of the headline (default: the preset's, bpo)")
+    p.add_argument("--comparator", help="the algorithm every other is compared with, paired by seed (default: the preset's, rloo)")
+    p.add_argument("--primary-metric", choices=METRICS, help="the headline metric (default: the preset's, auc)")
+    p.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
+                   help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
+    p.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--updates", type=int)
+    p.add_argument("--budget-unit", choices=COMPUTE_UNITS)
+    p.add_argument("--budget", type=float, help="per-update budget (every env)")
+    p.add_argument("--policy", help="scorer | tabular | tiny | smollm2 | a model name or folder")
+    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--group-size", type=int, help="GRPO/RLOO N")
+    p.add_argument("--backbones", type=int, help="BPO K0")
+    p.add_argument("--branch-factor", type=int, help="BPO K")
+    p.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
+    p.add_argument("--grad-batches", type=int, help="batches per gradient probe (warm start and mid-training)")
+    p.add_argument("--grad-seeds", type=int, help="the first this many seeds of each env probe their gradients")
+    p.add_argument("--eval-every", type=int, help="evaluate every this many updates (and at 0 and the last)")
+    p.add_argument("--eval-episodes", type=int, help="episodes per evaluation task")
+    p.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
+    p.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
+    p.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
+                   "dataset name in the local Hugging Face cache (default: the bundled repos)")
+    p.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
+    p.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
+    p.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
+    p.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--jobs", type=_jobs, default=None,
+                   help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the runs as Ray tasks on the cluster at ADDRESS (HOST:PORT, ray://HOST:PORT, auto, "
+                   "or local to start one here)")
+    p.add_argument("--plan", action="store_true", help="print the runs, their expected compute and wall time and the effect the "
+                   "preset can detect, without training")
+    p.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json (default: the "
+                   "preset's recorded results, else a short pilot)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/compare", help="output folder")
-    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    parser.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI)")
-    parser.add_argument("--envs", nargs="+", help="env names (default: the preset's)")
-    parser.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
-    parser.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
-                        help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
-    parser.add_argument("--treatment", help="the algorithm compared with the best of the others (default: bpo)")
-    parser.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
-                        help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
-    parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
-    parser.add_argument("--seeds", nargs="+", type=int)
-    parser.add_argument("--updates", type=int)
-    parser.add_argument("--budget-unit", choices=COMPUTE_UNITS)
-    parser.add_argument("--budget", type=float, help="per-update budget (every env)")
-    parser.add_argument("--policy", help="scorer | tabular | tiny | smollm2 | a model name or folder")
-    parser.add_argument("--learning-rate", type=float)
-    parser.add_argument("--group-size", type=int, help="GRPO/RLOO N")
-    parser.add_argument("--backbones", type=int, help="BPO K0")
-    parser.add_argument("--branch-factor", type=int, help="BPO K")
-    parser.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
-    parser.add_argument("--grad-batches", type=int, help="batches for the gradient-variance probe")
-    parser.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
-    parser.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
-    parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
-                        "dataset name in the local Hugging Face cache (default: the bundled repos)")
-    parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
-    parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
-    parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
-    parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
-    parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.list_algorithms:
         for module in args.import_modules or ():
             importlib.import_module(module)
         print("\n".join(registered_algorithms()))
         return {}
     preset = build_preset(args)
+    jobs = args.jobs or os.cpu_count() or 1
+    if args.ray is not None:
+        check_ray_address(args.ray)  # before any run starts
+    if args.plan:
+        from bpo_algos.experiments.plan import plan
+
+        return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
@@ -205,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
+    started = time.perf_counter()
     # the tasks, and which data and split make these numbers (generator + version, or files +
     # hash): the same for every seed and algorithm, so drawn once per env
     splits = {env_name: task_split_with_provenance(setup) for env_name, setup in preset.envs.items()}
@@ -221,31 +280,102 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from tqdm.auto import tqdm
 
+    modules = tuple(args.import_modules or ())
     progress = not args.no_progress and sys.stderr.isatty()
-    jobs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
-    runs: list[dict[str, Any]] = []
-    bar = tqdm(total=len(jobs) * len(preset.algorithms), desc="runs", disable=args.no_progress)
-    for env_name, seed in jobs:
-        setup = preset.envs[env_name]
-        train_tasks, eval_tasks, _ = splits[env_name]
-        initial = None
-        for algorithm in preset.algorithms:
-            bar.set_postfix(env=env_name, seed=seed, algorithm=algorithm)
-            if not (run_dir(out, env_name, algorithm, seed) / "run.json").exists() and initial is None:
-                initial = make_policy(preset, setup, seed, train_tasks)
-            runs.append(run_one(out, preset, env_name, algorithm, seed, initial, train_tasks, eval_tasks, progress))
-            bar.update(1)
+    workers = 1 if args.ray is None and jobs == 1 else jobs
+    pairs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
+    # 1. the initial policies and their evaluation (the warm start), one per (env, seed)
+    initials: dict[tuple[str, int], dict[str, Any]] = {}
+    todo = []
+    for env_name, seed in pairs:
+        folder = initial_dir(out, env_name, seed)
+        if (folder / "initial.json").exists():
+            initials[(env_name, seed)] = _load_initial(folder)
+        else:
+            train_tasks, eval_tasks, _ = splits[env_name]
+            todo.append(((env_name, seed), (initial_job, (preset, env_name, seed, train_tasks, eval_tasks))))
+    bar = tqdm(total=len(todo), desc="initial policies", disable=args.no_progress or not todo)
+
+    def initial_done(i: int, value: dict[str, Any]) -> None:
+        key = todo[i][0]
+        _save_initial(initial_dir(out, *key), value)
+        initials[key] = value
+        bar.update(1)
+
+    execute([call for _, call in todo], workers, args.ray, modules, initial_done)
     bar.close()
-    results = aggregate(runs, preset, list(preset.envs))
-    results["example_trees"] = example_trees(runs, out)
+    # 2. the runs, one per (env, algorithm, seed); the longest first (they are independent)
+    keys = [(e, a, s) for e, s in pairs for a in preset.algorithms]
+    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    calls = []
+    for env_name, algorithm, seed in keys:
+        done = run_dir(out, env_name, algorithm, seed) / "run.json"
+        if done.exists():
+            runs[(env_name, algorithm, seed)] = json.loads(done.read_text())
+            continue
+        train_tasks, eval_tasks, _ = splits[env_name]
+        init = initials[(env_name, seed)]
+        run_args = (out, preset, env_name, algorithm, seed, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
+                    progress and workers == 1)
+        calls.append(((env_name, algorithm, seed), (run_one, run_args)))
+    calls.sort(key=lambda item: -_expected_cost(preset, *item[0]))
+    bar = tqdm(total=len(calls), desc="runs", disable=args.no_progress or not calls)
+
+    def run_done(i: int, value: dict[str, Any]) -> None:
+        key = calls[i][0]
+        done = run_dir(out, *key) / "run.json"
+        if not done.exists():  # a run on another machine (Ray): its result comes back here
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps(value))
+        runs[key] = value
+        bar.set_postfix(env=key[0], algorithm=key[1], seed=key[2])
+        bar.update(1)
+
+    execute([call for _, call in calls], workers, args.ray, modules, run_done)
+    bar.close()
+    ordered = [runs[k] for k in keys]
+    results = aggregate(ordered, preset, list(preset.envs))
+    results["example_trees"] = example_trees(ordered, out)
     for env_name in preset.envs:
         results["per_env"][env_name]["data"] = data[env_name]
+    results["timing"] = {
+        "wall_seconds": time.perf_counter() - started,
+        "jobs": workers,
+        "ray": args.ray,
+        "cpu_count": os.cpu_count(),
+        "resumed": bool(args.resume),
+        "run_seconds_total": float(sum(r["seconds"] for r in ordered)),
+        "initial_seconds_total": float(sum(i["warm"].get("seconds_build", 0.0) + i["warm"].get("seconds_eval", 0.0)
+                                           + i["warm"].get("seconds_reference", 0.0) for i in initials.values())),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
     return results
+
+
+def _expected_cost(preset: Preset, env: str, algorithm: str, seed: int) -> float:
+    """A rough relative cost of a run, to start the longest first (order never changes results)."""
+    tree_heavy = 3.0 if "tree" in algorithm else 1.0
+    return preset.for_env("updates", env) * preset.budget[env] * tree_heavy * (3.0 if "alfworld" in env else 1.0)
+
+
+def _save_initial(folder: Path, value: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("policy", "reference"):
+        if value[name] is not None:
+            (folder / f"{name}.pt").write_bytes(value[name])
+    (folder / "initial.json").write_text(json.dumps(value["warm"]))
+
+
+def _load_initial(folder: Path) -> dict[str, Any]:
+    def read(name: str) -> bytes | None:
+        path = folder / f"{name}.pt"
+        return path.read_bytes() if path.exists() else None
+
+    return {"warm": json.loads((folder / "initial.json").read_text()), "policy": read("policy"), "reference": read("reference")}
 
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group")

@@ -42,7 +42,35 @@ class Preset:
     algorithms: tuple[str, ...] = ("bpo", "grpo", "rloo")
     """Registered algorithm names (``bpo_algos.register_algorithm``) trained on every env."""
     treatment: str = "bpo"
-    """The algorithm compared, paired by seed, against the best of the baselines."""
+    """The algorithm of the headline: compared, paired by seed, with the comparator."""
+    comparator: str = "rloo"
+    """The algorithm the treatment (and every other algorithm) is compared with, fixed before
+    the run: the headline is treatment - comparator per env (docs/main-job.md)."""
+    primary_metric: str = "auc"
+    """The headline metric, fixed before the run: ``"auc"`` (area under the evaluated-success
+    curve against the budget unit, normalised to [0, 1]), ``"final"`` (final evaluated
+    success) or ``"compute_to_threshold"``; the other two are reported beside it."""
+    positive_control: str | None = "frozen"
+    """The algorithm that must be detected as worse than the comparator (a learner that never
+    moves); where it is not, every headline of that env is marked underpowered."""
+    handicapped_control: str | None = "reinforce"
+    """A learner with a known handicap: the report says whether it ranks below the comparator."""
+    target_success: float | dict[str, float] = 1.0
+    """The success the threshold of ``compute_to_threshold`` aims at (per env)."""
+    threshold_fraction: float = 0.5
+    """``compute_to_threshold``: compute until the evaluated success reaches the warm start plus
+    this fraction of the gap to ``target_success`` (per seed: each seed has its own warm start)."""
+    eval_every: int | dict[str, int] = 5
+    """Evaluate every run's policy on the evaluation tasks after every this many updates (and at
+    update 0 and the last)."""
+    grad_seeds: int | None | dict[str, int | None] = None
+    """Seeds (the first this many of an env) whose runs probe the gradient's signal-to-noise
+    ratio at the warm start and mid-training (None: all)."""
+    reference_batches: int | dict[str, int] = 64
+    """RLOO batches whose mean is the reference gradient of the cosine diagnostic."""
+    recorded_results: str | None = None
+    """A saved ``results.json`` of this preset (a path relative to the repository root) from
+    which ``bpo-compare --plan`` takes the costs and the seed-to-seed spread it sizes a run by."""
     baselines: tuple[str, ...] | None = None
     """The algorithms the treatment is compared with (None: every other one; a preset that also
     trains variants of the treatment names the baselines proper)."""
@@ -65,7 +93,8 @@ class Preset:
     max_grad_norm: float | None = None
     aggregation: str = "token-mean"
     eval_episodes: int | dict[str, int] = 2
-    grad_batches: int | dict[str, int] = 8
+    grad_batches: int | dict[str, int] = 32
+    """Independent batches per gradient probe (the bootstrap interval resamples them)."""
     sft_epochs: int = 0
     """Behaviour-cloning epochs on the env experts' trajectories of the train tasks."""
     sft_lr: float = 1e-3
@@ -176,6 +205,7 @@ PRESETS: dict[str, Preset] = {
         )},
         policy="tiny",
         algorithms=("bpo", "grpo"),
+        comparator="grpo",
         budget={"swebench": 4},
         seeds=(0,),
         updates=2,
@@ -192,6 +222,7 @@ PRESETS: dict[str, Preset] = {
         pool_size=4,
     ),
     "smoke": Preset(
+        algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce"),
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
@@ -208,8 +239,12 @@ PRESETS: dict[str, Preset] = {
         budget={"treemdp": 128, "webshop": 128},
         seeds=(0, 1),
         updates=4,
+        eval_every=2,
         grad_batches=3,
+        grad_seeds=1,
+        reference_batches=4,
         eval_episodes=1,
+        torch_threads=1,
     ),
     # The paper's setting: a 7-8B instruct model with vLLM generation, group 8, the common
     # ALFWorld/WebShop step limits (50 and 15), evaluated where the papers report: ALFWorld's
