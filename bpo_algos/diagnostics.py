@@ -275,18 +275,21 @@ def _z_from_projections(m: GradientMoments, truth: torch.Tensor) -> list[float]:
     return out
 
 
-def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[float, float]:
-    """``(signal, trace_var)`` of the samples taken ``counts[i]`` times each, from the Gram
-    matrix ``gram[i, j] = g_i . g_j``, as U-statistics over pairs of *distinct* samples:
-    ``signal`` = mean of ``g_i . g_j`` over pairs ``i != j`` (unbiased for ``||E g||^2``),
-    ``trace_var`` = mean ``||g_i||^2`` minus ``signal`` (unbiased for ``tr Cov(g)``). With all
-    counts 1 these are exactly ``||mean||^2 - tr Cov / n`` and the ``n - 1`` sample trace
-    variance; in a bootstrap resample the pairs of a sample with its own copy are left out
-    (they would add ``||g_i||^2`` as if it were signal)."""
+def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(signal, trace_var)`` of the samples taken ``counts[..., i]`` times each (one row of
+    counts per resample), from the Gram matrix ``gram[i, j] = g_i . g_j``, as U-statistics over
+    pairs of *distinct* samples: ``signal`` = mean of ``g_i . g_j`` over pairs ``i != j``
+    (unbiased for ``||E g||^2``), ``trace_var`` = mean ``||g_i||^2`` minus ``signal`` (unbiased
+    for ``tr Cov(g)``). With all counts 1 these are exactly ``||mean||^2 - tr Cov / n`` and the
+    ``n - 1`` sample trace variance; in a bootstrap resample the pairs of a sample with its own
+    copy are left out (they would add ``||g_i||^2`` as if it were signal)."""
+    counts = np.atleast_2d(counts)
     diag = np.diag(gram)
-    pairs = float(counts.sum()) ** 2 - float(counts @ counts)
-    signal = (float(counts @ gram @ counts) - float((counts * counts) @ diag)) / pairs
-    return signal, float(counts @ diag) / float(counts.sum()) - signal
+    total = counts.sum(axis=1)
+    pairs = total**2 - (counts * counts).sum(axis=1)
+    quadratic = np.einsum("bi,ij,bj->b", counts, gram, counts)
+    signal = (quadratic - (counts * counts) @ diag) / pairs
+    return signal, counts @ diag / total - signal
 
 
 def signal_to_noise(
@@ -327,42 +330,44 @@ def signal_to_noise(
     if n < 2:
         raise ValueError(f"signal_to_noise needs at least 2 gradient samples, got {n}")
     gram = (g @ g.T).numpy()
-    ones = np.ones(n)
-
-    def snr_of(c: np.ndarray) -> float:
-        signal, trace_var = _pair_moments(gram, c)
-        return signal / trace_var if trace_var > 0 else float("nan")
-
-    signal, trace_var = _pair_moments(gram, ones)
-    out: dict[str, Any] = {"batches": n, "snr": snr_of(ones), "signal": signal, "trace_var": trace_var}
+    ones = np.ones((1, n))
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, n, size=(resamples, n))
-    counts = np.stack([np.bincount(p, minlength=n) for p in picks]).astype(float)
+    counts = np.zeros((resamples, n))
+    np.add.at(counts, (np.repeat(np.arange(resamples), n), picks.reshape(-1)), 1.0)
     counts = counts[(counts > 0).sum(axis=1) >= 2]  # a pair of distinct batches is needed
+
+    def snr_of(c: np.ndarray) -> np.ndarray:
+        signal, trace_var = _pair_moments(gram, c)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(trace_var > 0, signal / np.where(trace_var > 0, trace_var, 1.0), np.nan)
 
     def interval(values: np.ndarray) -> list[float]:
         values = values[np.isfinite(values)]
         return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values.size else [float("nan")] * 2
 
-    out["snr_ci95"] = interval(np.array([snr_of(c) for c in counts]))
+    signal, trace_var = (float(v[0]) for v in _pair_moments(gram, ones))
+    out: dict[str, Any] = {"batches": n, "snr": float(snr_of(ones)[0]), "signal": signal, "trace_var": trace_var}
+    out["snr_ci95"] = interval(snr_of(counts))
     if reference is not None:
         if isinstance(reference, tuple):
             ref_mean, ref_signal = reference[0].detach().double().cpu().reshape(-1), float(reference[1])
         else:
             rows = (reference.grads if isinstance(reference, GradientSamples) else reference).detach().double().cpu()
             ref_mean = rows.mean(dim=0)
-            ref_signal = _pair_moments((rows @ rows.T).numpy(), np.ones(rows.shape[0]))[0]
+            ref_signal = float(_pair_moments((rows @ rows.T).numpy(), np.ones((1, rows.shape[0])))[0][0])
         width = max(ref_mean.numel(), g.shape[1])
         r = torch.nn.functional.pad(ref_mean, (0, width - ref_mean.numel())).numpy()
         along = torch.nn.functional.pad(g, (0, width - g.shape[1])).numpy() @ r  # g_i . ref_mean
 
-        def cosine(c: np.ndarray) -> float:
+        def cosine(c: np.ndarray) -> np.ndarray:
             own = _pair_moments(gram, c)[0]
-            if own <= 0 or ref_signal <= 0:
-                return float("nan")
-            return float(c @ along) / float(c.sum()) / (own * ref_signal) ** 0.5
+            if ref_signal <= 0:
+                return np.full(len(c), np.nan)
+            with np.errstate(invalid="ignore"):
+                return np.where(own > 0, (c @ along) / c.sum(axis=1) / np.sqrt(np.abs(own) * ref_signal), np.nan)
 
-        out["cosine"] = cosine(ones)
-        out["cosine_ci95"] = interval(np.array([cosine(c) for c in counts]))
+        out["cosine"] = float(cosine(ones)[0])
+        out["cosine_ci95"] = interval(cosine(counts))
         out["reference_signal"] = ref_signal
     return out
