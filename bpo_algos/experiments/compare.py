@@ -3,25 +3,28 @@
 For every env and seed, one initial policy (warm-started by behaviour cloning on the env's
 expert trajectories where the preset says so) is copied to each algorithm, which then trains
 with ``bpo_algos.Trainer`` under the same optimizer, learning rate, task sequence and per-update
-budget in one compute unit (``--budget-unit``; the others are reported). Then:
-
-* final success: every algorithm's final policy is evaluated on the same evaluation tasks;
-* gradient-norm variance, measured the same way for every algorithm: at the initial policy,
-  ``--grad-batches`` independent batches at the same budget (variance of the gradient vector,
-  ``tr Cov(g)``, of its norm, and the scale-free noise-to-signal ``tr Cov(g) / ||E g||^2``),
-  plus the variance of the logged gradient norms over training;
-* ``updates_to_target``: updates each algorithm needs for its (seed-averaged, smoothed) batch
-  success to reach the best baseline's final training success.
+budget in one compute unit (``--budget-unit``; the others, flops included, are reported). Every
+run's policy is evaluated at update 0 (the warm start) and every ``eval_every`` updates on the
+same evaluation episodes (common random numbers). The headline per env is the treatment minus
+the comparator fixed before the run (``--comparator``, default rloo), paired by seed, on three
+metrics fixed before the run (area under the evaluated-success curve against compute, final
+evaluated success, compute to a threshold), each with its 95% interval and minimal detectable
+effect; a positive control (``frozen``: a learner with a zero loss) must be detected, and a
+handicapped learner (``reinforce``: no baseline) is ranked. Gradient signal-to-noise ratios with
+bootstrap intervals are measured at the warm start and mid-training. The formulas:
+docs/main-job.md.
 
 Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``; a user's own
 with ``--import MODULE`` after ``bpo_algos.register_algorithm``). Writes to ``--out``:
-``results.json``, ``results.md`` (means and 95% intervals over seeds), PNG plots and one
+``results.json``, ``results.md`` (controls first, then the headline), PNG plots and one
 example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked from
-``results.md``).
-``--resume`` continues an interrupted run: finished runs are kept, unfinished ones resume from
-their last checkpoint.
+``results.md``). ``--jobs N`` runs the independent runs in N processes and ``--ray ADDRESS`` on a
+Ray cluster, with the results of ``--jobs 1``; ``--resume`` continues an interrupted run (finished
+runs are kept, unfinished ones resume from their last checkpoint); ``--plan`` prints the runs,
+their cost and wall time and the effect the preset can detect, without training.
 
-    bpo-compare --out results/compare            # CPU default (~35 min on 2 cores)
+    bpo-compare --plan                           # size the CPU default first
+    bpo-compare --out results/compare --jobs 2   # CPU default (see docs/main-job.md for its wall time)
     bpo-compare --smoke --out /tmp/compare       # < 2 min (CI)
     bpo-compare --preset cpu-swe --out /tmp/swe  # SWE-bench end to end on a CPU (tiny LLM)
     bpo-compare --preset gpu --out results/gpu \
@@ -51,7 +54,7 @@ import torch
 
 from bpo_algos.compute import COMPUTE_UNITS, Budget
 from bpo_algos.experiments.parallel import check_ray_address, execute
-from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
+from bpo_algos.experiments.presets import PER_ENV_FIELDS, PRESETS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
     initial_dir,
@@ -245,19 +248,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     previous_preset = out / "preset.json"
-    if previous_preset.exists():
-        # cached runs are only valid for the setting that made them
-        saved = json.loads(previous_preset.read_text())
-        preset.wandb_group = preset.wandb_group or saved.get("wandb_group")
-        current = preset_dict(preset)
-        # a field newer than the saved run counts at its default
-        defaults = preset_dict(Preset(envs={}))
+    saved_preset = json.loads(previous_preset.read_text()) if previous_preset.exists() else None
+    if saved_preset is not None:
+        preset.wandb_group = preset.wandb_group or saved_preset.get("wandb_group")
+    # cached runs are only valid for the setting that made them: per env (an env added to a
+    # comparison later joins it; a changed one is refused)
+    current = preset_dict(preset)
+    settings = {e: env_setting(current, e) for e in preset.envs}
+    for env_name, setting in settings.items():
+        path = out / "runs" / env_name / "setting.json"
+        saved_setting = json.loads(path.read_text()) if path.exists() else None
+        if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
+            saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
+        if saved_setting is None:
+            continue
+        defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
         changed = sorted(
-            k for k in set(saved) | set(current)
-            if k not in _LOGGING_FIELDS and saved.get(k, defaults.get(k)) != current.get(k, defaults.get(k))
+            k for k in set(saved_setting) | set(setting)
+            if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
         )
         if changed:
-            raise SystemExit(f"{out} holds a comparison with another setting (differs in: {', '.join(changed)}); choose another --out")
+            raise SystemExit(
+                f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
+            )
     if preset.wandb_project and preset.wandb_group is None:
         # one W&B group per comparison, kept when it resumes
         preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
@@ -276,7 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if moved:
             raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous_data}); choose another --out")
     (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
-    previous_data.write_text(json.dumps(data, indent=2))
+    for env_name, setting in settings.items():
+        (out / "runs" / env_name).mkdir(parents=True, exist_ok=True)
+        (out / "runs" / env_name / "setting.json").write_text(json.dumps(setting, indent=2))
+    previous_data.write_text(json.dumps({**(json.loads(previous_data.read_text()) if previous_data.exists() else {}), **data}, indent=2))
 
     from tqdm.auto import tqdm
 
@@ -380,6 +396,22 @@ def _load_initial(folder: Path) -> dict[str, Any]:
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group")
 """Preset fields that change where a run logs, not what it computes."""
+
+
+def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
+    """What of a preset (as :func:`preset_dict` data) env ``env``'s runs depend on: its own
+    ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'."""
+    out: dict[str, Any] = {}
+    for key, value in saved.items():
+        if key in _LOGGING_FIELDS:
+            continue
+        if key == "envs":
+            out[key] = value.get(env)
+        elif key in PER_ENV_FIELDS and isinstance(value, dict):
+            out[key] = value.get(env, Preset.__dataclass_fields__[key].default if key != "budget" else None)
+        else:
+            out[key] = value
+    return out
 
 _DATA_COUNTERS = ("planner_timeouts",)
 """Provenance fields that count what one process did (not which data it is)."""
