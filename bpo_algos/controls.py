@@ -10,48 +10,36 @@ either (docs/main-job.md, "Controls"):
 * ``reinforce`` (handicapped learner): RLOO's collection (``group_size`` trajectories per task)
   with REINFORCE's advantage ``A_i = R_i``, no baseline: unbiased, but with the variance the
   baseline removes. A comparison that resolves variance reduction ranks it below RLOO.
+
+Both are entry points of the ``bpo_algos.algorithms`` group (pyproject.toml).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bpo_algos.advantages import as_batch, register_advantage
-from bpo_algos.algorithm import Algorithm
-from bpo_algos.checks import check_count
-from bpo_algos.registry import algorithm_factory, factory_parameters, register_algorithm
+from bpo_algos.algorithm import Algorithm, Options
+from bpo_algos.registry import algorithm_factory
 from bpo_algos.tree import RolloutTree
+from bpo_envs.validation import check_count
 
 
-def frozen(
-    of: str = "rloo",
-    *,
-    group_size: int | None = None,
-    backbones: int | None = None,
-    branch_factor: int | None = None,
-    entropy_quantile: float | None = None,
-    max_branch_points: int | None = None,
-    **options: Any,
-) -> Algorithm:
-    """The algorithm registered as ``of``, collecting as it does, with a zero loss.
-
-    The shared options are passed on to ``of``'s factory where it names them (as the main job
-    does for every algorithm)."""
+def frozen(of: str = "rloo", **options: Any) -> Algorithm:
+    """The algorithm registered as ``of``, built with ``options`` and collecting as it does,
+    with a zero loss (every advantage 0)."""
     if of == "frozen":
         raise ValueError("frozen(of='frozen') would wrap itself; name the algorithm whose collection it uses")
-    factory = algorithm_factory(of)
-    accepted = factory_parameters(factory)
-    shared = {
-        "group_size": group_size, "backbones": backbones, "branch_factor": branch_factor,
-        "entropy_quantile": entropy_quantile, "max_branch_points": max_branch_points,
-    }
-    options.update({k: v for k, v in shared.items() if v is not None and k in accepted})
-    inner = factory(**options)
+    inner = algorithm_factory(of)(**options)
     inner.__class__ = _frozen_class(type(inner))
     inner.collects_as = of
     return inner
 
+
+frozen.options_of = lambda options: options.get("of", "rloo")  # type: ignore[attr-defined]
+"""The algorithm whose preset options (``Preset.options``) a ``frozen`` run takes."""
 
 _FROZEN: dict[type, type] = {}
 
@@ -66,7 +54,7 @@ def _frozen_class(cls: type) -> type:
                     edge.advantage = 0.0
 
         def config(self: Algorithm) -> dict[str, Any]:
-            return {**cls.config(self), "frozen": True, "collects_as": getattr(self, "collects_as", None)}
+            return {**cls.config(self), "frozen": True, "collects_as": self.__dict__.get("collects_as")}
 
         _FROZEN[cls] = type(
             f"Frozen{cls.__name__}", (cls,),
@@ -88,25 +76,26 @@ def reinforce_estimator(trees: Sequence[RolloutTree]) -> None:
                 stack.extend(edge.child.children)
 
 
+@dataclass
+class ReinforceOptions(Options):
+    """The REINFORCE control's own options."""
+
+    group_size: int = 8
+    """Independent trajectories per task from the root snapshot (RLOO's collection)."""
+
+    def __post_init__(self) -> None:
+        check_count("group_size", self.group_size, 1)
+
+
 class Reinforce(Algorithm):
     """REINFORCE over ``group_size`` independent trajectories per task, no baseline (a control)."""
 
     name = "reinforce"
-    advantage_estimator = "reinforce"
-
-    def __init__(self, group_size: int = 8, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.group_size = check_count("group_size", group_size, 1)
+    Options = ReinforceOptions
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]
-        return self.group_size
+        return self.options.group_size
 
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "group_size": self.group_size}
-
-
-register_algorithm("frozen", frozen)
-register_algorithm("reinforce", Reinforce)
-
-__all__ = ["Reinforce", "frozen", "reinforce_estimator"]
+    def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
+        return "reinforce", {}

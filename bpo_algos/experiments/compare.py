@@ -47,16 +47,20 @@ import os
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bpo_algos.compute import COMPUTE_UNITS, Budget
+from bpo_algos.algorithm import AlgorithmConfig, Options
+from bpo_algos.compute import Budget
+from bpo_algos.experiments.flags import add_flags, given
 from bpo_algos.experiments.parallel import check_ray_address, execute
-from bpo_algos.experiments.presets import PER_ENV_FIELDS, PRESETS, Preset, preset_dict
+from bpo_algos.experiments.presets import PER_ENV_FIELDS, PRESETS, RUN_FIELDS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
+    algorithm_class,
     initial_dir,
     initial_job,
     run_dir,
@@ -64,20 +68,58 @@ from bpo_algos.experiments.runner import (
     task_split_with_provenance,
 )
 from bpo_algos.experiments.stats import METRICS, aggregate
-from bpo_algos.registry import registered_algorithms
+from bpo_algos.registry import algorithm_factory, registered_algorithms
+from bpo_algos.trainer_config import TrainerConfig
+
+PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment")
+"""Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
+whose fields get flags, tables)."""
+OLD_FLAGS = {"group_size": "--ALGORITHM.group-size", "backbones": "--bpo.backbones", "branch_factor": "--bpo.branch-factor"}
+"""Flags of earlier versions that set one option of every algorithm that has it."""
 
 
-def build_preset(args: argparse.Namespace) -> Preset:
+def option_classes() -> dict[str, type[Options]]:
+    """``{algorithm kind: its Options dataclass}`` over the registered algorithms whose factory
+    is an :class:`~bpo_algos.algorithm.Algorithm` subclass (or a partial of one)."""
+    found: dict[str, type[Options]] = {}
+    for name in registered_algorithms():
+        cls = algorithm_class(algorithm_factory(name))
+        if cls is not None and cls.Options.field_names():
+            found.setdefault(cls.name, cls.Options)
+    return found
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:
+    """The generated flags: the preset's own fields, its TrainerConfig, the shared algorithm
+    options and every kind of algorithm's options. Returns ``{holder: {dest: field}}``."""
+    taken = set(parser._option_string_actions)
+    holders: dict[str, dict[str, str]] = {}
+    group = parser.add_argument_group("the preset (one value sets a per-env field for every env)")
+    holders["preset"] = add_flags(group, Preset, skip=PRESET_FLAG_SKIP, taken=taken)
+    group = parser.add_argument_group("training (TrainerConfig)")
+    holders["trainer"] = add_flags(group, TrainerConfig, skip=RUN_FIELDS, taken=taken)
+    group = parser.add_argument_group("every algorithm (AlgorithmConfig)")
+    holders["shared"] = add_flags(group, AlgorithmConfig, taken=taken)
+    for kind, options in option_classes().items():
+        group = parser.add_argument_group(f"{kind} ({options.__name__}; also its variants)")
+        holders[f"options:{kind}"] = add_flags(group, options, prefix=f"{kind}.", taken=taken)
+    group = parser.add_argument_group("earlier flags")
+    for name, new in OLD_FLAGS.items():
+        group.add_argument("--" + name.replace("_", "-"), dest=f"old__{name}", type=int, default=argparse.SUPPRESS,
+                           help=f"{name} of every algorithm that has it (as {new})")
+    return holders
+
+
+def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None = None) -> Preset:
     name = "smoke" if args.smoke else args.preset
     preset = copy.deepcopy(PRESETS[name])
+    holders = holders if holders is not None else add_config_flags(argparse.ArgumentParser())
     if args.envs:
         unknown = [e for e in args.envs if e not in preset.envs and e not in PRESETS["gpu"].envs]
         if unknown:
             raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
         preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
     if args.algorithms:
-        for module in args.import_modules or ():
-            importlib.import_module(module)  # registers the user's algorithms
         known = registered_algorithms()
         unknown = [a for a in args.algorithms if a not in known]
         if unknown:
@@ -87,8 +129,38 @@ def build_preset(args: argparse.Namespace) -> Preset:
         preset.treatment = args.treatment
     if preset.treatment not in preset.algorithms:
         raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
-    if args.comparator:
-        preset.comparator = args.comparator
+    if args.algorithms and preset.competitors is not None:
+        # the preset's competitors that are still trained (an explicit list changes what is compared)
+        preset.competitors = tuple(b for b in preset.competitors if b in preset.algorithms) or None
+    for item in args.algorithm_option or ():
+        algorithm, key, value = _parse_algorithm_option(item)
+        preset.algorithm_options.setdefault(algorithm, {})[key] = value
+    _apply_flags(preset, args, holders)
+    check_comparison(preset)
+    for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
+        if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
+            raise SystemExit(f"logging to {package} needs `pip install {package}`")
+    if "budget" not in given(args, holders["preset"]) and preset.budget_unit != PRESETS[name].budget_unit:
+        raise SystemExit(
+            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {preset.budget_unit} "
+            f"give --budget in {preset.budget_unit}"
+        )
+    missing = [e for e in preset.envs if e not in preset.budget]
+    if missing:
+        raise SystemExit(
+            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
+        )
+    try:
+        Budget(preset.budget_unit, 1)  # validates the unit
+    except ValueError as exc:
+        raise SystemExit(f"--budget-unit: {exc}") from exc
+    apply_data_sources(preset, args, name)
+    return preset
+
+
+def check_comparison(preset: Preset) -> None:
+    """The headline's settings, before any run: a registered comparator that is trained and is
+    not the treatment, and a known primary metric."""
     known = registered_algorithms()
     if preset.comparator not in known:
         raise SystemExit(f"unknown comparator {preset.comparator!r}; registered: {known}")
@@ -99,41 +171,41 @@ def build_preset(args: argparse.Namespace) -> Preset:
         )
     if preset.comparator == preset.treatment:
         raise SystemExit(f"the treatment and the comparator are both {preset.treatment!r}: choose another --comparator")
-    if args.primary_metric:
-        preset.primary_metric = args.primary_metric
-    if args.algorithms and preset.baselines is not None:
-        # the preset's baselines that are still trained (an explicit list changes what is compared)
-        preset.baselines = tuple(b for b in preset.baselines if b in preset.algorithms) or None
-    for item in args.algorithm_option or ():
-        name, key, value = _parse_algorithm_option(item)
-        preset.algorithm_options.setdefault(name, {})[key] = value
-    for key in ("policy", "updates", "budget_unit", "learning_rate", "group_size", "backbones", "branch_factor", "sft_epochs", "grad_batches",
-                "eval_every", "eval_episodes", "grad_seeds"):
-        value = getattr(args, key)
-        if value is not None:
+    if preset.primary_metric not in METRICS:
+        raise SystemExit(f"--primary-metric {preset.primary_metric!r}: one of {', '.join(METRICS)}")
+
+
+def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
+    """Set the given generated flags on the preset's dataclasses (a check error is an exit)."""
+    try:
+        for key, value in given(args, holders["preset"]).items():
+            if key == "budget":
+                value = {e: value for e in preset.envs}
+            elif isinstance(value, list):
+                value = tuple(value)
             setattr(preset, key, value)
-    if args.seeds is not None:
-        preset.seeds = tuple(args.seeds)
-    preset.tensorboard = preset.tensorboard or args.tensorboard
-    preset.wandb_project = args.wandb_project or preset.wandb_project
-    for wanted, package in ((preset.tensorboard, "tensorboard"), (preset.wandb_project, "wandb")):
-        if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
-            raise SystemExit(f"logging to {package} needs `pip install {package}`")
-    if args.budget is not None:
-        preset.budget = {e: args.budget for e in preset.envs}
-    elif args.budget_unit is not None and args.budget_unit != PRESETS[name].budget_unit:
-        raise SystemExit(
-            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {args.budget_unit} "
-            f"give --budget in {args.budget_unit}"
-        )
-    missing = [e for e in preset.envs if e not in preset.budget]
-    if missing:
-        raise SystemExit(
-            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
-        )
-    Budget(preset.budget_unit, 1)  # validates the unit
-    apply_data_sources(preset, args, name)
-    return preset
+        trainer = given(args, holders["trainer"])
+        if trainer:
+            preset.trainer = replace(preset.trainer, **trainer)
+            for setup in preset.envs.values():  # a flag sets the field for every env
+                setup.trainer = {k: v for k, v in setup.trainer.items() if k not in trainer}
+        shared = given(args, holders["shared"])
+        if shared:
+            preset.shared = replace(preset.shared, **shared)
+        classes = option_classes()
+        changes: dict[str, dict[str, Any]] = {kind: given(args, dests) for holder, dests in holders.items()
+                                              if holder.startswith("options:") for kind in [holder.split(":", 1)[1]]}
+        for name in OLD_FLAGS:
+            if hasattr(args, f"old__{name}"):
+                for kind, options in classes.items():
+                    if name in options.field_names():
+                        changes.setdefault(kind, {}).setdefault(name, getattr(args, f"old__{name}"))
+        for kind, fields in changes.items():
+            if fields:
+                current = preset.options.get(kind) or classes[kind]()
+                preset.options[kind] = replace(current, **fields)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"bpo-compare: {exc}") from exc
 
 
 _DATA_FLAGS = {
@@ -178,64 +250,46 @@ def _jobs(value: str) -> int:
     return n
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="results/compare", help="output folder")
-    p.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    p.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI)")
-    p.add_argument("--envs", nargs="+", help="env names (default: the preset's)")
-    p.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
-    p.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
-                   help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
-    p.add_argument("--treatment", help="the algorithm of the headline (default: the preset's, bpo)")
-    p.add_argument("--comparator", help="the algorithm every other is compared with, paired by seed (default: the preset's, rloo)")
-    p.add_argument("--primary-metric", choices=METRICS, help="the headline metric (default: the preset's, auc)")
-    p.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
-                   help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
-    p.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
-    p.add_argument("--seeds", nargs="+", type=int)
-    p.add_argument("--updates", type=int)
-    p.add_argument("--budget-unit", choices=COMPUTE_UNITS)
-    p.add_argument("--budget", type=float, help="per-update budget (every env)")
-    p.add_argument("--policy", help="scorer | tabular | tiny | smollm2 | a model name or folder")
-    p.add_argument("--learning-rate", type=float)
-    p.add_argument("--group-size", type=int, help="GRPO/RLOO N")
-    p.add_argument("--backbones", type=int, help="BPO K0")
-    p.add_argument("--branch-factor", type=int, help="BPO K")
-    p.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
-    p.add_argument("--grad-batches", type=int, help="batches per gradient probe (warm start and mid-training)")
-    p.add_argument("--grad-seeds", type=int, help="the first this many seeds of each env probe their gradients")
-    p.add_argument("--eval-every", type=int, help="evaluate every this many updates (and at 0 and the last)")
-    p.add_argument("--eval-episodes", type=int, help="episodes per evaluation task")
-    p.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
-    p.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
-    p.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
-                   "dataset name in the local Hugging Face cache (default: the bundled repos)")
-    p.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
-    p.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
-    p.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
-    p.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    p.add_argument("--jobs", type=_jobs, default=None,
-                   help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")
-    p.add_argument("--ray", metavar="ADDRESS", help="run the runs as Ray tasks on the cluster at ADDRESS (HOST:PORT, ray://HOST:PORT, auto, "
-                   "or local to start one here)")
-    p.add_argument("--plan", action="store_true", help="print the runs, their expected compute and wall time and the effect the "
-                   "preset can detect, without training")
-    p.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json (default: the "
-                   "preset's recorded results, else a short pilot)")
-    p.add_argument("--no-progress", action="store_true")
-    return p
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/compare", help="output folder")
+    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    parser.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI)")
+    parser.add_argument("--envs", nargs="+", help="env names (default: the preset's)")
+    parser.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
+    parser.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
+                        help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
+    parser.add_argument("--treatment", help="the algorithm of the headline, compared with --comparator (default: the preset's, bpo)")
+    parser.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
+                        help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
+    parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
+    parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
+                        "dataset name in the local Hugging Face cache (default: the bundled repos)")
+    parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
+    parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
+    parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
+    parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--jobs", type=_jobs, default=None,
+                        help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the runs as Ray tasks on the cluster at ADDRESS (HOST:PORT, "
+                        "ray://HOST:PORT, auto, or local to start one here)")
+    parser.add_argument("--plan", action="store_true", help="print the runs, their expected compute and wall time and the "
+                        "effect the preset can detect, without training")
+    parser.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json "
+                        "(default: the preset's recorded results, else a short pilot)")
+    parser.add_argument("--no-progress", action="store_true")
+    # modules named by --import register algorithms (and so flags of their options) first
+    imports = argparse.ArgumentParser(add_help=False)
+    imports.add_argument("--import", dest="import_modules", nargs="+", default=())
+    for module in imports.parse_known_args(argv)[0].import_modules:
+        importlib.import_module(module)
+    holders = add_config_flags(parser)
+    args = parser.parse_args(argv)
     if args.list_algorithms:
-        for module in args.import_modules or ():
-            importlib.import_module(module)
         print("\n".join(registered_algorithms()))
         return {}
-    preset = build_preset(args)
+    preset = build_preset(args, holders)
     jobs = args.jobs or os.cpu_count() or 1
     if args.ray is not None:
         check_ray_address(args.ray)  # before any run starts
@@ -250,7 +304,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     previous_preset = out / "preset.json"
     saved_preset = json.loads(previous_preset.read_text()) if previous_preset.exists() else None
     if saved_preset is not None:
-        preset.wandb_group = preset.wandb_group or saved_preset.get("wandb_group")
+        wandb_group = preset.trainer.wandb_group or saved_preset.get("trainer", {}).get("wandb_group")
+        preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
     # cached runs are only valid for the setting that made them: per env (an env added to a
     # comparison later joins it; a changed one is refused)
     current = preset_dict(preset)
@@ -271,9 +326,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(
                 f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
             )
-    if preset.wandb_project and preset.wandb_group is None:
+    if preset.trainer.wandb_project and preset.trainer.wandb_group is None:
         # one W&B group per comparison, kept when it resumes
-        preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
+        preset.trainer = replace(preset.trainer, wandb_group=f"{out.resolve().name}-{uuid.uuid4().hex[:8]}")
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
     started = time.perf_counter()
@@ -375,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _expected_cost(preset: Preset, env: str, algorithm: str, seed: int) -> float:
     """A rough relative cost of a run, to start the longest first (order never changes results)."""
     tree_heavy = 3.0 if "tree" in algorithm else 1.0
-    return preset.for_env("updates", env) * preset.budget[env] * tree_heavy * (3.0 if "alfworld" in env else 1.0)
+    return preset.trainer_for(env).updates * preset.budget[env] * tree_heavy * (3.0 if "alfworld" in env else 1.0)
 
 
 def _save_initial(folder: Path, value: dict[str, Any]) -> None:
@@ -394,24 +449,33 @@ def _load_initial(folder: Path) -> dict[str, Any]:
     return {"warm": json.loads((folder / "initial.json").read_text()), "policy": read("policy"), "reference": read("reference")}
 
 
-_LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group")
-"""Preset fields that change where a run logs, not what it computes."""
+_LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")
+"""TrainerConfig fields that change where a run logs, not what it computes."""
 
+
+def _setting(preset: dict[str, Any]) -> dict[str, Any]:
+    """A preset's JSON without the logging fields (what a resumed comparison must match), its
+    training and shared algorithm settings as ``trainer.FIELD`` / ``shared.FIELD`` keys."""
+    out = {k: v for k, v in preset.items() if k not in ("trainer", "shared")}
+    out.update({f"trainer.{k}": v for k, v in preset.get("trainer", {}).items() if k not in _LOGGING_FIELDS})
+    out.update({f"shared.{k}": v for k, v in preset.get("shared", {}).items()})
+    return out
 
 def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
     """What of a preset (as :func:`preset_dict` data) env ``env``'s runs depend on: its own
-    ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'."""
+    ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'
+    (:func:`_setting`)."""
     out: dict[str, Any] = {}
-    for key, value in saved.items():
-        if key in _LOGGING_FIELDS:
-            continue
+    for key, value in _setting(saved).items():
         if key == "envs":
             out[key] = value.get(env)
         elif key in PER_ENV_FIELDS and isinstance(value, dict):
-            out[key] = value.get(env, Preset.__dataclass_fields__[key].default if key != "budget" else None)
+            default = Preset.__dataclass_fields__[key].default
+            out[key] = value.get(env, None if key == "budget" else default)
         else:
             out[key] = value
     return out
+
 
 _DATA_COUNTERS = ("planner_timeouts",)
 """Provenance fields that count what one process did (not which data it is)."""

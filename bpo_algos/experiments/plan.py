@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bpo_algos.compute import Budget
 from bpo_algos.experiments.presets import Preset
 from bpo_algos.experiments.runner import (
     build_algorithm,
@@ -38,6 +38,7 @@ from bpo_algos.experiments.runner import (
     make_policy,
     probes_on,
     task_split,
+    trainer_config,
 )
 from bpo_algos.experiments.stats import METRICS, minimal_detectable_effect
 
@@ -64,8 +65,8 @@ def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | N
 def _pilot(preset: Preset, env: str) -> dict[str, Any]:
     """Seconds per update, per evaluation and per initial policy, flops per update and the warm
     start's success, measured on the first seed."""
-    from bpo_algos.engine import EnvPool as Pool
-    from bpo_algos.trainer import Trainer, TrainerConfig
+    from bpo_algos.rollout import EnvPool as Pool
+    from bpo_algos.trainer import Trainer
 
     setup = preset.envs[env]
     seed = list(preset.for_env("seeds", env))[0]
@@ -83,8 +84,7 @@ def _pilot(preset: Preset, env: str) -> dict[str, Any]:
     pool = Pool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
     try:
         algorithm = build_algorithm(preset.comparator, preset, seed)
-        config = TrainerConfig(updates=PILOT_UPDATES, tasks_per_update=len(train_tasks), budget=Budget(preset.budget_unit, preset.budget[env]),
-                               learning_rate=preset.learning_rate, optimizer=preset.optimizer, seed=seed)
+        config = replace(trainer_config(preset, env, seed, len(train_tasks)), updates=PILOT_UPDATES, out_dir=None, save_trees_every=0)
         stamps: list[float] = []
         history = Trainer(algorithm, policy, pool, train_tasks, config).train(after_update=lambda _: stamps.append(time.perf_counter()))
         update = (stamps[-1] - stamps[1]) / (PILOT_UPDATES - 1)
@@ -108,7 +108,7 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
     for env, setup in preset.envs.items():
         seeds = list(preset.for_env("seeds", env))
         n = len(seeds)
-        updates = preset.for_env("updates", env)
+        updates = preset.trainer_for(env).updates
         points = eval_points(preset, env)
         probing = [s for s in seeds if probes_on(preset, env, s)]
         entry: dict[str, Any] = {

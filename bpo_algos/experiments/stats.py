@@ -184,7 +184,7 @@ def curve_metrics(compute: Sequence[float], success: Sequence[float], horizon: f
 def run_metrics(run: dict[str, Any], preset: Preset, unit: str) -> dict[str, Any]:
     """:func:`curve_metrics` of one run's evaluated curve, in the budget unit ``unit``."""
     env = run["env"]
-    horizon = preset.for_env("updates", env) * preset.budget[env]
+    horizon = preset.trainer_for(env).updates * preset.budget[env]
     warm = run["evals"][0]["success"]
     target = preset.for_env("target_success", env)
     threshold = warm + preset.threshold_fraction * (target - warm)
@@ -259,7 +259,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], warm:
         env_result: dict[str, Any] = {
             "budget": preset.budget[env],
             "budget_unit": unit,
-            "horizon": preset.for_env("updates", env) * preset.budget[env],
+            "horizon": preset.trainer_for(env).updates * preset.budget[env],
             "seeds": list(preset.for_env("seeds", env)),
             "eval_split": preset.envs[env].eval_split,
             "eval_episodes": preset.for_env("eval_episodes", env),
@@ -375,7 +375,7 @@ def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any
     highest mean final success, paired by seed (biased against the treatment when nothing
     differs: it is the maximum of several noisy means)."""
     controls = {preset.positive_control, preset.handicapped_control}
-    pool = preset.baselines or tuple(summary)
+    pool = preset.competitors or tuple(summary)
     baselines = [b for b in pool if b in summary and b != treatment and b not in controls]
     if treatment not in summary or not baselines:
         return None
