@@ -380,6 +380,8 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
                     continue
                 for v, (lo, hi) in zip(probe["snr_per_seed"], probe["snr_ci95_per_seed"], strict=True):
                     if v is None or not np.isfinite(v):
+                        if offset < 0:
+                            ax.annotate("no gradient\n(zero loss)", (k, 0), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
                         continue
                     ax.errorbar(k + offset, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt=marker, color=colours[a], capsize=3,
                                 label=("warm start" if name == "initial" else "mid-training") if k == 0 else None)
