@@ -26,6 +26,8 @@ class EnvSetup:
     """Overrides the preset's policy for this env."""
     sft_epochs: int | None = None
     """Overrides the preset's behaviour-cloning epochs for this env."""
+    sft_lr: float | None = None
+    """Overrides the preset's behaviour-cloning learning rate for this env."""
     eval_split: str = "held-out"
     """Where the final policy is evaluated: a split of the env (``"test"`` for WebShop's goals
     0-499, ``"valid_seen"`` / ``"valid_unseen"`` for ALFWorld: envs made with ``split=`` that
@@ -112,8 +114,8 @@ PRESETS: dict[str, Preset] = {
         envs={
             "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test"),
             "alfworld": EnvSetup(
-                "BPO-ALFWorld-v0", {"max_episode_steps": 20, "split": "train"}, train_tasks=16, eval_tasks=16,
-                eval_split="valid_seen", sft_epochs=20,
+                "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
+                train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
             ),
         },
         policy="scorer",
@@ -125,11 +127,11 @@ PRESETS: dict[str, Preset] = {
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
-        budget={"webshop": 256, "alfworld": 320},
+        budget={"webshop": 256, "alfworld": 800},
         updates={"webshop": 30, "alfworld": 12},
         learning_rate=1e-3,
         eval_episodes=4,
-        grad_batches={"webshop": 16, "alfworld": 8},
+        grad_batches={"webshop": 16, "alfworld": 4},
         torch_threads=1,
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
