@@ -40,10 +40,10 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from bpo_algos.checks import check_count
 from bpo_algos.policy.base import Context
 from bpo_algos.policy.choice import ChoicePolicy
 from bpo_algos.policy.episode_memory import MEMORY_FEATURES, context_features
+from bpo_envs.validation import check_count
 
 _WORD = re.compile(r"[a-z0-9]+")
 _ARGUMENT = re.compile(r"^\s*[\w ]+\[(.+)\]\s*$", re.DOTALL)
