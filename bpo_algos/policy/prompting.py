@@ -20,6 +20,7 @@ from typing import Any
 from bpo_algos.policy.base import Context
 from bpo_envs.prompting import (
     DEFAULT_SYSTEM_PROMPT,
+    REASONING_SYSTEM_PROMPT,
     PromptConfig,
     _cut,
     build_messages,
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "PromptBuilder",
     "PromptConfig",
+    "REASONING_SYSTEM_PROMPT",
     "_cut",
     "build_messages",
     "env_action",

@@ -1,0 +1,120 @@
+"""The paper's setting (docs/paper-setting.md): reasoning replies and the probe entropy on the
+tiny LLM, the offloaded KL reference, and the memory plan of the published recipe."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import bpo_envs  # noqa: E402,F401
+from bpo_algos.memory_plan import load_config, plan  # noqa: E402
+from bpo_algos.policy import Context, HFPolicy, PromptConfig  # noqa: E402
+from bpo_algos.policy.base import plugin_entropy  # noqa: E402
+from bpo_algos.policy.hf import max_new_tokens_for  # noqa: E402
+from bpo_algos.policy.prompting import build_messages, parse_action  # noqa: E402
+from bpo_algos.policy.tiny import tiny_model_path  # noqa: E402
+
+REASONING = PromptConfig(reasoning=True)
+
+
+def webshop_context() -> tuple[gym.Env, Context]:
+    env = gym.make("BPO-WebShop-v0", max_episode_steps=5)
+    obs, info = env.reset(seed=0)
+    return env, Context(info["task_id"], obs, tuple(info["admissible_actions"]), initial_observation=obs)
+
+
+def test_reasoning_prompt_asks_for_think_then_action():
+    _, context = webshop_context()
+    system, user = build_messages(context, REASONING)
+    assert "<think>" in system["content"] and "</think>" in system["content"] and "<action>ACTION</action>" in system["content"]
+    assert "First reason" in user["content"]
+    assert max_new_tokens_for("BPO-WebShop-v0", reasoning=True) == 512 == max_new_tokens_for("BPO-ALFWorld-v0", reasoning=True)
+    with pytest.raises(ValueError, match="think"):
+        PromptConfig(reasoning=True, think_open="")
+
+
+def test_reasoning_reply_without_an_action_is_an_invalid_action_observation():
+    env, context = webshop_context()
+    from bpo_algos.policy.prompting import env_action
+
+    reply = "<think>I should look for the cheapest one. <action>click[next]</action> maybe</think> done"
+    assert parse_action(reply, REASONING) is None
+    obs, reward, terminated, truncated, info = env.step(env_action(reply, REASONING))
+    assert info.get("invalid_action") is True and not terminated and isinstance(obs, str)
+    good = "<think>search first</think><action>" + context.admissible_actions[0] + "</action>"
+    assert env_action(good, REASONING) == context.admissible_actions[0]
+
+
+@pytest.fixture(scope="module")
+def probe_policy():
+    return HFPolicy(tiny_model_path(), max_new_tokens=12, seed=0, prompt=REASONING, decision_entropy="probe", probe_samples=5)
+
+
+def test_probe_entropy_is_the_plugin_entropy_of_parsed_completions_and_is_charged(probe_policy):
+    _, context = webshop_context()
+    policy = probe_policy
+    policy.seed(3)
+    before = policy.meter.to_dict()
+    (h,) = policy.decision_entropy([context])
+    after = policy.meter.to_dict()
+    prompt = len(policy.prompt_ids(context))
+    assert after["gen_tokens"] == before["gen_tokens"] and after["prefill_tokens"] == before["prefill_tokens"]
+    charged = after["score_tokens"] - before["score_tokens"]
+    assert prompt + 5 <= charged <= prompt + 5 * 12  # the prompt once, then 5 completions
+    # the same draws, by hand: 5 completions, parsed (None: unreadable), plug-in entropy
+    policy.seed(3)
+    (rows,) = policy.generate([context], 5)
+    assert h == pytest.approx(plugin_entropy([parse_action(a.text, REASONING) for a in rows]))
+    # the probe kept the prompt's KV: the backbone's sample there prefills nothing
+    policy.decision_entropy([context])
+    prefill = policy.meter.prefill_tokens
+    policy.sample([context], 2)
+    assert policy.meter.prefill_tokens == prefill
+    with pytest.raises(ValueError, match="decision_entropy"):
+        HFPolicy(tiny_model_path(), decision_entropy="sampled")
+    with pytest.raises(ValueError, match="probe_samples"):
+        HFPolicy(tiny_model_path(), decision_entropy="probe", probe_samples=1)
+
+
+def test_offloaded_reference_equals_the_resident_one_and_stays_in_host_memory():
+    from dataclasses import dataclass
+
+    from bpo_algos.policy import Action
+
+    @dataclass
+    class Step:
+        context: Context
+        action: Action
+
+    _, context = webshop_context()
+    resident = HFPolicy(tiny_model_path(), max_new_tokens=8, seed=0)
+    offloaded = HFPolicy(tiny_model_path(), max_new_tokens=8, seed=0, reference_offload=True)
+    steps = [Step(context, a) for a in resident.sample([context], 3)[0]]
+    want = resident.reference_token_logprobs(steps)
+    got = offloaded.reference_token_logprobs(steps)
+    assert torch.allclose(got, want, atol=1e-5)
+    ref = offloaded._reference
+    assert getattr(ref, "_bpo_offloaded", False) and all(p.device.type == "cpu" for p in ref.parameters())
+    assert not any(p.requires_grad for p in ref.parameters())
+    # the anchor does not move with training, and checkpoints keep it
+    with torch.no_grad():
+        for p in offloaded.trainable_parameters():
+            p.add_(0.01)
+    assert torch.allclose(offloaded.reference_token_logprobs(steps), want, atol=1e-5)
+    assert any(k.startswith("_reference.") for k in offloaded.state_dict())
+    offloaded.to("cpu")
+    assert all(p.device.type == "cpu" for p in ref.parameters())
+
+
+def test_memory_plan_published_recipe_fits_8x80_only_with_the_offloaded_reference():
+    config = load_config("qwen2.5-7b-instruct")
+    kwargs = {"gpus": 8, "gpu_gb": 80, "kl": True, "vllm": True}
+    replicated = plan(config, **kwargs)
+    offloaded = plan(config, **kwargs, reference_offload=True)
+    assert not replicated.fits and offloaded.fits
+    assert replicated.reference == pytest.approx(2 * replicated.params_b)  # 2 bytes a parameter, every GPU
+    assert offloaded.reference == pytest.approx(2 * 2 * 152064 * 3584 / 1e9)  # two embedding-sized modules
+    assert offloaded.total == pytest.approx(replicated.total - replicated.reference + offloaded.reference)
