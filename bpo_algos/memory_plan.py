@@ -35,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 GB = 1e9
-BUNDLED = {"qwen2.5-7b-instruct": "qwen2.5-7b-instruct.json", "llama-3.1-8b-instruct": "llama-3.1-8b-instruct.json"}
+BUNDLED = {
+    "qwen2.5-7b-instruct": "qwen2.5-7b-instruct.json",
+    "qwen2.5-1.5b-instruct": "qwen2.5-1.5b-instruct.json",
+    "llama-3.1-8b-instruct": "llama-3.1-8b-instruct.json",
+}
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,53 @@ def markdown(plans: list[MemoryPlan]) -> str:
         for x in plans
     ]
     return head + "\n".join(rows) + "\n"
+
+
+def preset_config(policy: str) -> dict[str, Any] | None:
+    """The model config of a preset's policy: a bundled config by the model's name
+    (``Qwen/Qwen2.5-7B-Instruct`` -> ``qwen2.5-7b-instruct``), a folder's config.json, or None."""
+    key = str(policy).rsplit("/", 1)[-1].lower()
+    if key in BUNDLED:
+        return load_config(key)
+    path = Path(policy)
+    if (path / "config.json").is_file() or (path.name == "config.json" and path.is_file()):
+        return load_config(path)
+    return None
+
+
+def preset_plans(preset: Any) -> dict[str, MemoryPlan]:
+    """The memory plan of every env of a GPU preset (``preset.gpus`` set), from its settings:
+    ``gpus x gpu_gb``, LoRA or a full fine-tune (FSDP when ``preset.fsdp``), the KL reference
+    (``kl_coef > 0``; offloaded with ``reference_offload``), vLLM's copy, ``micro_batch_tokens``,
+    ``pool_size`` decoding rows of ``max_model_len`` tokens. Empty for a CPU preset or a model
+    whose config is not known here."""
+    if not getattr(preset, "gpus", None):
+        return {}
+    config = preset_config(preset.policy)
+    if config is None:
+        return {}
+    out = {}
+    for env in preset.envs:
+        seq_len = preset.for_env("max_model_len", env) or ModelShape.from_config(config).max_len
+        out[env] = plan(
+            config, gpus=preset.gpus, gpu_gb=preset.gpu_gb, lora=preset.lora, fsdp=preset.fsdp if preset.gpus > 1 else False,
+            kl=preset.kl_coef > 0, micro_batch_tokens=preset.micro_batch_tokens or 8192, decode_rows=preset.pool_size,
+            seq_len=seq_len, vllm=preset.vllm, reference_offload=preset.reference_offload, name=model_name(preset.policy.rsplit("/", 1)[-1].lower()),
+        )
+    return out
+
+
+def check_preset_fits(preset: Any, name: str = "preset") -> dict[str, MemoryPlan]:
+    """Raise ``ValueError`` (with the plan's table) when a GPU preset does not fit its GPUs."""
+    plans = preset_plans(preset)
+    bad = {env: p for env, p in plans.items() if not p.fits}
+    if bad:
+        raise ValueError(
+            f"the {name} preset does not fit {preset.gpus} x {preset.gpu_gb:g} GB on {sorted(bad)} (bpo-memory-plan):\n"
+            + markdown(list(bad.values()))
+            + "give more GPUs (--gpus / --gpu-gb), LoRA, a smaller --micro-batch-tokens or --pool-size"
+        )
+    return plans
 
 
 def main(argv: list[str] | None = None) -> None:

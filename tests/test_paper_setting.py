@@ -118,3 +118,55 @@ def test_memory_plan_published_recipe_fits_8x80_only_with_the_offloaded_referenc
     assert replicated.reference == pytest.approx(2 * replicated.params_b)  # 2 bytes a parameter, every GPU
     assert offloaded.reference == pytest.approx(2 * 2 * 152064 * 3584 / 1e9)  # two embedding-sized modules
     assert offloaded.total == pytest.approx(replicated.total - replicated.reference + offloaded.reference)
+
+
+def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
+    from dataclasses import replace
+
+    from bpo_algos.experiments.presets import GPU_UPDATE_FLOPS, PRESETS
+    from bpo_algos.memory_plan import check_preset_fits
+
+    gpu, lora = PRESETS["gpu"], PRESETS["gpu-lora"]
+    for preset in (gpu, lora):
+        assert preset.kl_coef == 0.01 and preset.reasoning and preset.decision_entropy == "probe"
+        assert preset.group_size == 8 and preset.updates == 150 and preset.budget_unit == "flops"
+        assert preset.budget == GPU_UPDATE_FLOPS
+        assert preset.for_env("eval_temperature", "alfworld") == 0.4 == preset.for_env("eval_temperature", "webshop")
+        assert preset.for_env("eval_temperature", "swebench") == 0.0
+        assert preset.envs["alfworld"].kwargs["invalid_penalty"] == 0.1 == preset.envs["webshop"].kwargs["invalid_penalty"]
+        assert preset.envs["alfworld"].kwargs["max_episode_steps"] == 50 and preset.envs["webshop"].kwargs["max_episode_steps"] == 15
+        assert preset.for_env("max_model_len", "alfworld") == 2048 + 512 and preset.for_env("max_model_len", "webshop") == 4096 + 512
+        assert preset.envs["swebench"].eval_split == "rows" and preset.envs["swebench"].eval_tasks == 500
+        assert set(check_preset_fits(preset)) == set(preset.envs)
+    assert gpu.learning_rate == 1e-6 and not gpu.lora and gpu.fsdp and gpu.reference_offload and (gpu.gpus, gpu.gpu_gb) == (8, 80.0)
+    assert lora.lora and (lora.gpus, lora.gpu_gb) == (1, 141.0)
+    assert gpu.envs["webshop"] is not lora.envs["webshop"]  # flags edit one preset's envs only
+    # bad input: a preset that cannot fit the GPUs given is refused with the plan
+    with pytest.raises(ValueError, match=r"(?s)does not fit 1 x 80 GB.*\| no \|"):
+        check_preset_fits(replace(gpu, gpus=1), "gpu")
+    with pytest.raises(ValueError, match="does not fit 8 x 80 GB"):
+        check_preset_fits(replace(gpu, reference_offload=False), "gpu")
+
+
+def test_evaluation_temperature_zero_is_greedy_and_restored(probe_policy):
+    from bpo_algos.policy.base import evaluation_sampling
+
+    _, context = webshop_context()
+    policy = probe_policy
+    policy.eval_temperature = 0.0
+    try:
+        with evaluation_sampling(policy):
+            policy.seed(1)
+            first = [a.token_ids for a in policy.generate([context], 3)[0]]
+            policy.seed(2)
+            second = [a.token_ids for a in policy.generate([context], 1)[0]]
+        assert first[0] == first[1] == first[2] == second[0]  # greedy: no randomness
+        assert policy._sample_temperature is None
+        policy.seed(1)
+        sampled = {a.token_ids for a in policy.generate([context], 6)[0]}
+        assert len(sampled) > 1  # sampling at the policy's temperature again
+    finally:
+        policy.eval_temperature = None
+    with pytest.raises(ValueError, match="temperature"):
+        with policy.sampling_temperature(-1.0):
+            pass

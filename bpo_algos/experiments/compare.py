@@ -52,6 +52,7 @@ from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split_with_provenance
 from bpo_algos.experiments.stats import aggregate
+from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.registry import registered_algorithms
 
 
@@ -106,6 +107,13 @@ def build_preset(args: argparse.Namespace) -> Preset:
         )
     Budget(preset.budget_unit, 1)  # validates the unit
     apply_data_sources(preset, args, name)
+    for key in ("gpus", "gpu_gb"):
+        if getattr(args, key, None) is not None:
+            setattr(preset, key, getattr(args, key))
+    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+        check_preset_fits(preset, name)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     return preset
 
 
@@ -132,13 +140,49 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
         for setup in setups:
             setup.kwargs[option] = str(value)
     swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
-    if name == "gpu" and swe and not (swe[0].kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
+    apply_swe_train_rows(preset, args, swe)
+    if name.startswith("gpu") and swe and not (swe[0].eval_kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
         raise SystemExit(
             "the gpu preset runs SWE-bench Verified in its official images: give --swe-instances PATH_OR_NAME "
             "(a Verified .parquet/.jsonl, or princeton-nlp/SWE-bench_Verified from the local Hugging Face cache) "
             "and --swe-backend docker (images: --swe-images-dir, or built with swebench's prepare_images); "
             "or leave SWE-bench out with --envs alfworld webshop"
         )
+
+
+def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[Any]) -> None:
+    """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
+    ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
+    instance id (and, with ``--swe-disjoint-repos``, no repo): checked here, before training.
+    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both."""
+    from bpo_envs.swebench.instances import InstanceError, check_disjoint, load_instances
+
+    train = getattr(args, "swe_train_instances", None)
+    disjoint_repos = bool(getattr(args, "swe_disjoint_repos", False))
+    if train is None:
+        if disjoint_repos:
+            raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
+        for setup in setups:
+            if setup.eval_split == "rows":
+                raise SystemExit(
+                    "this preset trains SWE-bench off its evaluation rows: give --swe-train-instances (SWE-Gym, "
+                    "SWE-smith or other SWE-bench-format rows: a file, folder or cached dataset name) and "
+                    "--swe-instances (the evaluation rows, e.g. princeton-nlp/SWE-bench_Verified)"
+                )
+        return
+    if not setups:
+        raise SystemExit("--swe-train-instances is given but no env of this comparison is BPO-SWEBench-v0 (choose it with --envs)")
+    evaluation = getattr(args, "swe_instances", None)
+    if evaluation is None:
+        raise SystemExit("--swe-train-instances needs --swe-instances: the evaluation rows (e.g. princeton-nlp/SWE-bench_Verified)")
+    try:
+        check_disjoint(load_instances(str(train)), load_instances(str(evaluation)), disjoint_repos=disjoint_repos)
+    except InstanceError as exc:
+        raise SystemExit(f"--swe-train-instances / --swe-instances: {exc}") from exc
+    for setup in setups:
+        setup.kwargs["instances"] = str(train)
+        setup.eval_kwargs["instances"] = str(evaluation)
+        setup.eval_split = "rows"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -169,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
     parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
                         "dataset name in the local Hugging Face cache (default: the bundled repos)")
+    parser.add_argument("--swe-train-instances", help="SWE-bench training rows (SWE-Gym, SWE-smith or other SWE-bench-format "
+                        "rows: a file, a folder or a cached dataset name); --swe-instances then gives the evaluation rows, "
+                        "which must share no instance id")
+    parser.add_argument("--gpus", type=int, help="GPUs a GPU preset runs on (its memory plan must fit them)")
+    parser.add_argument("--gpu-gb", type=float, help="memory of each GPU, GB")
+    parser.add_argument("--swe-disjoint-repos", action="store_true", help="also forbid a repo with both training and evaluation rows")
     parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
     parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
     parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bpo_envs.reward_settings import REWARD_SETTINGS
+
 
 @dataclass
 class EnvSetup:
@@ -30,7 +32,11 @@ class EnvSetup:
     """Where the final policy is evaluated: a split of the env (``"test"`` for WebShop's goals
     0-499, ``"valid_seen"`` / ``"valid_unseen"`` for ALFWorld: envs made with ``split=`` that
     name; train on ``kwargs["split"]``), or ``"held-out"`` (training-env tasks never trained
-    on) or ``"train"`` (the train tasks, fresh rollouts)."""
+    on) or ``"train"`` (the train tasks, fresh rollouts), or ``"rows"`` (the first
+    ``eval_tasks`` tasks, in their source's order, of the env made with ``eval_kwargs``: SWE-bench
+    trained on ``--swe-train-instances`` and evaluated on ``--swe-instances``)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options over ``kwargs`` that the evaluation envs are made with (``eval_split="rows"``)."""
 
 
 @dataclass
@@ -86,11 +92,31 @@ class Preset:
     micro_batch_tokens: int | None = None
     """``TrainerConfig.micro_batch_tokens``: tokens per backward (None: the whole batch)."""
     gradient_checkpointing: bool = False
-    max_model_len: int | None = None
-    """LLM policies: the longest prompt + answer (None: the model config's)."""
+    max_model_len: int | None | dict[str, int] = None
+    """LLM policies: the longest prompt + answer (None: the model config's), or per env."""
     torch_threads: int | None = None
     """CPU threads for torch (None: torch's default). One thread makes small models faster
     (no synchronisation) and their training bit-reproducible."""
+    # the paper's setting (docs/paper-setting.md)
+    reasoning: bool = False
+    """LLM policies reply with reasoning in ``<think>...</think>``, then the action
+    (``PromptConfig(reasoning=True)``; answer limit :data:`~bpo_algos.policy.hf.REASONING_MAX_NEW_TOKENS`)."""
+    decision_entropy: str = "exact"
+    """LLM policies' decision entropy: ``"exact"`` (immediate answers scored at ``h``; a proxy
+    when the policy reasons) or ``"probe"`` (``probe_samples`` completions, parsed, charged)."""
+    probe_samples: int = 4
+    kl_coef: float = 0.0
+    """The k3 (``low_var_kl``) KL to the frozen initial policy, for every algorithm."""
+    reference_offload: bool = False
+    """Keep a full fine-tune's KL reference in host memory, streamed a module at a time."""
+    fsdp: bool = False
+    """``TrainerConfig.fsdp``: shard a full fine-tune over the ranks of a ``torchrun`` launch."""
+    eval_temperature: float | None | dict[str, float | None] = None
+    """The sampling temperature of evaluation episodes (None: ``temperature``; 0: greedy)."""
+    gpus: int | None = None
+    """The GPUs the preset is planned for (None: not a GPU preset); ``bpo-compare`` checks the
+    memory plan (:func:`~bpo_algos.memory_plan.preset_plan`) fits ``gpus x gpu_gb`` first."""
+    gpu_gb: float = 80.0
 
     def for_env(self, name: str, env: str) -> Any:
         """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
@@ -99,6 +125,80 @@ class Preset:
         if isinstance(value, dict):
             return value[env] if env in value else Preset.__dataclass_fields__[name].default
         return value
+
+
+QWEN_7B_PARAMS = 7_615_616_512
+"""Qwen2.5-7B-Instruct's parameters (its bundled config.json, :mod:`bpo_algos.memory_plan`)."""
+
+GPU_EPISODE_SHAPE: dict[str, dict[str, float]] = {
+    "alfworld": {"steps": 40, "prompt_tokens": 1200, "reply_tokens": 250},
+    "webshop": {"steps": 10, "prompt_tokens": 2000, "reply_tokens": 250},
+    "swebench": {"steps": 40, "prompt_tokens": 8000, "reply_tokens": 400},
+}
+"""Planning figures of one episode of the 7B reasoning policy early in training: steps (of 50,
+15, 50), mean prompt tokens (task, two recent turns, admissible actions), mean reply tokens
+(reasoning + action, of 512). Estimates that size the budget (docs/paper-setting.md); a pilot's
+measured means replace them."""
+
+
+def group_update_flops(params: int, steps: float, prompt_tokens: float, reply_tokens: float, tasks: int = 16, group: int = 8) -> float:
+    """The cost model's flops (:mod:`bpo_algos.compute`: ``2P`` per prefilled and generated
+    token, ``6P`` per trained token) of one update of a group method: ``tasks x group``
+    episodes of ``steps`` steps, each prefilling its prompt, generating its reply and training
+    on both."""
+    per_step = 2 * params * (prompt_tokens + reply_tokens) + 6 * params * (prompt_tokens + reply_tokens)
+    return float(tasks * group * steps * per_step)
+
+
+GPU_UPDATE_FLOPS: dict[str, float] = {
+    env: group_update_flops(QWEN_7B_PARAMS, **shape) for env, shape in GPU_EPISODE_SHAPE.items()
+}
+"""The gpu presets' per-update budget: verl-agent's 16 tasks x 8 rollouts, in flops."""
+
+VERL_AGENT_REWARD = REWARD_SETTINGS["verl-agent"]
+
+def gpu_envs() -> dict[str, EnvSetup]:
+    """The gpu presets' envs (a fresh dict: flags edit the env options of one preset only)."""
+    return {
+        "alfworld": EnvSetup(
+            "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", **VERL_AGENT_REWARD}, train_tasks=3553, eval_tasks=134,
+            workers=8, eval_split="valid_unseen",
+        ),
+        "webshop": EnvSetup(
+            "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train", **VERL_AGENT_REWARD}, train_tasks=2048, eval_tasks=500,
+            eval_split="test",
+        ),
+        # trained on --swe-train-instances (e.g. SWE-Gym), evaluated on --swe-instances (Verified)
+        "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=2438, eval_tasks=500, workers=8, eval_split="rows"),
+    }
+
+GPU_COMMON: dict[str, Any] = {
+    "policy": "Qwen/Qwen2.5-7B-Instruct",
+    "algorithms": ("bpo", "grpo", "rloo", "gigpo"),
+    "budget_unit": "flops",
+    "budget": GPU_UPDATE_FLOPS,
+    "updates": 150,
+    "group_size": 8,
+    "optimizer": "adamw",
+    "max_grad_norm": 1.0,
+    "temperature": 1.0,
+    "eval_temperature": {"alfworld": 0.4, "webshop": 0.4, "swebench": 0.0},
+    "reasoning": True,
+    "decision_entropy": "probe",
+    "probe_samples": 4,
+    "kl_coef": 0.01,
+    "vllm": True,
+    "precision": "bf16",
+    "micro_batch_tokens": 8192,
+    "gradient_checkpointing": True,
+    # verl-agent's prompt limits (ALFWorld 2048, WebShop 4096) plus the 512-token response
+    "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
+    # paths decoding at once per process (per rank under torchrun): their KV cache is planned
+    "pool_size": 32,
+    "eval_episodes": 1,
+    "seeds": (0, 1, 2),
+    "grad_batches": 4,
+}
 
 
 PRESETS: dict[str, Preset] = {
@@ -211,37 +311,36 @@ PRESETS: dict[str, Preset] = {
         grad_batches=3,
         eval_episodes=1,
     ),
-    # The paper's setting: a 7-8B instruct model with vLLM generation, group 8, the common
-    # ALFWorld/WebShop step limits (50 and 15), evaluated where the papers report: ALFWorld's
-    # valid_unseen games (all 134 with the real data) and WebShop's 500 test goals.
+    # The paper's setting, after verl-agent's published GiGPO/GRPO recipes
+    # (examples/gigpo_trainer/run_alfworld.sh, run_webshop.sh; docs/paper-setting.md has the
+    # table with each row's source): Qwen2.5-7B-Instruct fully fine-tuned at lr 1e-6 under FSDP on
+    # 8 x 80 GB, the k3 KL at 0.01 to a frozen reference kept in host memory, reward 10 x success
+    # and -0.1 per invalid action, reasoning replies (think, then the action; 512 tokens),
+    # groups of 8, 150 updates, evaluated at temperature 0.4 (SWE-bench: greedy, one episode on
+    # each of Verified's rows given, 500 by default) on ALFWorld's 134 valid_unseen games and
+    # WebShop's 500 test goals. Every algorithm gets the flops of 16 tasks x 8 rollouts per
+    # update (GPU_UPDATE_FLOPS).
     "gpu": Preset(
-        envs={
-            "alfworld": EnvSetup(
-                "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train"}, train_tasks=512, eval_tasks=134, workers=8,
-                eval_split="valid_unseen",
-            ),
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=2048, eval_tasks=500, eval_split="test"),
-            "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=64, eval_tasks=16, workers=8),
-        },
-        policy="Qwen/Qwen2.5-7B-Instruct",
-        budget_unit="gen_tokens",
-        budget={"alfworld": 400_000, "webshop": 150_000, "swebench": 600_000},
-        updates=150,
-        # bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1 --gpu-gb 141 --lora: ~36 GB with
-        # 8k-token micro-batches and 64 decode rows; a full fine-tune needs ~142 GB (FSDP on 8 GPUs)
+        envs=gpu_envs(),
+        **GPU_COMMON,
+        learning_rate=1e-6,
+        lora=False,
+        fsdp=True,
+        reference_offload=True,
+        gpus=8,
+        gpu_gb=80.0,
+    ),
+    # The same recipe on one H200 (141 GB): LoRA (r=8 on every linear map, lr 1e-5; verl-agent
+    # publishes no LoRA recipe) instead of the full fine-tune; the KL reference is the base
+    # model with the adapter off. bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1
+    # --gpu-gb 141 --lora --kl --vllm: ~50 GB.
+    "gpu-lora": Preset(
+        envs=gpu_envs(),
+        **GPU_COMMON,
         learning_rate=1e-5,
-        optimizer="adamw",
-        max_grad_norm=1.0,
-        temperature=1.0,
         lora=True,
-        vllm=True,
-        precision="bf16",
-        micro_batch_tokens=8192,
-        gradient_checkpointing=True,
-        max_model_len=16384,
-        pool_size=64,
-        eval_episodes=1,
-        grad_batches=4,
+        gpus=1,
+        gpu_gb=141.0,
     ),
 }
 

@@ -58,6 +58,19 @@ def plugin_entropy(labels: Sequence[Hashable]) -> float:
     return float(-sum(c / n * math.log(c / n) for c in Counter(labels).values()))
 
 
+def evaluation_sampling(policy: Any) -> Any:
+    """A context manager that samples at the policy's ``eval_temperature`` (evaluation episodes;
+    :meth:`~bpo_algos.policy.hf.HFPolicy.sampling_temperature`), or does nothing for a policy
+    without one."""
+    temperature = getattr(policy, "eval_temperature", None)
+    set_temperature = getattr(policy, "sampling_temperature", None)
+    if temperature is None or not callable(set_temperature):
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return set_temperature(temperature)
+
+
 def admissible_of(info: dict[str, Any]) -> tuple[str, ...] | None:
     """The env's admissible actions from a step's ``info`` (None where the env gives none)."""
     actions = info.get("admissible_actions")

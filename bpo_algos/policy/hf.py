@@ -57,11 +57,12 @@ Mechanics:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,6 +328,7 @@ class HFPolicy(PolicyBase, nn.Module):
         self._generator.manual_seed(seed)
         self._store: dict[tuple[int, ...], _Prefix] = {}
         self._store_version = self.weights_version()
+        self._sample_temperature: float | None = None
 
     # ---- PolicyBase ----------------------------------------------------------------------
     @property
@@ -349,6 +351,20 @@ class HFPolicy(PolicyBase, nn.Module):
     def weights_version(self) -> int:
         """Changes whenever a trainable parameter is modified in place (an optimizer step)."""
         return sum(p._version for p in self.model.parameters() if p.requires_grad)
+
+    @contextlib.contextmanager
+    def sampling_temperature(self, temperature: float | None) -> Iterator[None]:
+        """Sample at ``temperature`` inside (0: greedy; None: the policy's own) — for evaluation
+        (verl-agent evaluates at 0.4; SWE-bench at 0). Answers sampled inside record the
+        log-probs of the distribution they were drawn from, so they are not for training."""
+        if temperature is not None and not temperature >= 0:
+            raise ValueError(f"an evaluation temperature must be >= 0 or None, got {temperature}")
+        previous = self._sample_temperature
+        self._sample_temperature = None if temperature is None or temperature == self.temperature else float(temperature)
+        try:
+            yield
+        finally:
+            self._sample_temperature = previous
 
     def clear_cache(self) -> None:
         """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
@@ -485,8 +501,10 @@ class HFPolicy(PolicyBase, nn.Module):
         active = torch.arange(rows)  # batch row -> output row
         logits, mask, positions, cache = batch.logits, batch.mask, batch.lengths.clone(), batch.cache
         stops = torch.tensor(sorted(self.stop_token_ids), device=self.device)
+        override = self._sample_temperature
+        greedy = greedy or override == 0.0
         for step in range(self.max_new_tokens):
-            logp = self._logp(logits)
+            logp = self._logp(logits) if override is None or greedy else torch.log_softmax(logits.float() / override, dim=-1)
             if greedy:
                 picked = logp.argmax(-1)
             else:

@@ -1,11 +1,13 @@
 """``VLLMPolicy``: generation and scoring with vLLM, training (and reference) on the HF model.
 
 ``sample`` runs ``vllm.LLM.generate`` on the prompt token ids the shared
-:class:`~bpo_algos.policy.prompting.PromptBuilder` makes, with ``SamplingParams(n=n,
-temperature=T, logprobs=0)`` and ``logprobs_mode="processed_logprobs"`` so the returned
-log-probs are those of the temperature-scaled distribution that was sampled (the same one
-:meth:`HFPolicy.token_logprobs` computes). ``n`` samples of one prompt share its prefill, and
-automatic prefix caching shares prompts across calls (branch points re-use their path's prefix).
+:class:`~bpo_algos.policy.prompting.PromptBuilder` makes, ``n`` requests of
+``SamplingParams(n=1, temperature=T, logprobs=0)`` per context, with
+``logprobs_mode="processed_logprobs"`` so the returned log-probs are those of the
+temperature-scaled distribution that was sampled (the same one :meth:`HFPolicy.token_logprobs`
+computes). Automatic prefix caching shares a prompt's KV between its samples and across calls
+(branch points re-use their path's prefix); each sample is charged the prompt tokens vLLM did not
+read from its cache (``num_cached_tokens`` of its own request).
 
 Decision entropy (``scoring``): ``"vllm"`` scores the admissible answers in vLLM, as prompt
 log-probs of ``prompt + answer`` rows (``SamplingParams(prompt_logprobs=0, max_tokens=1)``)
@@ -203,8 +205,8 @@ class VLLMPolicy(HFPolicy):
             return []
         prompts = [self.prompt_ids(c) for c in contexts]
         params = SamplingParams(
-            n=n,
-            temperature=self.temperature,
+            n=1,
+            temperature=self.temperature if self._sample_temperature is None else self._sample_temperature,
             top_p=1.0,
             max_tokens=self.max_new_tokens,
             logprobs=0,
@@ -214,13 +216,18 @@ class VLLMPolicy(HFPolicy):
             # ``seed`` at construction) makes a run reproducible
             skip_special_tokens=True,
         )
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        # n requests of one sample each rather than SamplingParams(n=n): vLLM runs n > 1 as n
+        # child requests anyway, and only one request per sample reports its own cache hits,
+        # so the prefill each sample really cost is what is metered
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(n)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
         result: list[list[Action]] = []
-        for prompt, output in zip(prompts, outputs, strict=True):
-            cached = getattr(output, "num_cached_tokens", 0) or 0
-            self.meter.prefill_tokens += max(len(prompt) - cached, 0)
+        for i, prompt in enumerate(prompts):
             row = []
-            for completion in output.outputs:
+            for output in outputs[i * n : (i + 1) * n]:
+                cached = getattr(output, "num_cached_tokens", 0) or 0
+                self.meter.prefill_tokens += max(len(prompt) - cached, 0)
+                (completion,) = output.outputs
                 ids = tuple(int(t) for t in completion.token_ids)
                 lps = tuple(float(step[tok].logprob) for step, tok in zip(completion.logprobs, ids, strict=True))
                 text = self.prompts.decode(ids)
@@ -294,7 +301,8 @@ class VLLMPolicy(HFPolicy):
 
         if not rows:
             return []
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, skip_reading_prefix_cache=skip_cache)
+        # detokenize=False: the entries of cached positions are not filled in, and not read here
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, skip_reading_prefix_cache=skip_cache, detokenize=False)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=[*p, *a]) for _, p, a in rows], params, use_tqdm=False)
         values: list[float | None] = []
         for (_, prompt, answer), output in zip(rows, outputs, strict=True):
