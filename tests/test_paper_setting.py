@@ -170,3 +170,22 @@ def test_evaluation_temperature_zero_is_greedy_and_restored(probe_policy):
     with pytest.raises(ValueError, match="temperature"):
         with policy.sampling_temperature(-1.0):
             pass
+
+
+def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
+    from bpo_algos.experiments.gpu_plan import ASSUMED_SPREAD, TARGET_MDE, choose, gpu_plan, markdown
+    from bpo_algos.experiments.presets import PRESETS
+
+    preset = PRESETS["gpu"]
+    plan = gpu_plan(preset)
+    assert set(plan) == set(preset.envs)
+    for env, row in plan.items():
+        assert row["mde"] <= TARGET_MDE, (env, row)
+        assert ASSUMED_SPREAD[env]["source"] in row["sd_source"]
+        assert row["runs"] == row["seeds"] * len(preset.algorithms)
+        assert row["flops_total"] == pytest.approx(row["runs"] * row["flops_per_run"]["total"])
+        assert row["days_on_8xH100"] == pytest.approx(row["gpu_hours"] / 8 / 24)
+        best = choose(preset, env)  # the preset's seeds and episodes are the cheapest that detect 4 points
+        assert (best["seeds"], best["eval_episodes"]) == (row["seeds"], row["eval_episodes"]), (env, best, row)
+    assert plan["swebench"]["eval_episodes"] == 1 and plan["swebench"]["eval_tasks"] == 500
+    assert "| alfworld |" in markdown(plan)
