@@ -38,6 +38,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["exact", "probe"])
 def test_offered_rules_are_unbiased(rule):
     row = z_scores(rule, BATCHES)
@@ -45,6 +46,7 @@ def test_offered_rules_are_unbiased(rule):
     assert row["branch_points_per_tree"] > 0.2, row  # the rule does branch
 
 
+@pytest.mark.slow
 def test_branching_on_the_backbones_sampled_reasoning_is_biased():
     row = z_scores("sampled-reasoning", BATCHES)
     assert row["max_abs_z"] > Z_MAX, f"the rule-1 violation went undetected: {row}"
