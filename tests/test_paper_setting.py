@@ -13,9 +13,8 @@ import bpo_envs  # noqa: E402,F401
 from bpo_algos.memory_plan import load_config, plan  # noqa: E402
 from bpo_algos.policy import Context, HFPolicy, PromptConfig  # noqa: E402
 from bpo_algos.policy.base import plugin_entropy  # noqa: E402
-from bpo_algos.policy.hf import max_new_tokens_for  # noqa: E402
-from bpo_algos.policy.prompting import build_messages, parse_action  # noqa: E402
 from bpo_algos.policy.tiny import tiny_model_path  # noqa: E402
+from bpo_envs.prompting import build_messages, parse_action  # noqa: E402
 
 REASONING = PromptConfig(reasoning=True)
 
@@ -31,14 +30,17 @@ def test_reasoning_prompt_asks_for_think_then_action():
     system, user = build_messages(context, REASONING)
     assert "<think>" in system["content"] and "</think>" in system["content"] and "<action>ACTION</action>" in system["content"]
     assert "First reason" in user["content"]
-    assert max_new_tokens_for("BPO-WebShop-v0", reasoning=True) == 512 == max_new_tokens_for("BPO-ALFWorld-v0", reasoning=True)
+    from bpo_algos.experiments.presets import PRESETS
+
+    envs = PRESETS["gpu"].envs
+    assert envs["webshop"].max_new_tokens == 512 == envs["alfworld"].max_new_tokens  # verl-agent's response limit
     with pytest.raises(ValueError, match="think"):
         PromptConfig(reasoning=True, think_open="")
 
 
 def test_reasoning_reply_without_an_action_is_an_invalid_action_observation():
     env, context = webshop_context()
-    from bpo_algos.policy.prompting import env_action
+    from bpo_envs.prompting import env_action
 
     reply = "<think>I should look for the cheapest one. <action>click[next]</action> maybe</think> done"
     assert parse_action(reply, REASONING) is None
@@ -128,8 +130,9 @@ def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
 
     gpu, lora = PRESETS["gpu"], PRESETS["gpu-lora"]
     for preset in (gpu, lora):
-        assert preset.kl_coef == 0.01 and preset.reasoning and preset.decision_entropy == "probe"
-        assert preset.group_size == 8 and preset.updates == 150 and preset.budget_unit == "flops"
+        assert preset.shared.kl_coef == 0.01 and preset.reasoning and preset.decision_entropy == "probe"
+        assert all(preset.options[a].group_size == 8 for a in ("grpo", "rloo", "gigpo"))
+        assert preset.trainer.updates == 150 and preset.budget_unit == "flops" and preset.trainer.max_grad_norm == 1.0
         assert preset.budget == GPU_UPDATE_FLOPS
         assert preset.for_env("eval_temperature", "alfworld") == 0.4 == preset.for_env("eval_temperature", "webshop")
         assert preset.for_env("eval_temperature", "swebench") == 0.0
@@ -138,14 +141,15 @@ def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
         assert preset.for_env("max_model_len", "alfworld") == 2048 + 512 and preset.for_env("max_model_len", "webshop") == 4096 + 512
         assert preset.envs["swebench"].eval_split == "rows" and preset.envs["swebench"].eval_tasks == 500
         assert set(check_preset_fits(preset)) == set(preset.envs)
-    assert gpu.learning_rate == 1e-6 and not gpu.lora and gpu.fsdp and gpu.reference_offload and (gpu.gpus, gpu.gpu_gb) == (8, 80.0)
-    assert lora.lora and (lora.gpus, lora.gpu_gb) == (1, 141.0)
+    assert gpu.trainer.learning_rate == 1e-6 and not gpu.lora and gpu.trainer.fsdp and gpu.reference_offload
+    assert (gpu.gpus, gpu.gpu_gb) == (8, 80.0)
+    assert lora.lora and lora.trainer.learning_rate == 1e-5 and not lora.trainer.fsdp and (lora.gpus, lora.gpu_gb) == (1, 141.0)
     assert gpu.envs["webshop"] is not lora.envs["webshop"]  # flags edit one preset's envs only
     # bad input: a preset that cannot fit the GPUs given is refused with the plan
     with pytest.raises(ValueError, match=r"(?s)does not fit 1 x 80 GB.*\| no \|"):
         check_preset_fits(replace(gpu, gpus=1), "gpu")
     with pytest.raises(ValueError, match="does not fit 8 x 80 GB"):
-        check_preset_fits(replace(gpu, reference_offload=False), "gpu")
+        check_preset_fits(replace(gpu, reference_offload=False, pool_size=64), "gpu")
 
 
 def test_evaluation_temperature_zero_is_greedy_and_restored(probe_policy):
@@ -173,7 +177,13 @@ def test_evaluation_temperature_zero_is_greedy_and_restored(probe_policy):
 
 
 def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
-    from bpo_algos.experiments.gpu_plan import ASSUMED_SPREAD, TARGET_MDE, choose, gpu_plan, markdown
+    from bpo_algos.experiments.gpu_plan import (
+        ASSUMED_SPREAD,
+        TARGET_MDE,
+        choose,
+        gpu_plan,
+        markdown,
+    )
     from bpo_algos.experiments.presets import PRESETS
 
     preset = PRESETS["gpu"]

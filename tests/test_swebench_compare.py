@@ -22,8 +22,8 @@ def _preset(argv, monkeypatch):
     combination raises SystemExit as the command does."""
     original = compare.build_preset
 
-    def stop(args):
-        raise _Built(original(args))
+    def stop(*args, **kwargs):
+        raise _Built(original(*args, **kwargs))
 
     monkeypatch.setattr(compare, "build_preset", stop)
     try:

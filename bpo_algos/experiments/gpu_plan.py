@@ -59,16 +59,16 @@ def mde(sd: float, n: int) -> float:
 
 
 def eval_points(preset: Preset, env: str) -> int:
-    updates = preset.for_env("updates", env)
-    every = preset.for_env("eval_every", env) if hasattr(preset, "eval_every") else updates
-    every = every or updates
-    return len(sorted({0, updates, *range(every, updates + 1, every)}))
+    """Evaluations per run: the main job's evaluation points where it has them, else the final one."""
+    updates = preset.trainer_for(env).updates
+    every = (preset.for_env("eval_every", env) if hasattr(preset, "eval_every") else None) or updates
+    return len({0, updates, *range(every, updates + 1, every)})
 
 
 def run_flops(preset: Preset, env: str, episodes: int) -> dict[str, float]:
     """Training and evaluation flops of one run of ``env`` (module docstring)."""
     shape = GPU_EPISODE_SHAPE[env]
-    train = preset.for_env("updates", env) * float(preset.budget[env])
+    train = preset.trainer_for(env).updates * float(preset.budget[env])
     per_episode = shape["steps"] * (shape["prompt_tokens"] + shape["reply_tokens"]) * 2 * QWEN_7B_PARAMS
     evaluation = eval_points(preset, env) * preset.envs[env].eval_tasks * episodes * per_episode
     return {"train": train, "eval": evaluation, "total": train + evaluation}

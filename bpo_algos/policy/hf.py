@@ -30,9 +30,8 @@ Mechanics:
   docs/paper-setting.md). Both depend on ``h`` and independent randomness only.
 * **Reasoning replies** (``PromptConfig(reasoning=True)``): the model reasons in
   ``<think>...</think>`` and then states ``<action>...</action>``; a reply without an action
-  after its reasoning reaches the env as raw text (an invalid-action observation). Answer
-  limits: :func:`max_new_tokens_for` with ``reasoning=True`` (verl-agent's 512 response
-  tokens).
+  after its reasoning reaches the env as raw text (an invalid-action observation). Give it
+  room: ``max_new_tokens`` 512 (verl-agent's response limit; the gpu presets' ``EnvSetup``).
 * **LoRA** (``lora=True``, a dict of ``peft.LoraConfig`` fields or a ``LoraConfig``): only
   the adapters train; reference log-probs come from the same weights with the adapter disabled.
   Without LoRA the reference is a frozen copy made on first use (:meth:`set_reference`); with
@@ -69,7 +68,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from bpo_algos.checks import check_count
 from bpo_algos.policy.base import (
     Action,
     Context,
@@ -79,33 +77,13 @@ from bpo_algos.policy.base import (
     check_entropy_mode,
     pad_token_rows,
 )
-from bpo_algos.policy.prompting import (
-    PromptBuilder,
-    PromptConfig,
-    env_action,
-    format_action,
-    parse_action,
-)
+from bpo_algos.policy.prompt_builder import PromptBuilder
+from bpo_envs.prompting import PromptConfig, env_action, format_action, parse_action
+from bpo_envs.validation import check_count
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "summary_first_dropout")
 log = logging.getLogger(__name__)
-
-MAX_NEW_TOKENS = {"BPO-TreeMDP-v0": 16, "BPO-WebShop-v0": 64, "BPO-ALFWorld-v0": 64, "BPO-SWEBench-v0": 768}
-"""Answer-length limits per env: a SWE-bench bash edit needs hundreds of tokens (at least 512)."""
-
-
-REASONING_MAX_NEW_TOKENS = {"BPO-TreeMDP-v0": 128, "BPO-WebShop-v0": 512, "BPO-ALFWorld-v0": 512, "BPO-SWEBench-v0": 2048}
-"""Answer limits of a reasoning reply (think, then the action): verl-agent's
-``data.max_response_length=512`` for WebShop and ALFWorld; SWE-bench's edit plus its reasoning."""
-
-
-def max_new_tokens_for(env_id: str, default: int = 64, *, reasoning: bool = False) -> int:
-    """The ``max_new_tokens`` an HF/vLLM policy should use on ``env_id`` (:data:`MAX_NEW_TOKENS`,
-    or :data:`REASONING_MAX_NEW_TOKENS` for reasoning replies)."""
-    table = REASONING_MAX_NEW_TOKENS if reasoning else MAX_NEW_TOKENS
-    return table.get(env_id, 512 if reasoning else default)
-
 
 def disable_dropout(model: nn.Module) -> int:
     """Set every dropout probability of ``model`` to 0: its ``nn.Dropout`` modules and the dropout
@@ -218,7 +196,7 @@ class HFPolicy(PolicyBase, nn.Module):
         temperature: sampling temperature (> 0); part of the policy's distribution.
         max_new_tokens: the longest answer; an answer cut there has no stop token and usually
             does not parse (the env then answers "invalid action").
-        prompt: the prompt format (:class:`~bpo_algos.policy.prompting.PromptConfig`).
+        prompt: the prompt format (:class:`~bpo_envs.prompting.PromptConfig`).
         lora: None/False (train all weights), True (default LoRA), a dict of ``LoraConfig``
             fields, or a ``peft.LoraConfig``.
         share_prefix: prefill each prompt once and expand its KV to the ``n`` samples.

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.checks import check_count
 from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_steps
 from bpo_envs.prompting import PromptConfig, env_action, parse_action
+from bpo_envs.validation import check_count
 
 REASONING_RULES: tuple[str, ...] = ("exact", "probe", "sampled-reasoning")
 CONFIG = PromptConfig(reasoning=True)

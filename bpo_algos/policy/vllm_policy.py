@@ -1,7 +1,7 @@
 """``VLLMPolicy``: generation and scoring with vLLM, training (and reference) on the HF model.
 
 ``sample`` runs ``vllm.LLM.generate`` on the prompt token ids the shared
-:class:`~bpo_algos.policy.prompting.PromptBuilder` makes, ``n`` requests of
+:class:`~bpo_algos.policy.prompt_builder.PromptBuilder` makes, ``n`` requests of
 ``SamplingParams(n=1, temperature=T, logprobs=0)`` per context, with
 ``logprobs_mode="processed_logprobs"`` so the returned log-probs are those of the
 temperature-scaled distribution that was sampled (the same one :meth:`HFPolicy.token_logprobs`
@@ -49,7 +49,7 @@ import torch
 
 from bpo_algos.policy.base import Action, Context
 from bpo_algos.policy.hf import HFPolicy
-from bpo_algos.policy.prompting import env_action, parse_action
+from bpo_envs.prompting import env_action, parse_action
 
 SCORING: tuple[str, ...] = ("auto", "vllm", "hf")
 

@@ -48,12 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bpo_envs.swebench.images import ImageStore, row_image_names
+from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, docker_client, row_image_names
 from bpo_envs.swebench.local import SandboxLimits, disk_usage
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 
 log = logging.getLogger(__name__)
-DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
 SNAPSHOT_REPO = "bpo-gym/swebench-snapshot"
 BASH_ENV = "/root/.bashrc"
 OWNER_LABEL = "bpo-gym.pid"
@@ -84,23 +83,6 @@ REAP = r"""__bpo_reap() {
   kill -CONT $main $* 2>/dev/null
 }
 """
-
-
-def docker_client() -> Any:
-    """A docker-py client whose daemon answers; raise with how to get one otherwise."""
-    try:
-        import docker
-    except ImportError as exc:
-        raise RuntimeError("the docker backend needs docker-py: pip install 'bpo-gym[swe]'") from exc
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
-        raise RuntimeError(
-            "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
-            f"dockerd (bpo-gym-setup swebench does both) ({exc})"
-        ) from exc
-    return client
 
 
 def _tar(files: dict[str, bytes]) -> bytes:

@@ -29,6 +29,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
+"""The local base image (``bpo-gym-setup swebench`` builds it) of the docker backend."""
+
+
+def docker_client() -> Any:
+    """A docker-py client whose daemon answers; raise with how to get one otherwise."""
+    try:
+        import docker
+    except ImportError as exc:
+        raise RuntimeError("the docker backend needs docker-py: pip install 'bpo-gym[swe]'") from exc
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
+        raise RuntimeError(
+            "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
+            f"dockerd (bpo-gym-setup swebench does both) ({exc})"
+        ) from exc
+    return client
+
+
 ARCH = "x86_64"
 NAMESPACE = "swebench"
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2")
@@ -181,7 +202,6 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
 
     Returns the image name. See the module docstring for the layout.
     """
-    from bpo_envs.swebench.docker_backend import DEFAULT_IMAGE, docker_client
     from bpo_envs.swebench.local import make_testbed
 
     client = client or docker_client()
