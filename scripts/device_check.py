@@ -65,7 +65,9 @@ def build_model(shape: str, device: str, model_path: str | None) -> tuple[Any, d
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if shape == "tiny" or model_path:
-        model = AutoModelForCausalLM.from_pretrained(model_path or str(tiny_model_path()), dtype=torch.bfloat16)
+        # the CPU check keeps an fp32 base (bf16 matmuls are slow on CPUs); adapters are fp32 either way
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_path or str(tiny_model_path()), dtype=dtype)
         return model, model.config.to_dict()
     config = load_config(SHAPES[shape])
     fields = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype", "model_type")}

@@ -199,3 +199,35 @@ def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
         assert (best["seeds"], best["eval_episodes"]) == (row["seeds"], row["eval_episodes"]), (env, best, row)
     assert plan["swebench"]["eval_episodes"] == 1 and plan["swebench"]["eval_tasks"] == 500
     assert "| alfworld |" in markdown(plan)
+
+
+def _built_preset(argv, monkeypatch):
+    """The preset ``bpo-compare argv`` would run (nothing trains)."""
+    from bpo_algos.experiments import compare
+
+    built = {}
+    original = compare.build_preset
+
+    def stop(*args, **kwargs):
+        built["preset"] = original(*args, **kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(compare, "build_preset", stop)
+    with pytest.raises(SystemExit) as exc:
+        compare.main(argv)
+    if "preset" not in built:
+        raise exc.value
+    return built["preset"]
+
+
+def test_bad_paper_setting_flags_fail_before_training(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="decision_entropy"):
+        _built_preset(["--smoke", "--out", str(tmp_path), "--decision-entropy", "sampled"], monkeypatch)
+    with pytest.raises(SystemExit, match="probe_samples"):
+        _built_preset(["--smoke", "--out", str(tmp_path), "--decision-entropy", "probe", "--probe-samples", "1"], monkeypatch)
+    with pytest.raises(SystemExit, match="eval-temperature"):
+        _built_preset(["--smoke", "--out", str(tmp_path), "--eval-temperature", "-1"], monkeypatch)
+    with pytest.raises(SystemExit, match=r"(?s)gpu-lora preset does not fit 1 x 40 GB.*\| no \|"):
+        _built_preset(["--preset", "gpu-lora", "--envs", "webshop", "--out", str(tmp_path), "--gpu-gb", "40"], monkeypatch)
+    preset = _built_preset(["--preset", "gpu-lora", "--envs", "webshop", "--out", str(tmp_path), "--probe-samples", "6"], monkeypatch)
+    assert preset.probe_samples == 6 and preset.reasoning and set(preset.envs) == {"webshop"}

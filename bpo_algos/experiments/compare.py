@@ -66,6 +66,7 @@ from bpo_algos.experiments.runner import (
 )
 from bpo_algos.experiments.stats import aggregate
 from bpo_algos.memory_plan import check_preset_fits
+from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import algorithm_factory, registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
 
@@ -153,6 +154,11 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
         raise SystemExit(f"--budget-unit: {exc}") from exc
     apply_data_sources(preset, args, name)
     try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+        check_entropy_mode(preset.decision_entropy, preset.probe_samples)
+        if preset.eval_temperature is not None:
+            temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
+            if any(t is not None and not t >= 0 for t in temperatures):
+                raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
         check_preset_fits(preset, name)
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
