@@ -212,8 +212,8 @@ def _built_preset(argv, monkeypatch):
         built["preset"] = original(*args, **kwargs)
         raise SystemExit(0)
 
-    monkeypatch.setattr(compare, "build_preset", stop)
-    with pytest.raises(SystemExit) as exc:
+    with monkeypatch.context() as patch, pytest.raises(SystemExit) as exc:
+        patch.setattr(compare, "build_preset", stop)
         compare.main(argv)
     if "preset" not in built:
         raise exc.value

@@ -82,22 +82,23 @@ def test_overlapping_swe_bench_train_and_evaluation_rows_are_an_error_naming_the
         _preset(["--smoke", "--out", str(tmp_path), "--swe-disjoint-repos"], monkeypatch)
 
 
-def test_rows_split_evaluates_every_given_row_in_order_and_refuses_shared_ids(tmp_path):
+def test_rows_split_evaluates_every_given_row_in_order_and_refuses_shared_ids():
+    """``eval_split="rows"`` (how SWE-bench evaluates on --swe-instances): the evaluation env is
+    made with ``eval_kwargs`` and its tasks are taken in order; a task id it shares with the
+    training env is an error. Shown on WebShop's splits, whose envs need no sandbox."""
     from bpo_algos.experiments.presets import EnvSetup
     from bpo_algos.experiments.runner import task_split_with_provenance
 
-    pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gym[swe]'")
-    train = _rows(tmp_path / "t.jsonl", ["t-1", "t-2", "t-3"])
-    evaluation = _rows(tmp_path / "e.jsonl", ["e-3", "e-1", "e-2"])
-    setup = EnvSetup("BPO-SWEBench-v0", {"instances": train, "backend": "local"}, train_tasks=2, eval_tasks=500,
-                     eval_split="rows", eval_kwargs={"instances": evaluation})
-    try:
-        train_tasks, eval_tasks, data = task_split_with_provenance(setup)
-    except RuntimeError as exc:  # the local sandbox needs bubblewrap
-        pytest.skip(str(exc))
-    assert eval_tasks == ["e-3", "e-1", "e-2"] and set(train_tasks) <= {"t-1", "t-2", "t-3"} and len(train_tasks) == 2
-    setup.eval_kwargs["instances"] = _rows(tmp_path / "e2.jsonl", ["e-1", "t-2"])
-    with pytest.raises(ValueError, match="also training tasks.*t-2"):
+    setup = EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 5, "split": "train"}, train_tasks=4, eval_tasks=6,
+                     eval_split="rows", eval_kwargs={"split": "test"})
+    train_tasks, eval_tasks, data = task_split_with_provenance(setup)
+    import gymnasium as gym
+
+    test_ids = list(gym.make("BPO-WebShop-v0", split="test").unwrapped.task_ids())
+    assert eval_tasks == test_ids[:6] and len(train_tasks) == 4 and not set(train_tasks) & set(eval_tasks)
+    assert data["eval"]["eval_split"] == "rows"
+    setup.eval_kwargs = {"split": "train"}  # the training rows again: every id is shared
+    with pytest.raises(ValueError, match="also training tasks"):
         task_split_with_provenance(setup)
 
 

@@ -59,10 +59,10 @@ def mde(sd: float, n: int) -> float:
 
 
 def eval_points(preset: Preset, env: str) -> int:
-    """Evaluations per run: the main job's evaluation points where it has them, else the final one."""
-    updates = preset.trainer_for(env).updates
-    every = (preset.for_env("eval_every", env) if hasattr(preset, "eval_every") else None) or updates
-    return len({0, updates, *range(every, updates + 1, every)})
+    """Evaluations per run (the main job's evaluation points: update 0, every ``eval_every``, the last)."""
+    from bpo_algos.experiments.runner import eval_points as points
+
+    return len(points(preset, env))
 
 
 def run_flops(preset: Preset, env: str, episodes: int) -> dict[str, float]:
