@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -252,6 +253,26 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
         )
 
 
+def check_launch_fits(preset: Preset, name: str) -> None:
+    """Before training on GPUs: the launch must have the GPUs the preset is planned for. The main
+    job trains each run in one process, so a preset planned for several GPUs (the full
+    fine-tune of ``--preset gpu``, FSDP over 8) does not fit one: say so, with the way out."""
+    if not preset.gpus or not torch.cuda.is_available():
+        return
+    have = torch.cuda.get_device_properties(0).total_memory / 1e9
+    if preset.gpus > 1:
+        raise SystemExit(
+            f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}); bpo-compare "
+            "trains each run in one process: run --preset gpu-lora on one GPU, or train the preset's runs with the "
+            "Trainer under torchrun (README, data-parallel and FSDP)"
+        )
+    if have < preset.gpu_gb - 1:
+        try:
+            check_preset_fits(dataclasses.replace(preset, gpu_gb=have), name)
+        except ValueError as exc:
+            raise SystemExit(f"this GPU has {have:.0f} GB: {exc}") from exc
+
+
 def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[Any]) -> None:
     """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
     ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
@@ -348,6 +369,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from bpo_algos.experiments.plan import plan
 
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
+    check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
