@@ -231,3 +231,22 @@ def test_bad_paper_setting_flags_fail_before_training(tmp_path, monkeypatch):
         _built_preset(["--preset", "gpu-lora", "--envs", "webshop", "--out", str(tmp_path), "--gpu-gb", "40"], monkeypatch)
     preset = _built_preset(["--preset", "gpu-lora", "--envs", "webshop", "--out", str(tmp_path), "--probe-samples", "6"], monkeypatch)
     assert preset.probe_samples == 6 and preset.reasoning and set(preset.envs) == {"webshop"}
+
+
+def test_training_needs_the_gpus_the_preset_is_planned_for(monkeypatch):
+    from types import SimpleNamespace
+
+    from bpo_algos.experiments import compare
+    from bpo_algos.experiments.presets import PRESETS
+
+    compare.check_launch_fits(PRESETS["gpu"], "gpu")  # no CUDA here: nothing to check
+    memory = {"gb": 80.0}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=memory["gb"] * 1e9))
+    with pytest.raises(SystemExit, match="planned for 8 GPUs"):
+        compare.check_launch_fits(PRESETS["gpu"], "gpu")
+    memory["gb"] = 24.0
+    with pytest.raises(SystemExit, match="this GPU has 24 GB"):
+        compare.check_launch_fits(PRESETS["gpu-lora"], "gpu-lora")
+    memory["gb"] = 141.0
+    compare.check_launch_fits(PRESETS["gpu-lora"], "gpu-lora")
