@@ -37,6 +37,8 @@ class EnvSetup:
     """Overrides the preset's policy for this env."""
     sft_epochs: int | None = None
     """Overrides the preset's behaviour-cloning epochs for this env."""
+    sft_lr: float | None = None
+    """Overrides the preset's behaviour-cloning learning rate for this env."""
     eval_split: str = "held-out"
     """Where the final policy is evaluated: a split of the env (``"test"`` for WebShop's goals
     0-499, ``"valid_seen"`` / ``"valid_unseen"`` for ALFWorld: envs made with ``split=`` that
@@ -126,8 +128,8 @@ class Preset:
     grad_batches: int | dict[str, int] = 32
     """Independent batches of each gradient probe (warm start and mid-training; the bootstrap
     interval of the signal-to-noise ratio resamples them)."""
-    grad_seeds: int | None = None
-    """The first this many seeds of each env probe their gradients (None: all)."""
+    grad_seeds: int | None | dict[str, int | None] = None
+    """The first this many seeds of each env probe their gradients (None: all; per env)."""
     reference_batches: int | dict[str, int] = 64
     """RLOO batches whose mean is the reference gradient of the cosine diagnostic."""
     recorded_results: str | None = None
@@ -290,8 +292,9 @@ PRESETS: dict[str, Preset] = {
                 "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test",
             ),
             "alfworld": EnvSetup(
-                "BPO-ALFWorld-v0", {"max_episode_steps": 20, "split": "train"}, train_tasks=16, eval_tasks=16,
-                eval_split="valid_seen", sft_epochs=20,
+                "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
+                train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
+                trainer={"updates": 12},
             ),
         },
         trainer=_trainer(updates=20, learning_rate=1e-3),
@@ -301,12 +304,14 @@ PRESETS: dict[str, Preset] = {
         comparator="rloo",
         sft_epochs=4,
         sft_lr=3e-3,
-        seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2, 3)},
-        budget={"webshop": 256, "alfworld": 160},
-        eval_every=5,
-        eval_episodes=4,
+        seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
+        budget={"webshop": 256, "alfworld": 800},
+        eval_every={"webshop": 5, "alfworld": 6},
+        eval_episodes={"webshop": 4, "alfworld": 2},
         grad_batches=32,
-        grad_seeds=1,
+        # probes on WebShop's first seed; on ALFWorld 2 x 32 batches of 800 env steps per
+        # algorithm would cost about as much as the whole comparison there
+        grad_seeds={"webshop": 1, "alfworld": 0},
         reference_batches=64,
         # compute_to_threshold: halfway from the warm start to these
         target_success={"webshop": 0.6, "alfworld": 0.5},
@@ -421,7 +426,9 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-PER_ENV_FIELDS: tuple[str, ...] = ("budget", "seeds", "eval_episodes", "eval_every", "grad_batches", "reference_batches", "target_success")
+PER_ENV_FIELDS: tuple[str, ...] = (
+    "budget", "seeds", "eval_episodes", "eval_every", "grad_batches", "grad_seeds", "reference_batches", "target_success",
+)
 """The fields that may be a dict keyed by env name (:meth:`Preset.for_env`)."""
 
 

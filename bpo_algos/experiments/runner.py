@@ -47,16 +47,18 @@ from bpo_algos.trainer import Trainer, TrainerConfig
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
     """The initial policy of one (env, seed): the same object state for every algorithm.
 
-    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy`; ``tabular``
+    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``scorer-memory``:
+    with its ALFWorld episode-memory features, ``memory="alfworld"``); ``tabular``
     starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
     is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder).
     """
     name = setup.policy or preset.policy
-    if name == "scorer":
+    if name in ("scorer", "scorer-memory"):
         from bpo_algos.policy.scorer import TextScorerPolicy
 
-        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed)
+        memory = "alfworld" if name == "scorer-memory" else None
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory)
         return warm_start(policy, preset, setup, tasks, seed)
     if name == "tabular":
         return TabularPolicy(temperature=preset.temperature, seed=seed)
@@ -113,11 +115,29 @@ def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], s
     """Behaviour cloning on the env expert's trajectories of ``tasks`` (``sft_epochs``)."""
     epochs = preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs
     if epochs:
-        from bpo_algos.policy.sft import behaviour_cloning, expert_demos
+        from bpo_algos.policy.sft import behaviour_cloning
 
-        demos = expert_demos(env_factory(setup), tasks, seed=seed)
-        behaviour_cloning(policy, demos, epochs=epochs, lr=preset.sft_lr, seed=seed)
+        demos = _expert_demos(setup, tasks, seed)
+        lr = preset.sft_lr if setup.sft_lr is None else setup.sft_lr
+        behaviour_cloning(policy, demos, epochs=epochs, lr=lr, seed=seed)
     return policy
+
+
+_DEMOS: dict[str, Any] = {}
+
+
+def _expert_demos(setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+    """The expert's demos of ``tasks``, kept per process: an expert whose episodes do not
+    depend on the reset seed (ALFWorld's: a task id fixes the game) gives every seed the same
+    demos, so they are collected once."""
+    from bpo_algos.policy.sft import expert_demos
+
+    seedless = setup.env_id == "BPO-ALFWorld-v0"
+    key = repr((setup.env_id, sorted(setup.kwargs.items()), tasks, None if seedless else seed))
+    if key not in _DEMOS:
+        _DEMOS.clear()  # one env's demos at a time
+        _DEMOS[key] = expert_demos(env_factory(setup), tasks, seed=seed)
+    return _DEMOS[key]
 
 
 def algorithm_class(factory: Any) -> type[Algorithm] | None:
