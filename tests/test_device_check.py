@@ -44,3 +44,18 @@ def test_device_check_lists_what_is_missing(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "scripts/device_check.sh"), "--device", "cpu"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 3
     assert "missing python packages" in out.stderr and "torch" in out.stderr and "pip download" in out.stderr
+
+
+@pytest.mark.parametrize(("shape", "billions"), [("1.5b", 1.54), ("7b", 7.62)])
+def test_device_check_builds_the_real_shapes_from_the_bundled_configs(shape, billions):
+    """The GPU run's models (built on the meta device here: no memory) have the memory plan's
+    parameter count: the plan it is measured against describes the model it runs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from device_check import build_model
+
+    from bpo_algos.memory_plan import ModelShape
+
+    model, config = build_model(shape, "meta", None)
+    count = sum(p.numel() for p in model.parameters())
+    assert count == ModelShape.from_config(config).params()
+    assert count / 1e9 == pytest.approx(billions, abs=0.01)
