@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.swebench.owners import owner_labels, run_dir
+
 ARCH = "x86_64"
 NAMESPACE = "swebench"
 TARBALL_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2")
@@ -195,7 +197,7 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
     if not store.has(base_image):
         raise RuntimeError(f"the base image {base_image} is missing: run bpo-gym-setup swebench")
     buf = io.BytesIO()
-    with tempfile.TemporaryDirectory(prefix="bpo-swe-img-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="img-", dir=run_dir()) as tmp:
         make_testbed(Path(tmp) / "testbed", row["repo_path"], row["base_commit"])
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(Path(tmp) / "testbed", arcname="testbed")
@@ -204,7 +206,7 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     box = client.containers.run(base_image, ["sleep", "infinity"], detach=True, init=True,
-                                network_mode="none", labels={"bpo-gym": "swebench-build"})
+                                network_mode="none", labels={"bpo-gym": "swebench-build", **owner_labels()})
     try:
         box.exec_run(["rm", "-rf", "/testbed"])
         box.put_archive("/", buf.getvalue())
