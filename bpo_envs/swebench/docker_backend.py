@@ -44,7 +44,8 @@ Under load and faults: docker calls of all the envs of a process go through one 
 (:func:`set_max_docker_calls`, default ``$BPO_GYM_DOCKER_CALLS`` or 8 calls in flight; a
 command's output is streamed outside it), so an overloaded daemon queues calls instead of
 timing them out. A call that cannot reach the daemon (it is restarting) is retried for up to
-``daemon_wait_s`` seconds (:func:`set_daemon_wait`, default ``$BPO_GYM_DOCKER_WAIT`` or 120)
+``daemon_wait_s`` seconds (once a daemon answered this process: a host with no daemon fails at
+once) (:func:`set_daemon_wait`, default ``$BPO_GYM_DOCKER_WAIT`` or 120)
 before it raises. When the daemon restarted (or a container died), the env's container is
 gone: the next step raises :class:`SandboxLostError`, which the rollout engine's recovery
 handles (the env is replaced and the path rebuilt from its nearest snapshot: snapshot images
@@ -133,6 +134,7 @@ _limits_lock = threading.Lock()
 _max_calls = max(1, int(os.environ.get("BPO_GYM_DOCKER_CALLS", "8")))
 _calls = threading.BoundedSemaphore(_max_calls)
 _daemon_wait_s = float(os.environ.get("BPO_GYM_DOCKER_WAIT", "120"))
+_seen_daemon = False  # a daemon answered this process once: an unreachable one is restarting
 
 
 def set_max_docker_calls(n: int) -> None:
@@ -174,7 +176,7 @@ def _unreachable(exc: BaseException) -> bool:
 def docker_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` within the process's bound on calls in flight, retried while the
     daemon cannot be reached, for up to the daemon wait (see the module docstring)."""
-    deadline = time.monotonic() + _daemon_wait_s
+    deadline = time.monotonic() + (_daemon_wait_s if _seen_daemon else 0.0)
     delay = 0.2
     while True:
         sem = _calls
@@ -183,7 +185,7 @@ def docker_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - sorted below
                 if not _unreachable(exc) or time.monotonic() >= deadline:
-                    if _unreachable(exc):
+                    if _unreachable(exc) and _seen_daemon:
                         raise DaemonUnavailableError(
                             f"the Docker daemon did not answer for {_daemon_wait_s:g} s (the "
                             f"daemon wait, BPO_GYM_DOCKER_WAIT): {type(exc).__name__}: {exc}"
@@ -196,19 +198,23 @@ def docker_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 def docker_client() -> Any:
     """A docker-py client whose daemon answers (waiting up to the daemon wait for one that is
-    restarting); raise with how to get one otherwise."""
+    restarting, once a daemon answered this process); raise with how to get one otherwise."""
     try:
         import docker
     except ImportError as exc:
         raise RuntimeError("the docker backend needs docker-py: pip install 'bpo-gym[swe]'") from exc
+    global _seen_daemon
     try:
         client = docker.from_env(timeout=120)
         docker_call(client.ping)
+        _seen_daemon = True
     except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
-        raise RuntimeError(
+        from bpo_envs.system import MissingPartError
+
+        raise MissingPartError(
             "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
             f"dockerd (bpo-gym-setup swebench does both); waited {_daemon_wait_s:g} s "
-            f"(BPO_GYM_DOCKER_WAIT) ({exc})"
+            f"(BPO_GYM_DOCKER_WAIT) ({exc})", "swebench"
         ) from exc
     return client
 

@@ -213,9 +213,11 @@ class PidsCgroup:
 def require_bwrap() -> str:
     path = shutil.which("bwrap")
     if path is None:
-        raise RuntimeError(
+        from bpo_envs.system import MissingPartError
+
+        raise MissingPartError(
             "the local SWE-bench backend runs commands under bubblewrap, which is not installed: "
-            "apt-get install bubblewrap (or run bpo-gym-setup swebench)"
+            "apt-get install bubblewrap (or run bpo-gym-setup swebench)", "swebench"
         )
     return path
 

@@ -33,6 +33,15 @@ SETUP_COMMAND = "bpo-gym-setup"
 """The command every "not installed" error names."""
 
 
+class MissingPartError(RuntimeError):
+    """A system part an env needs is not installed here (``part``: the set-up part that installs
+    it). The one error the test suite may skip for: any other failure of an env is a bug."""
+
+    def __init__(self, message: str, part: str) -> None:
+        super().__init__(message)
+        self.part = part
+
+
 def script(part: str) -> Path:
     """The shell script of ``part``."""
     if part not in PARTS:
