@@ -314,7 +314,7 @@ class DockerBackend:
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.client = docker_client()
-        clean_up_now_and_then("docker", local=False, client=self.client)
+        clean_up_now_and_then("docker", client=self.client)
         check_capacity(self.client, 1, self.limits)
         self.store = ImageStore(self.client, images_dir)
         self.grading_network = bool(grading_network)
