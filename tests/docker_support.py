@@ -48,10 +48,9 @@ def restart_dockerd(down_s: float = 3.0, timeout: float = 90.0) -> float:
     log = open("/var/log/bpo-dockerd.log", "ab")  # noqa: SIM115 - handed to the daemon
     subprocess.Popen([a.decode() for a in argv], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
-    client = docker.from_env(timeout=10)
     while time.monotonic() - t0 < timeout:
         try:
-            client.ping()
+            docker.from_env(timeout=10).ping()
             return time.monotonic() - t0
         except Exception:  # noqa: BLE001 - still starting
             time.sleep(0.2)

@@ -92,6 +92,8 @@ OWNER_LABEL = LABEL_PID
 made it (beside its host, start time and run id: ``bpo_envs.swebench.owners``)."""
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
 """The capabilities a container keeps (all others are dropped)."""
+KILLED_RC = 199
+"""The wrapper's exit code for a command killed by SIGKILL (reported as 137)."""
 MIN_FREE_DISK_BYTES = 1 << 30
 """An env does not start when the daemon's disk has less free space than this."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
@@ -478,7 +480,9 @@ class DockerBackend:
         wrapped = (
             f"{REAP}exec 3> >(head -c {cap}) 2>/dev/null; out=$!\n"
             f"{bash_env}timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null >&3 2>&3\n"
-            "rc=$?; __bpo_reap $out; exec 3>&-; wait $out; exit $rc"
+            # a command killed by SIGKILL exits 137; the wrapper says so with 199, so that a 137
+            # from the exec means the wrapper itself was killed (the container is dying)
+            f"rc=$?; __bpo_reap $out; exec 3>&-; wait $out; [ $rc = 137 ] && rc={KILLED_RC}; exit $rc"
         )
         api = self.client.api
         exec_id = self._exec_create(box, ["bash", "-c", wrapped], workdir="/testbed",
@@ -513,8 +517,15 @@ class DockerBackend:
             done.set()
             if watcher is not None:
                 watcher.join()
-        if rc is None:  # the stream ended but the command did not: the container was stopped
-            raise self._lost(box, RuntimeError("the command's stream ended without an exit code"))
+        if rc is None or (rc == 137 and not over.is_set()):
+            # no exit code, or the wrapper itself was killed: the container is dying (the output
+            # is not the command's: raise, so the path is rebuilt instead of seeing a wrong
+            # observation), unless it still runs after a while (the OOM killer chose the wrapper)
+            lost = self._lost(box, RuntimeError(f"the command's shell ended with exit code {rc}"), wait=2.0)
+            if rc is None or isinstance(lost, SandboxLostError):
+                raise lost
+        elif rc == KILLED_RC:
+            rc = 137
         text, elided = collector.result()
         # timeout(1) -s KILL exits 128 + 9 when it fired
         timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5 and not over.is_set()
@@ -538,19 +549,25 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             raise self._lost(box, exc) from exc
 
-    def _lost(self, box: Any, exc: BaseException) -> BaseException:
-        """``exc`` as a :class:`SandboxLostError` when ``box`` is no longer running."""
+    def _lost(self, box: Any, exc: BaseException, wait: float = 0.0) -> BaseException:
+        """``exc`` as a :class:`SandboxLostError` when ``box`` is no longer running (polled for
+        up to ``wait`` seconds: a killed container is marked exited a little later)."""
         import docker
 
         if isinstance(exc, SandboxLostError | DaemonUnavailableError):
             return exc
-        try:
-            docker_call(box.reload)
-            running = box.status == "running"
-        except docker.errors.NotFound:
-            running = False
-        except Exception:  # noqa: BLE001 - the daemon is unreachable: the container is lost too
-            running = False
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                docker_call(box.reload)
+                running = box.status == "running"
+            except docker.errors.NotFound:
+                running = False
+            except Exception:  # noqa: BLE001 - the daemon is unreachable: the container is lost too
+                running = False
+            if not running or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         if running:
             return exc
         return SandboxLostError(
