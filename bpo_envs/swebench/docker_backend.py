@@ -439,9 +439,15 @@ class DockerBackend:
         if old is not None:
             # removing takes ~150 ms; the new container does not wait for it (close() does)
             self._reap()
-            thread = threading.Thread(target=self._remove, args=(old,), daemon=True)
+            thread = threading.Thread(target=self._remove_then_retry, args=(old,), daemon=True)
             thread.start()
             self._removals.append(thread)
+
+    @classmethod
+    def _remove_then_retry(cls, box: Any) -> None:
+        """Remove ``box``, then the released snapshot images it was still using."""
+        cls._remove(box)
+        _retry_pending_images()
 
     @staticmethod
     def _remove(box: Any) -> None:
