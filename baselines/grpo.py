@@ -7,38 +7,42 @@ form ``A_i = R_i - mean_j R_j``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bpo_algos.advantages import GRPO_SCALES
-from bpo_algos.algorithm import Algorithm
-from bpo_algos.checks import check_count
-from bpo_algos.registry import register_algorithm
+from bpo_algos.algorithm import Algorithm, Options
+from bpo_algos.tree import RolloutTree
+from bpo_envs.validation import check_count
+
+
+@dataclass
+class GRPOOptions(Options):
+    """GRPO's own options."""
+
+    group_size: int = 8
+    """``N >= 2`` trajectories per task from the root snapshot."""
+    scale: str = "group"
+    """``group`` (divide by the group's std, as published) or ``none`` (Dr. GRPO)."""
+    eps: float = 1e-6
+    """Added to the std with ``scale="group"``."""
+
+    def __post_init__(self) -> None:
+        check_count("group_size", self.group_size, 2)
+        if self.scale not in GRPO_SCALES:
+            raise ValueError(f"scale must be one of {GRPO_SCALES}, got {self.scale!r}")
 
 
 class GRPO(Algorithm):
     """Group Relative Policy Optimization over ``group_size`` rollouts from the root snapshot."""
 
     name = "grpo"
-
-    def __init__(self, group_size: int = 8, scale: str = "group", eps: float = 1e-6, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.group_size = check_count("group_size", group_size, 2)
-        if scale not in GRPO_SCALES:
-            raise ValueError(f"scale must be one of {GRPO_SCALES}, got {scale!r}")
-        self.scale = scale
-        self.eps = eps
+    Options = GRPOOptions
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]
-        return self.group_size
+        return self.options.group_size
 
-    advantage_estimator = "grpo"
-
-    def advantage_options(self) -> dict[str, Any]:
-        return {"scale": self.scale, "eps": self.eps}
-
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "group_size": self.group_size, "scale": self.scale}
-
-
-register_algorithm("grpo", GRPO)
+    def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
+        return "grpo", {"scale": self.options.scale, "eps": self.options.eps}

@@ -22,76 +22,82 @@ Defaults are those of the repository's web-agent script (``train_webagent_tree_s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from bpo_algos.advantages import as_batch, groups_by_task
-from bpo_algos.algorithm import Algorithm
-from bpo_algos.checks import check_count
-from bpo_algos.registry import register_algorithm
+from bpo_algos.advantages import groups_by_task
+from bpo_algos.algorithm import Algorithm, Options
 from bpo_algos.tree import Edge, Node, RolloutTree
+from bpo_envs.validation import check_count
+
+
+@dataclass
+class TreeGRPOOptions(Options):
+    """Tree-GRPO's own options (the repository's names in brackets)."""
+
+    m: int = 2
+    """Trees per task (``ts_m``)."""
+    n: int = 2
+    """Nodes expanded per tree and iteration (``ts_n``)."""
+    l: int = 1  # noqa: E741
+    """Expansion iterations (``ts_l``)."""
+    k: int = 3
+    """Leaves kept per tree, at most ``1 + n * l`` (``ts_k``)."""
+    eps: float = 1e-6
+    """Added to the stds."""
+
+    def __post_init__(self) -> None:
+        check_count("m", self.m, 1)
+        check_count("n", self.n, 1)
+        check_count("l", self.l, 0)
+        check_count("k", self.k, 1)
+        if self.k > 1 + self.n * self.l:
+            raise ValueError(f"k={self.k} leaves per tree, but a tree has 1 + n*l = {1 + self.n * self.l}")
+        if self.m * self.k < 2:
+            raise ValueError("m * k must be >= 2: the inter-tree group needs two leaves")
 
 
 class TreeGRPO(Algorithm):
-    """Tree-based Group Relative Policy Optimization.
-
-    Args:
-        m: trees per task (``M``).
-        n: nodes expanded per tree and iteration (``N``).
-        l: expansion iterations (``L``).
-        k: leaves kept per tree (``<= 1 + n * l``; default all ``3``).
-        eps: added to the stds.
-        **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
-    """
+    """Tree-based Group Relative Policy Optimization: options :class:`TreeGRPOOptions`."""
 
     name = "tree-grpo"
-    advantage_estimator = "tree-grpo"
+    Options = TreeGRPOOptions
     root_branches = 1
     snapshot_nodes = True
     """The engine snapshots every decision node, so that an expansion restores instead of replaying."""
 
-    def __init__(self, m: int = 2, n: int = 2, l: int = 1, k: int = 3, eps: float = 1e-6, **kwargs: Any) -> None:  # noqa: E741
-        super().__init__(**kwargs)
-        self.m = check_count("m", m, 1)
-        self.n = check_count("n", n, 1)
-        self.l = check_count("l", l, 0)
-        self.k = check_count("k", k, 1)
-        if self.k > 1 + self.n * self.l:
-            raise ValueError(f"k={k} leaves per tree, but a tree has 1 + n*l = {1 + self.n * self.l}")
-        if self.m * self.k < 2:
-            raise ValueError("m * k must be >= 2: the inter-tree group needs two leaves")
-        self.eps = eps
+    def __init__(self, options: TreeGRPOOptions | None = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
         self._salt = int(self._rng.integers(2**63 - 1))
-        self._groups: list[list[int]] = []
 
     # ---- topology ------------------------------------------------------------------------
     def engine_tasks(self, tasks: Sequence[Any]) -> list[Any]:
-        return [task for task in tasks for _ in range(self.m)]
+        return [task for task in tasks for _ in range(self.options.m)]
 
     def expansions(self, tree: RolloutTree, round: int) -> list[Node]:
         """``n`` nodes drawn uniformly with replacement from the root and the decision points."""
-        if round >= self.l:
+        if round >= self.options.l:
             return []
         candidates = [tree.root, *(e.child for e in tree.edges() if not e.child.is_leaf)]
-        return [candidates[i] for i in self._tree_random(tree, 1, round).integers(len(candidates), size=self.n)]
+        return [candidates[i] for i in self._tree_random(tree, 1, round).integers(len(candidates), size=self.options.n)]
 
-    # ---- estimator -----------------------------------------------------------------------
-    def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
-        trees = as_batch(trees)
+    def finish_trees(self, trees: list[RolloutTree]) -> None:
+        """Step 3: ``k`` leaves of each tree kept at random, the rest pruned."""
         for tree in trees:
             self._keep_leaves(tree)
-        self._groups = groups_by_task(trees)
-        super().compute_advantages(trees)
 
-    def advantage_options(self) -> dict[str, Any]:
-        return {"groups": self._groups, "eps": self.eps}
+    # ---- estimator -----------------------------------------------------------------------
+    def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
+        """``tree-grpo``, grouped by task over the batch's trees."""
+        return "tree-grpo", {"groups": groups_by_task(trees), "eps": self.options.eps}
 
     def _keep_leaves(self, tree: RolloutTree) -> None:
         leaves = tree.leaf_edges()
-        if len(leaves) <= self.k:
+        if len(leaves) <= self.options.k:
             return
-        kept = {id(leaves[i]) for i in self._tree_random(tree, 2).choice(len(leaves), size=self.k, replace=False)}
+        kept = {id(leaves[i]) for i in self._tree_random(tree, 2).choice(len(leaves), size=self.options.k, replace=False)}
 
         def keep(edge: Edge) -> bool:
             edge.child.children = [c for c in edge.child.children if keep(c)]
@@ -109,13 +115,8 @@ class TreeGRPO(Algorithm):
             raise ValueError("Tree-GRPO needs trees built by the rollout engine (tree.seed is None)")
         return np.random.default_rng([self._salt, tree.seed, *purpose])
 
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "m": self.m, "n": self.n, "l": self.l, "k": self.k}
-
 
 def _reset_branch_factor(node: Node) -> None:
     if node.branch_factor > 1:
         node.branch_factor = max(len(node.children), 1)
 
-
-register_algorithm("tree-grpo", TreeGRPO)

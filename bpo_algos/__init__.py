@@ -1,12 +1,12 @@
 """Branching Policy Optimization and the shared rollout machinery (engine, trees, meter, loss)."""
 
 from bpo_algos.advantages import estimate_advantages, register_advantage, registered_advantages
-from bpo_algos.algorithm import Algorithm, Batch
-from bpo_algos.bpo import BPO
+from bpo_algos.algorithm import Algorithm, AlgorithmConfig, Batch, Options
+from bpo_algos.bpo import BPO, BPOOptions
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
-from bpo_algos.engine import EnvFailureError, EnvPool, RolloutEngine
 from bpo_algos.policy import Action, Context, Policy, TabularPolicy, TextScorerPolicy
 from bpo_algos.registry import make_algorithm, register_algorithm, registered_algorithms
+from bpo_algos.rollout import EnvFailureError, EnvPool, RolloutEngine
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_algos.tree import Edge, Node, RolloutTree
 
@@ -18,6 +18,9 @@ __all__ = [
     "register_algorithm",
     "registered_algorithms",
     "BPO",
+    "BPOOptions",
+    "AlgorithmConfig",
+    "Options",
     "COMPUTE_UNITS",
     "Action",
     "Algorithm",

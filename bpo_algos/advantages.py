@@ -25,7 +25,9 @@ what the group estimators apply.
 
 Built-in estimators: ``grpo`` and ``rloo`` (docs/unbiasedness.md, rule 5), ``bpo`` (rule 4),
 ``anchored`` (rule 6), ``gigpo`` (verl-agent's GiGPO) and ``tree-grpo`` (Tree-GRPO's intra- plus
-inter-tree advantage).
+inter-tree advantage); :class:`BaselineChoice` turns the ``baseline=`` option of BPO and RLOO
+into one of them. Estimators of other packages are found through the entry-point group
+``bpo_algos.advantages`` (:mod:`bpo_algos.registry`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.checks import add_named, check_count
+from bpo_algos.plugins import ADVANTAGE_GROUP, add_named, load_entry_points
 from bpo_algos.tree import Edge, Node, RolloutTree
+from bpo_envs.validation import check_count
 
 GRPO_SCALES = ("group", "none")
 
@@ -63,12 +66,15 @@ def register_advantage(name: str, *, overwrite: bool = False) -> Callable[[Estim
 
 
 def registered_advantages() -> list[str]:
-    """The registered estimator names, in registration order."""
+    """The registered estimator names: the built-ins, then those of the entry-point group
+    ``bpo_algos.advantages`` (a pip-installed package's), then any registered at run time."""
+    load_entry_points(ADVANTAGE_GROUP, _ESTIMATORS, "estimator")
     return list(_ESTIMATORS)
 
 
 def get_advantage(name: str) -> Estimator:
     """The estimator registered as ``name``."""
+    load_entry_points(ADVANTAGE_GROUP, _ESTIMATORS, "estimator")
     if name not in _ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; registered: {', '.join(_ESTIMATORS)}")
     return _ESTIMATORS[name]
@@ -143,11 +149,6 @@ def _broadcast_root_group(tree: RolloutTree, advantages: np.ndarray) -> None:
     for advantage, first in zip(advantages, tree.root.children, strict=True):
         for edge in _subtree(first):
             edge.advantage = float(advantage)
-
-
-def edge_list(trees: Sequence[RolloutTree]) -> list[tuple[int, Edge]]:
-    """``(tree index, edge)`` for every edge of every tree, in a fixed order."""
-    return [(i, e) for i, tree in enumerate(trees) for e in tree.edges()]
 
 
 def observation_key(tree: RolloutTree, node: Node) -> str:
@@ -531,3 +532,68 @@ def _spread_leaf_advantages(tree: RolloutTree, leaf_adv: dict[int, float], n_lea
     for first in tree.root.children:
         visit(first)
 
+
+# ---- the baseline= option of BPO and RLOO ----------------------------------------------------
+class BaselineChoice:
+    """What the ``baseline=`` option of BPO and RLOO stands for, and its history:
+
+    * the plain baseline (``"tree"`` for BPO: rule 4; ``"trajectory"`` for RLOO: rule 5);
+    * ``"anchored"``: ``A(e) = Q(e) - mean Q`` over the same-key edges of e's tree outside e's
+      lineage, else the plain advantage (:func:`bpo_algos.advantages.anchored_advantages`);
+    * ``"anchored+history"``: that pool joined by the same-key edges of the previous
+      ``history_window`` batches, frozen before the batch (docs/unbiasedness.md, rule 6).
+
+    Either anchored choice uses the pool only when it holds at least ``min_matches`` edges (default
+    1), else the plain advantage; the pool's size is decided off e's lineage, so this stays unbiased.
+
+    The anchor key is a function of the decision node (the history) only: by default a stable hash
+    of the task and the observation the policy sees (:func:`bpo_algos.advantages.observation_key`);
+    ``anchor_key=`` takes any ``key(tree, node) -> hashable``.
+    """
+
+    def __init__(
+        self,
+        baseline: str,
+        *,
+        plain: str,
+        anchor_key: AnchorKey | None = None,
+        history_window: int = 4,
+        min_matches: int = 1,
+    ) -> None:
+        choices = (plain, "anchored", "anchored+history")
+        if baseline not in choices:
+            raise ValueError(f"baseline must be one of {choices}, got {baseline!r}")
+        if anchor_key is not None and not callable(anchor_key):
+            raise TypeError(f"anchor_key must be callable(tree, node), got {type(anchor_key).__name__}")
+        self.baseline = baseline
+        self.anchor_key: AnchorKey = anchor_key or observation_key
+        self.history_window = check_count("history_window", history_window, 1)
+        self.min_matches = check_count("min_matches", min_matches, 1)
+        self.history = (
+            AnchorHistory(self.history_window, self.anchor_key) if baseline == "anchored+history" else None
+        )
+
+    @property
+    def anchored(self) -> bool:
+        return self.baseline in ("anchored", "anchored+history")
+
+    def anchored_options(self, fallback: str) -> dict[str, Any]:
+        """The options of the ``anchored`` estimator, ``fallback`` the algorithm's own."""
+        return {
+            "fallback": fallback,
+            "anchor_key": self.anchor_key,
+            "history": self.history,
+            "min_matches": self.min_matches,
+        }
+
+    def end_batch(self, trees: Sequence[RolloutTree]) -> None:
+        """Record the batch into the history (after its advantages are written)."""
+        if self.history is not None:
+            self.history.record(trees)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history.state_dict()} if self.history is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.history is not None and "history" in state:
+            self.history.load_state_dict(state["history"])

@@ -8,19 +8,19 @@ comparison at matched compute differs only in what the algorithms are meant to d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from bpo_algos.advantages import estimate_advantages
-from bpo_algos.checks import check_count
+from bpo_algos.advantages import as_batch, estimate_advantages
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
-from bpo_algos.engine import EnvFn, EnvPool, PathState, RolloutEngine
 from bpo_algos.losses import AGGREGATIONS, loss_normaliser, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
+from bpo_algos.rollout import EnvFn, EnvPool, PathState, RolloutEngine
 from bpo_algos.tree import Edge, RolloutTree
+from bpo_envs.validation import check_count
 
 
 @dataclass
@@ -152,49 +152,94 @@ def step_tokens(step: Edge) -> int:
     return len(step.action.prompt_token_ids) + len(step.action.token_ids)
 
 
+@dataclass
+class Options:
+    """Base of every algorithm's option dataclass: documented fields, ``to_dict`` = ``asdict``.
+
+    A subclass declares its fields with defaults and a docstring under each (``bpo-compare``
+    turns every field into a flag with that docstring as its help) and checks them in
+    ``__post_init__``.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass
+class AlgorithmConfig(Options):
+    """The options every algorithm shares: the loss and how many trees are in flight."""
+
+    clip_eps: float = 0.2
+    """PPO clip range (the low side; also the high side unless ``clip_eps_high``)."""
+    clip_eps_high: float | None = None
+    """High side of the clip range (DAPO's clip-higher); None: ``clip_eps``."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the reference policy (0: no KL, no reference pass)."""
+    aggregation: str = "token-mean"
+    """How the loss sums over tokens: ``token-mean``, ``seq-mean-token-mean`` or ``step-sum``."""
+    max_parallel_trees: int | None = None
+    """Trees in flight at once (None: the env pool size)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.clip_eps < 1:
+            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.clip_eps_high is not None and not self.clip_eps_high > 0:
+            raise ValueError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.max_parallel_trees is not None:
+            check_count("max_parallel_trees", self.max_parallel_trees, 1)
+
+
+@dataclass
+class NoOptions(Options):
+    """An algorithm with no options of its own."""
+
+
 class Algorithm:
     """Base class: topology + advantage estimator; shared collection and loss.
 
-    Args:
-        clip_eps: PPO clip range (low side; also the high side unless ``clip_eps_high``).
-        clip_eps_high: high side of the clip range (DAPO's clip-higher), default ``clip_eps``.
-        kl_coef: weight of the k3 KL to the reference policy (0 = no KL, no reference pass).
-        aggregation: ``token-mean`` (default), ``seq-mean-token-mean`` or ``step-sum``.
-        max_parallel_trees: trees in flight at once (default: the env pool size).
-        seed: seeds the engine's reset seeds.
+    Every algorithm is built the same way: keyword options, which are the fields of the shared
+    :class:`AlgorithmConfig` (``clip_eps``, ``clip_eps_high``, ``kl_coef``, ``aggregation``,
+    ``max_parallel_trees``) and of the algorithm's own :attr:`Options` dataclass, or those
+    dataclasses themselves (``options=``, ``shared=``), plus ``seed`` (the engine's reset seeds
+    and the algorithm's own randomness). ``algorithm.backbones`` reads an option;
+    :meth:`config` is every option as a dict.
     """
 
     name = "algorithm"
+    Options: type[Options] = NoOptions
+    """The dataclass of this algorithm's own options."""
 
-    def __init__(
-        self,
-        *,
-        clip_eps: float = 0.2,
-        clip_eps_high: float | None = None,
-        kl_coef: float = 0.0,
-        aggregation: str = "token-mean",
-        max_parallel_trees: int | None = None,
-        seed: int = 0,
-    ) -> None:
-        if not 0 < clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
-        if clip_eps_high is not None and not clip_eps_high > 0:
-            raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-        if max_parallel_trees is not None:
-            check_count("max_parallel_trees", max_parallel_trees, 1)
-        self.clip_eps = clip_eps
-        self.clip_eps_high = clip_eps_high
-        self.kl_coef = kl_coef
-        self.aggregation = aggregation
-        self.max_parallel_trees = max_parallel_trees
+    def __init__(self, options: Options | None = None, *, shared: AlgorithmConfig | None = None, seed: int = 0, **kwargs: Any) -> None:
+        if options is not None and not isinstance(options, self.Options):
+            raise TypeError(f"{type(self).__name__} takes its options by name, or options={self.Options.__name__}(...); got {options!r}")
+        own = {k: kwargs.pop(k) for k in self.Options.field_names() if k in kwargs}
+        common = {k: kwargs.pop(k) for k in AlgorithmConfig.field_names() if k in kwargs}
+        if kwargs:
+            known = sorted({*self.Options.field_names(), *AlgorithmConfig.field_names(), "seed"})
+            raise TypeError(f"{type(self).__name__} got unknown option(s) {sorted(kwargs)}; its options: {', '.join(known)}")
+        self.options = replace(options, **own) if options is not None else self.Options(**own)
+        self.shared = replace(shared, **common) if shared is not None else AlgorithmConfig(**common)
+        self.seed = int(seed)
         self._rng = np.random.default_rng(seed)
         self.last_loss_stats: dict[str, float] = {}
         self._tree_costs: dict[str, list[float]] = {}
         """Per-tree cost of the last batch in every unit (the budget's estimate for the next)."""
+
+    def __getattr__(self, name: str) -> Any:
+        # an option reads as an attribute: bpo.backbones, rloo.group_size, algorithm.kl_coef
+        for holder in ("options", "shared"):
+            options = self.__dict__.get(holder)
+            if options is not None and name in options.__dataclass_fields__:
+                return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---- topology (the engine calls these) ---------------------------------------------
     root_branches: int = 1
@@ -205,23 +250,26 @@ class Algorithm:
     def fork_count(self, path: PathState, entropy: float | None) -> int:
         return 1
 
-    # ---- estimator -----------------------------------------------------------------------
-    advantage_estimator: str = ""
-    """Name of the registered estimator (:mod:`bpo_algos.advantages`) this algorithm uses."""
-
-    def advantage_options(self) -> dict[str, Any]:
-        """Keyword options for the estimator (state from earlier batches included)."""
-        return {}
-
     def engine_tasks(self, tasks: Sequence[Any]) -> Sequence[Any]:
         """The task sequence the engine builds one tree for each of (Tree-GRPO: ``M`` per task)."""
         return tasks
 
+    def finish_trees(self, trees: list[RolloutTree]) -> None:
+        """The topology's last step on the collected trees, before the advantages (Tree-GRPO
+        keeps ``k`` leaves per tree); by default nothing."""
+
+    # ---- estimator -----------------------------------------------------------------------
+    def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
+        """``(name, options)``: the registered estimator (:mod:`bpo_algos.advantages`) that
+        scores this batch of ``trees``, and its keyword options (state from earlier batches
+        included). Every algorithm names its estimator here and only here."""
+        raise NotImplementedError(f"{type(self).__name__} names no estimator")
+
     def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
         """Write ``edge.advantage`` for every edge of the batch's finalized ``trees``."""
-        if not self.advantage_estimator:
-            raise NotImplementedError(f"{type(self).__name__} names no advantage_estimator")
-        estimate_advantages(self.advantage_estimator, trees, **self.advantage_options())
+        trees = as_batch(trees)
+        name, options = self.estimator(trees)
+        estimate_advantages(name, trees, **options)
 
     def end_batch(self, batch: Batch) -> None:
         """Hook after a batch is collected (adaptive state uses only earlier batches)."""
@@ -261,6 +309,7 @@ class Algorithm:
             self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
         for tree in result.trees:
             tree.algorithm = self.name
+        self.finish_trees(result.trees)
         self.compute_advantages(result.trees)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.kl_coef:
@@ -366,10 +415,5 @@ class Algorithm:
         self._tree_costs = dict(state.get("tree_costs", {}))
 
     def config(self) -> dict[str, Any]:
-        """Constructor arguments, for logs."""
-        return {
-            "clip_eps": self.clip_eps,
-            "clip_eps_high": self.clip_eps_high,
-            "kl_coef": self.kl_coef,
-            "aggregation": self.aggregation,
-        }
+        """Every option (shared and own) and the seed, for logs."""
+        return {**self.shared.to_dict(), **self.options.to_dict(), "seed": self.seed}

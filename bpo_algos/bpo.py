@@ -25,7 +25,12 @@ Unbiasedness (docs/unbiasedness.md, rules 1-4):
 4. Advantage: ``A_t = G_k(t) - mean_{j != k} G_j`` from the nearest branch node
    (:func:`bpo_algos.advantages.bpo_advantages`); with ``baseline="anchored"`` or
    ``"anchored+history"``, the state-anchored baseline of rule 6 where a step has same-key
-   edges outside its lineage (:mod:`bpo_algos.baseline_choice`).
+   edges outside its lineage (:class:`bpo_algos.advantages.BaselineChoice`).
+
+The whole estimator is in three files: this one (the branch rule, 1-2), :mod:`bpo_algos.tree`
+(weights and values, 3: :meth:`~bpo_algos.tree.RolloutTree.finalize`) and
+:mod:`bpo_algos.advantages` (the advantage, 4: :func:`~bpo_algos.advantages.bpo_advantages`;
+the anchored baseline, rule 6).
 
 So ``sum_t w_t A_t grad log pi(a_t | h_t)``, averaged over trees, is an unbiased estimate of
 the policy gradient of the expected return.
@@ -34,19 +39,21 @@ the policy gradient of the expected return.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from bpo_algos.advantages import AnchorKey
-from bpo_algos.algorithm import Algorithm, Batch
-from bpo_algos.baseline_choice import AnchoredBaselineMixin, BaselineChoice
-from bpo_algos.checks import check_count
-from bpo_algos.engine import PathState
-from bpo_algos.registry import register_algorithm
+from bpo_algos.advantages import AnchorKey, BaselineChoice
+from bpo_algos.algorithm import Algorithm, Batch, Options
+from bpo_algos.rollout import PathState
+from bpo_algos.tree import RolloutTree
+from bpo_envs.validation import check_count
 
 SCORING = ("all", "eligible")
+BASELINES = ("tree", "anchored", "anchored+history")
 
 
 def _ties(entropy: Any, threshold: float) -> Any:
@@ -54,88 +61,87 @@ def _ties(entropy: Any, threshold: float) -> Any:
     return np.isclose(entropy, threshold, rtol=1e-9, atol=1e-12)
 
 
-class BPO(AnchoredBaselineMixin, Algorithm):
-    """Branching Policy Optimization.
+@dataclass
+class BPOOptions(Options):
+    """BPO's own options (the shared loss options: :class:`~bpo_algos.algorithm.AlgorithmConfig`)."""
 
-    Args:
-        backbones: ``K0 >= 2`` backbones from the root (so backbone steps have siblings too).
-        branch_factor: ``K >= 2`` i.i.d. actions at each branch point (the backbone's own
-            action is one of them).
-        entropy_threshold: branch where the decision entropy exceeds this (nats); None = adapt.
-        entropy_quantile: with an adaptive threshold, the quantile of earlier batches'
-            decision entropies used as the threshold.
-        max_branch_points: ``M``, branch points per path.
-        max_depth: nesting levels of branching (1 = forked siblings do not branch again).
-        threshold_window: earlier batches whose entropies set the adaptive threshold.
-        scoring: where the decision entropy is computed. ``"all"`` (default): at every decision
-            point of a path that may branch at all (nesting level below ``max_depth``), also
-            after it has used its ``M`` branch points, so the adaptive threshold's sample is
-            every such decision. ``"eligible"``: only where the path can still branch (fewer
-            than ``M`` branch points so far), which saves the scoring passes after the ``M``-th
-            branch point (for an LLM: a forward pass over the prompt and every candidate per
-            step); the threshold's sample is then the eligible decisions only, which lie earlier
-            in the episode (before each path's ``M``-th branch point), so the quantile describes
-            the decisions it is applied to. Either way it uses earlier batches only (rule 1).
-        baseline: ``"tree"`` (rule 4), ``"anchored"`` or ``"anchored+history"`` (rule 6; see
-            :mod:`bpo_algos.baseline_choice`).
-        anchor_key: ``key(tree, node) -> hashable`` for the anchored baselines (default: the
-            task and the observation).
-        history_window: earlier batches pooled by ``"anchored+history"``.
-        min_matches: the anchored baselines use a pool of at least this many same-key edges,
-            else the plain advantage.
-        **kwargs: loss options of :class:`~bpo_algos.algorithm.Algorithm`.
-    """
+    backbones: int = 2
+    """``K0 >= 2`` backbones from the root (so backbone steps have siblings too)."""
+    branch_factor: int = 4
+    """``K >= 2`` i.i.d. actions at each branch point (the backbone's own action is one of them)."""
+    entropy_threshold: float | None = None
+    """Branch where the decision entropy exceeds this (nats); None: adapt (``entropy_quantile``)."""
+    entropy_quantile: float = 0.8
+    """With an adaptive threshold, the quantile of earlier batches' decision entropies used."""
+    max_branch_points: int = 1
+    """``M``, branch points per path."""
+    max_depth: int = 1
+    """Nesting levels of branching (1: forked siblings do not branch again)."""
+    threshold_window: int = 2
+    """Earlier batches whose decision entropies set the adaptive threshold."""
+    scoring: str = "all"
+    """Where the decision entropy is computed: ``all`` (every decision point of a path that may
+    branch at all, also after its ``M`` branch points: the threshold's sample is every such
+    decision) or ``eligible`` (only where the path can still branch: saves the scoring passes
+    after the ``M``-th branch point; the threshold's sample is then those decisions)."""
+    baseline: str = "tree"
+    """``tree`` (rule 4), ``anchored`` or ``anchored+history`` (rule 6)."""
+    history_window: int = 4
+    """Earlier batches pooled by ``anchored+history``."""
+    min_matches: int = 1
+    """The anchored baselines use a pool of at least this many same-key edges, else rule 4's."""
+
+    def __post_init__(self) -> None:
+        check_count("backbones", self.backbones, 2)
+        check_count("branch_factor", self.branch_factor, 2)
+        threshold = self.entropy_threshold
+        if threshold is not None and not (isinstance(threshold, int | float) and np.isfinite(threshold) and threshold >= 0):
+            raise ValueError(f"entropy_threshold must be None or a finite number >= 0, got {threshold!r}")
+        if not 0.0 <= self.entropy_quantile <= 1.0:
+            raise ValueError(f"entropy_quantile must be in [0, 1], got {self.entropy_quantile}")
+        check_count("max_branch_points", self.max_branch_points, 0)
+        check_count("max_depth", self.max_depth, 1)
+        check_count("threshold_window", self.threshold_window, 1)
+        if self.scoring not in SCORING:
+            raise ValueError(f"scoring must be one of {SCORING}, got {self.scoring!r}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        check_count("history_window", self.history_window, 1)
+        check_count("min_matches", self.min_matches, 1)
+
+
+class BPO(Algorithm):
+    """Branching Policy Optimization: options :class:`BPOOptions` (and the shared
+    :class:`~bpo_algos.algorithm.AlgorithmConfig`), ``seed``, and ``anchor_key``:
+    ``key(tree, node) -> hashable`` for the anchored baselines (default: the task and the
+    observation)."""
 
     name = "bpo"
+    Options = BPOOptions
 
-    def __init__(
-        self,
-        backbones: int = 2,
-        branch_factor: int = 4,
-        entropy_threshold: float | None = None,
-        entropy_quantile: float = 0.8,
-        max_branch_points: int = 1,
-        max_depth: int = 1,
-        threshold_window: int = 2,
-        scoring: str = "all",
-        baseline: str = "tree",
-        anchor_key: AnchorKey | None = None,
-        history_window: int = 4,
-        min_matches: int = 1,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.baseline = baseline
+    def __init__(self, options: BPOOptions | None = None, *, anchor_key: AnchorKey | None = None, **kwargs: Any) -> None:
+        super().__init__(options, **kwargs)
+        o = self.options
         self.baseline_choice = BaselineChoice(
-            baseline, plain="tree", plain_estimator="bpo", anchor_key=anchor_key,
-            history_window=history_window, min_matches=min_matches,
+            o.baseline, plain="tree", anchor_key=anchor_key, history_window=o.history_window, min_matches=o.min_matches,
         )
-        self.backbones = check_count("backbones", backbones, 2)
-        self.siblings = check_count("branch_factor", branch_factor, 2)
-        if entropy_threshold is not None and not (
-            isinstance(entropy_threshold, int | float) and np.isfinite(entropy_threshold) and entropy_threshold >= 0
-        ):
-            raise ValueError(f"entropy_threshold must be None or a finite number >= 0, got {entropy_threshold!r}")
-        if not 0.0 <= entropy_quantile <= 1.0:
-            raise ValueError(f"entropy_quantile must be in [0, 1], got {entropy_quantile}")
-        self.max_branch_points = check_count("max_branch_points", max_branch_points, 0)
-        self.max_depth = check_count("max_depth", max_depth, 1)
-        self.threshold_window = check_count("threshold_window", threshold_window, 1)
-        if scoring not in SCORING:
-            raise ValueError(f"scoring must be one of {SCORING}, got {scoring!r}")
-        self.scoring = scoring
-        self.entropy_threshold = entropy_threshold
-        self.entropy_quantile = float(entropy_quantile)
-        self._history: deque[list[float]] = deque(maxlen=self.threshold_window)
-        self.threshold = 0.0 if entropy_threshold is None else float(entropy_threshold)
+        self._history: deque[list[float]] = deque(maxlen=o.threshold_window)
+        self.threshold = 0.0 if o.entropy_threshold is None else float(o.entropy_threshold)
         """The threshold in force for the next batch."""
         self.tie_probability = 0.0
         """Probability of branching at an entropy equal to the adaptive threshold (0 when fixed)."""
-        self._tie_rng = np.random.default_rng([int(kwargs.get("seed", 0)), 0x7E5])
+        self._tie_rng = np.random.default_rng([self.seed, 0x7E5])
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]
-        return self.backbones
+        return self.options.backbones
+
+    def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
+        """Rule 4's ``bpo`` estimator; with an anchored baseline, ``anchored`` (rule 6) falling
+        back to ``bpo`` where a step has no same-key edges."""
+        if not self.baseline_choice.anchored:
+            return "bpo", {}
+        return "anchored", self.baseline_choice.anchored_options(fallback="bpo")
 
     def wants_entropy(self, path: PathState) -> bool:
         if path.level >= self.max_depth or self.max_branch_points == 0:
@@ -151,7 +157,7 @@ class BPO(AnchoredBaselineMixin, Algorithm):
             branch = self.tie_probability > 0 and self._tie_rng.random() < self.tie_probability
         else:
             branch = entropy > self.threshold
-        return self.siblings if branch else 1
+        return self.branch_factor if branch else 1
 
     def tree_prior(self, step_limit: int) -> dict[str, float]:
         """A tree's cost if it branches at every chance (the first batch's threshold is 0) and
@@ -162,8 +168,8 @@ class BPO(AnchoredBaselineMixin, Algorithm):
             if level < self.max_depth:
                 for depth in range(start + 1, min(start + self.max_branch_points, step_limit - 1) + 1):
                     s, n = path(depth, level + 1)
-                    steps += (self.siblings - 1) * s
-                    leaves += (self.siblings - 1) * n
+                    steps += (self.branch_factor - 1) * s
+                    leaves += (self.branch_factor - 1) * n
             return steps, leaves
 
         steps, leaves = path(0, 0)
@@ -195,27 +201,13 @@ class BPO(AnchoredBaselineMixin, Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.threshold = state["threshold"]
-        self._history = deque(state["history"], maxlen=self.threshold_window)
+        self._history = deque(state["history"], maxlen=self.options.threshold_window)
         self.tie_probability = state.get("tie_probability", 0.0)
         if "tie_rng" in state:
             self._tie_rng.bit_generator.state = state["tie_rng"]
         self.baseline_choice.load_state_dict(state.get("baseline", {}))
 
-    def config(self) -> dict[str, Any]:
-        return {
-            **super().config(),
-            "backbones": self.backbones,
-            "branch_factor": self.siblings,
-            "entropy_threshold": self.entropy_threshold,
-            "entropy_quantile": self.entropy_quantile,
-            "max_branch_points": self.max_branch_points,
-            "max_depth": self.max_depth,
-            "scoring": self.scoring,
-            **self.baseline_choice.config(),
-        }
 
-
-register_algorithm("bpo", BPO)
-# partials keep the signature, so the main job passes the preset's shared fields (backbones, ...)
-register_algorithm("bpo-anchored", partial(BPO, baseline="anchored"))
-register_algorithm("bpo-anchored+history", partial(BPO, baseline="anchored+history"))
+# the registered variants (entry points of the ``bpo_algos.algorithms`` group, pyproject.toml)
+bpo_anchored = partial(BPO, baseline="anchored")
+bpo_anchored_history = partial(BPO, baseline="anchored+history")

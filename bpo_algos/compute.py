@@ -197,9 +197,6 @@ class Budget:
     def __reduce__(self):
         return (Budget, (self.unit, self.amount))
 
-    def exhausted(self, meter: ComputeMeter) -> bool:
-        return meter.get(self.unit) >= self.amount
-
     def to_dict(self) -> dict[str, Any]:
         return {"unit": self.unit, "amount": self.amount}
 

@@ -28,8 +28,8 @@ import torch
 
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
-from bpo_algos.distributed import is_sharded
-from bpo_algos.engine import EnvFn, EnvPool
+from bpo_algos.data_parallel import is_sharded
+from bpo_algos.rollout import EnvFn, EnvPool
 
 log = logging.getLogger(__name__)
 

@@ -39,15 +39,13 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 
 from bpo_algos.compute import ComputeMeter
+from bpo_algos.paths import PathState, TreeBuild
 from bpo_algos.tree import Edge
-
-if TYPE_CHECKING:
-    from bpo_algos.engine import PathState, TreeBuild
 
 logger = logging.getLogger(__name__)
 

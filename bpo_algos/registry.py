@@ -1,15 +1,26 @@
 """Named algorithms, so that a comparison can name a user's algorithm beside the built-in ones.
 
-A *factory* is any callable ``factory(**options) -> Algorithm``. The main job calls it with the
-options shared by every algorithm (``seed``, ``aggregation``, ``max_parallel_trees``, and the
-loss options ``clip_eps``/``kl_coef`` where the preset sets them) plus that algorithm's own
-options from the preset (``Preset.algorithm_options[name]``)::
+A *factory* is any callable ``factory(**options) -> Algorithm``. Algorithms are found in two
+ways:
 
-    from bpo_algos import RLOO, register_algorithm
+* **entry points** of the group ``bpo_algos.algorithms`` of every installed distribution (the
+  name is the algorithm's, the object its factory): the built-in ones (BPO, and GRPO, RLOO,
+  GiGPO, Tree-GRPO of the ``baselines`` package) are declared so in this project's
+  ``pyproject.toml``, and a pip-installed package joins ``bpo-compare`` the same way::
 
-    register_algorithm("rloo-16", lambda **options: RLOO(group_size=16, **options))
-    # bpo-compare --algorithms bpo rloo rloo-16  (with the registering module imported,
-    # e.g. `bpo-compare --import mypkg.algos`)
+      [project.entry-points."bpo_algos.algorithms"]
+      rloo-16 = "mypkg.algos:rloo16"
+
+* :func:`register_algorithm` at run time (``bpo-compare --import MODULE`` imports an
+  unpackaged module that calls it)::
+
+      from baselines import RLOO
+      from bpo_algos import register_algorithm
+
+      register_algorithm("rloo-16", lambda **options: RLOO(group_size=16, **options))
+
+Advantage estimators are found the same way (group ``bpo_algos.advantages``; see
+:mod:`bpo_algos.advantages`). Entry points are loaded on the first lookup or registration.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bpo_algos.checks import add_named
+from bpo_algos.plugins import ALGORITHM_GROUP, PROJECT, add_named, load_entry_points
 
 if TYPE_CHECKING:
     from bpo_algos.algorithm import Algorithm
@@ -33,21 +44,27 @@ def register_algorithm(name: str, factory: AlgorithmFactory, *, overwrite: bool 
     Registering a taken name raises unless ``overwrite=True``. Returns ``factory``, so it also
     works as a decorator: ``@functools.partial(register_algorithm, "mine")``.
     """
+    _load()
     add_named(_ALGORITHMS, "algorithm", name, factory, overwrite=overwrite)
     return factory
 
 
 def registered_algorithms() -> list[str]:
-    """The registered names, in registration order (built-ins first)."""
-    _load_builtins()
+    """The registered names: entry points (this project's first), then those registered at
+    run time, in order."""
+    _load()
     return list(_ALGORITHMS)
 
 
 def algorithm_factory(name: str) -> AlgorithmFactory:
     """The factory registered as ``name``."""
-    _load_builtins()
+    _load()
     if name not in _ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(_ALGORITHMS)}")
+        hint = "" if "bpo" in _ALGORITHMS else (
+            f" (no built-in algorithm: the {ALGORITHM_GROUP!r} entry points of {PROJECT} are missing; "
+            "install the package, e.g. pip install -e .)"
+        )
+        raise ValueError(f"unknown algorithm {name!r}; registered: {', '.join(_ALGORITHMS) or 'none'}{hint}")
     return _ALGORITHMS[name]
 
 
@@ -56,8 +73,5 @@ def make_algorithm(name: str, **options: Any) -> Algorithm:
     return algorithm_factory(name)(**options)
 
 
-def _load_builtins() -> None:
-    # the built-ins register themselves on import; importing here (not at module top) keeps
-    # this module importable from the algorithm modules without a cycle
-    import baselines  # noqa: F401
-    import bpo_algos.bpo  # noqa: F401
+def _load() -> None:
+    load_entry_points(ALGORITHM_GROUP, _ALGORITHMS, "algorithm")

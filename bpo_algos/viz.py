@@ -180,10 +180,8 @@ def _depth_scale(anchors: list[tuple[int, float]]) -> Any:
 
 # ---- drawing ---------------------------------------------------------------------------
 def _matplotlib() -> Any:
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ImportError("draw_tree needs matplotlib: pip install 'bpo-gym[plots]'") from exc
+    import matplotlib  # a core dependency
+
     return matplotlib
 
 

@@ -6,7 +6,6 @@
 :func:`restore` see through wrappers; :func:`check_snapshot` checks the contract.
 """
 
-from bpo_envs.checker import SnapshotCheckError, SnapshotReport, check_snapshot
 from bpo_envs.core import (
     ResetNeeded,
     Snapshot,
@@ -20,6 +19,7 @@ from bpo_envs.core import (
 )
 from bpo_envs.registration import ENV_IDS, register_envs
 from bpo_envs.replay import ReplayDivergenceError, ReplaySnapshot, replayed_steps
+from bpo_envs.snapshot_check import SnapshotCheckError, SnapshotReport, check_snapshot
 from bpo_envs.text import TEXT_CHARSET, to_observation
 from bpo_envs.tree_mdp import TreeMDPEnv
 

@@ -1,8 +1,8 @@
 """The env-pool interface: envs lent to the rollout engine's paths one at a time.
 
 :class:`EnvPool` is the local pool (envs made lazily from factories, stepped in turn or in a
-thread pool); :class:`bpo_envs.distributed.RayEnvPool` implements the same methods and
-attributes over Ray actors. The engine (:mod:`bpo_algos.engine`) uses only this interface:
+thread pool); :class:`bpo_envs.ray_pool.RayEnvPool` implements the same methods and
+attributes over Ray actors. The engine (:mod:`bpo_algos.rollout`) uses only this interface:
 
 * ``len(pool)``, ``pool.n_free``; ``acquire(prefer=None) -> env | None``; ``is_free(env)``;
   ``is_lent(env)``; ``release(env, failed=False)`` (``failed=True``: the env raised, so the
@@ -25,7 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from bpo_envs.args import check_count
+from bpo_envs.validation import check_count
 
 EnvFn = Callable[[], gym.Env]
 StepResult = tuple[Any, float, bool, bool, dict[str, Any]]

@@ -14,7 +14,7 @@ raw text (:func:`env_action`), so the env answers with an invalid-action observa
 output is an observation, never an exception).
 
 This lives in ``bpo_envs`` so that the trainer integrations (``bpo_envs.integrations``) show
-exactly the prompts ``bpo_algos``' policies see; ``bpo_algos.policy.prompting`` re-exports it.
+exactly the prompts ``bpo_algos``' policies see; ``bpo_algos.policy.prompt_builder`` tokenizes it.
 Nothing here imports ``transformers`` or ``torch``.
 """
 

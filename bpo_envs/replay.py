@@ -112,7 +112,7 @@ def replayed_steps(env: Any) -> int:
     """Env steps replayed by restores so far in ``env``, summed over its wrapper layers.
 
     Every layer that keeps its own ``replayed_steps`` count (a :class:`ReplaySnapshot`, or a
-    proxy such as :class:`bpo_envs.distributed.RemoteEnv` that reports its host's) adds it.
+    proxy such as :class:`bpo_envs.ray_pool.RemoteEnv` that reports its host's) adds it.
     Read from each layer's own attributes, so a count is never seen twice through a wrapper.
     """
     total = 0

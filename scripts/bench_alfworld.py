@@ -18,7 +18,7 @@ import numpy as np
 
 import bpo_envs
 from bpo_envs.alfworld import TASK_TYPES, ALFWorldEnv
-from bpo_envs.bench import time_calls
+from bpo_envs.timing import time_calls
 
 
 def _rss_mb() -> float:

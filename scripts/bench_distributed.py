@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from bpo_envs.distributed import RayEnvPool
+    from bpo_envs.ray_pool import RayEnvPool
 
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     result: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}, "throughput": [], "placement": []}

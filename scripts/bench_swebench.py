@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import bpo_envs
-from bpo_envs.bench import ms_summary
 from bpo_envs.swebench import SWEBenchEnv, bundled_instances
 from bpo_envs.swebench.bundled import Commit, RepoSource, build_repo
+from bpo_envs.timing import ms_summary
 
 
 def large_row(root: Path, n_files: int = 6800, per_dir: int = 10) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import gymnasium as gym
 
-from bpo_envs.bench import median_seconds, random_walk, replay_restore_ms
+from bpo_envs.timing import median_seconds, random_walk, replay_restore_ms
 from bpo_envs.webshop import generate_catalog, write_catalog
 from bpo_envs.webshop.data import get_catalog
 

@@ -23,7 +23,6 @@ from baselines import RLOO
 from bpo_algos import BPO, Trainer, TrainerConfig
 from bpo_algos.advantages import as_batch
 from bpo_algos.policy import HFPolicy
-from bpo_algos.policy.hf import max_new_tokens_for
 from bpo_algos.policy.tiny import tiny_model_path
 
 
@@ -112,7 +111,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model folder (default: the tiny offline Qwen2)")
     parser.add_argument("--trees", type=int, default=None, help="trees per update (default 8 on CUDA, 2 on CPU)")
     parser.add_argument("--max-steps", type=int, default=None, help="WebShop step limit (default 6 on CUDA, 2 on CPU)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help=f"default {max_new_tokens_for('BPO-WebShop-v0')} on CUDA, 16 on CPU")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (WebShop's EnvSetup) on CUDA, 16 on CPU")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--real-advantages", action="store_true", help="keep the estimator's advantages (all zero for an untrained model)")
     args = parser.parse_args()
@@ -121,7 +120,7 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     args.trees = args.trees or (8 if cuda else 2)
     args.max_steps = args.max_steps or (6 if cuda else 2)
-    args.max_new_tokens = args.max_new_tokens or (max_new_tokens_for("BPO-WebShop-v0") if cuda else 16)
+    args.max_new_tokens = args.max_new_tokens or (64 if cuda else 16)
     model = args.model or str(tiny_model_path())
     start = time.perf_counter()
     results = [

@@ -21,7 +21,7 @@ make = functools.partial(gym.make, "BPO-TreeMDP-v0", depth=3, n_actions=3, seed=
 def main(out: str, pool_kind: str) -> None:
     torch.set_num_threads(1)
     if pool_kind == "ray":
-        from bpo_envs.distributed import RayEnvPool
+        from bpo_envs.ray_pool import RayEnvPool
 
         pool = RayEnvPool(make, actors=1, envs_per_actor=2)
     else:
@@ -38,7 +38,7 @@ def main(out: str, pool_kind: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    from bpo_algos.distributed import _leave_process_group
+    from bpo_algos.data_parallel import _leave_process_group
 
     _leave_process_group()  # see tests/dp_train.py: skip gloo's interpreter teardown
     sys.stdout.flush()

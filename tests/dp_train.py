@@ -117,7 +117,7 @@ if __name__ == "__main__":
     # active exception") after all its work is done; leave the group and skip the teardown
     import sys
 
-    from bpo_algos.distributed import _leave_process_group
+    from bpo_algos.data_parallel import _leave_process_group
 
     _leave_process_group()
     sys.stdout.flush()

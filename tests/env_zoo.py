@@ -24,7 +24,7 @@ from bpo_envs.system import MissingPartError
 # name -> (gym id, make kwargs, modules it needs, how to get them)
 ENVS: dict[str, tuple[str, dict, tuple[str, ...], str]] = {
     "treemdp": ("BPO-TreeMDP-v0", {"depth": 4, "n_actions": 3, "seed": 1, "n_tasks": 3}, (), ""),
-    "webshop": ("BPO-WebShop-v0", {"max_episode_steps": 8}, ("bpo_envs.webshop", "rapidfuzz", "bm25s"), "pip install 'bpo-gym[webshop]'"),
+    "webshop": ("BPO-WebShop-v0", {"max_episode_steps": 8}, (), ""),  # core dependencies: never skipped
     "alfworld": ("BPO-ALFWorld-v0", {"games_per_type": 2, "max_episode_steps": 12}, ("bpo_envs.alfworld", "textworld", "fast_downward"), "pip install 'bpo-gym[alfworld]' and run bpo-gym-setup alfworld"),
     "swebench": ("BPO-SWEBench-v0", {"step_timeout": 20}, ("bpo_envs.swebench", "swebench"), "pip install 'bpo-gym[swe]' and run bpo-gym-setup swebench"),
 }

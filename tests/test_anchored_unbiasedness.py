@@ -72,10 +72,8 @@ def _broken(name, **flags):
                     edge.advantage = edge.q - baseline
 
     class BrokenRLOO(RLOO):
-        advantage_estimator = name  # type: ignore[assignment]
-
-        def advantage_options(self):
-            return {"anchor_key": self.baseline_choice.anchor_key}
+        def estimator(self, trees):
+            return name, {"anchor_key": self.baseline_choice.anchor_key}
 
     return BrokenRLOO
 

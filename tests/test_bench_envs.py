@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 from bpo_algos.experiments import bench as bench_envs
-from bpo_envs.bench import (
+from bpo_envs.timing import (
     random_walk,
     replay_restore_ms,
     reset_ms,

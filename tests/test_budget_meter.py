@@ -67,9 +67,9 @@ class _TimedStep(gym.Wrapper):
 def test_a_budget_in_seconds_holds(monkeypatch, name, parallel):
     """A 2.4 s budget at 10 ms a step (on a clock that only env steps advance, so the test
     cannot fail by the machine's load): the batch ends within 5% of it or within one tree."""
-    import bpo_algos.engine
+    import bpo_algos.rollout
 
-    monkeypatch.setattr(bpo_algos.engine, "time", _Clock)
+    monkeypatch.setattr(bpo_algos.rollout, "time", _Clock)
     algorithm = ALGORITHMS[name](parallel)
     pool = EnvPool([lambda: _TimedStep(tree()())] * parallel)
     try:
@@ -159,7 +159,7 @@ def test_env_layer_does_not_import_the_algorithm_layer():
     code = "import sys, bpo_envs, bpo_envs.pool; assert not [m for m in sys.modules if m.startswith('bpo_algos')]"
     subprocess.run([sys.executable, "-c", code], check=True)
     import bpo_algos
-    from bpo_algos import engine
+    from bpo_algos import rollout as engine
 
     assert bpo_algos.EnvPool is engine.EnvPool is bpo_envs.pool.EnvPool
     assert engine.EnvFailureError is bpo_algos.recovery.EnvFailureError

@@ -84,8 +84,9 @@ def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_pa
 
 def test_preset_fields_per_env():
     preset = PRESETS["cpu"]
-    assert preset.for_env("updates", "webshop") != preset.for_env("updates", "alfworld")
-    assert preset.for_env("updates", "swebench") == Preset.__dataclass_fields__["updates"].default
+    assert preset.trainer_for("webshop").updates != preset.trainer_for("alfworld").updates
+    assert preset.for_env("seeds", "webshop") != preset.for_env("seeds", "alfworld")
+    assert preset.for_env("seeds", "swebench") == Preset.__dataclass_fields__["seeds"].default
     assert preset.envs["alfworld"].eval_split == "valid_seen" and preset.envs["webshop"].eval_split == "test"
 
 

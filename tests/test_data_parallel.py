@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bpo_algos import distributed as dp
+from bpo_algos import data_parallel as dp
 
 HERE = Path(__file__).resolve().parent
 

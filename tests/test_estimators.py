@@ -271,7 +271,8 @@ def test_tree_grpo_collects_m_trees_per_task_expanding_from_snapshots():
     algorithm = TreeGRPO(m=3, n=2, l=2, k=4, seed=0)
     batch = algorithm.collect(policy, [_state_mdp, _state_mdp], [0, 1])
     assert batch.n_trees == 6 and [t.task_id for t in batch.trees].count(0) == 3
-    assert algorithm._groups and sorted(len(g) for g in algorithm._groups) == [3, 3]
+    name, options = algorithm.estimator(batch.trees)  # the groups come from the batch, no state kept
+    assert name == "tree-grpo" and sorted(len(g) for g in options["groups"]) == [3, 3]
     for tree in batch.trees:
         assert len(tree.leaf_edges()) == 4  # 1 + n*l = 5 grown, k = 4 kept
         assert sum(e.weight for e in tree.leaf_edges()) == pytest.approx(1.0)
@@ -293,11 +294,13 @@ def test_gigpo_collects_a_fan():
     assert any(e.advantage != 0 for e in tree.edges())
 
 
-def test_the_main_job_passes_shared_preset_fields_to_the_anchored_variants():
+def test_the_main_job_passes_an_algorithms_options_to_its_variants():
     from bpo_algos.experiments.presets import PRESETS
     from bpo_algos.experiments.runner import algorithm_options
 
-    preset = PRESETS["cpu"]
-    assert algorithm_options("bpo-anchored", preset, 0)["backbones"] == preset.backbones
-    assert algorithm_options("rloo-anchored", preset, 0)["group_size"] == preset.group_size
-    assert algorithm_options("gigpo", preset, 0)["group_size"] == preset.group_size
+    preset = PRESETS["cpu-llm"]
+    bpo = algorithm_options("bpo-anchored", preset, 0)
+    assert bpo["backbones"] == preset.options["bpo"].backbones == 2 and "baseline" not in bpo  # the variant's own
+    assert algorithm_options("rloo-anchored", preset, 0)["group_size"] == preset.options["rloo"].group_size == 4
+    assert make_algorithm("rloo-anchored", **algorithm_options("rloo-anchored", preset, 0)).baseline == "anchored"
+    assert "group_size" not in algorithm_options("gigpo", preset, 0)  # no GiGPO options in this preset: defaults

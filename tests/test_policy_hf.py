@@ -14,8 +14,8 @@ pytest.importorskip("peft")
 
 import bpo_envs  # noqa: E402,F401
 from bpo_algos.policy import Action, Context, HFPolicy  # noqa: E402
-from bpo_algos.policy.prompting import format_action  # noqa: E402
 from bpo_algos.policy.tiny import tiny_model_path  # noqa: E402
+from bpo_envs.prompting import format_action  # noqa: E402
 
 ATOL = 1e-3  # float32 sums over differently padded batches differ by ~2e-4 under load
 

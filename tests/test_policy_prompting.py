@@ -7,7 +7,7 @@ import pytest
 
 import bpo_envs  # noqa: F401  (registers the ids)
 from bpo_algos.policy import Context, PromptConfig
-from bpo_algos.policy.prompting import build_messages, env_action, format_action, parse_action
+from bpo_envs.prompting import build_messages, env_action, format_action, parse_action
 
 
 def _tree_contexts(steps: int = 4) -> list[Context]:

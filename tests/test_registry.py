@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,7 +31,7 @@ def clean_registry():
 def test_builtins_are_registered_and_built_with_options():
     assert {"bpo", "grpo", "rloo"} <= set(registered_algorithms())
     bpo = make_algorithm("bpo", backbones=3, branch_factor=2, seed=1)
-    assert isinstance(bpo, BPO) and bpo.backbones == 3 and bpo.siblings == 2
+    assert isinstance(bpo, BPO) and bpo.backbones == 3 and bpo.branch_factor == 2
     with pytest.raises(ValueError, match="unknown algorithm 'nope'; registered: bpo"):
         make_algorithm("nope")
 
@@ -45,13 +46,14 @@ def test_register_rejects_bad_names_duplicates_and_non_callables(clean_registry)
     register_algorithm("rloo", RLOO, overwrite=True)
 
 
-def test_shared_preset_fields_go_only_to_factories_that_name_them(clean_registry):
+def test_an_algorithms_options_go_only_to_its_own_kind(clean_registry):
     register_algorithm("rloo-4", lambda **options: RLOO(group_size=4, **options))
-    preset = PRESETS["smoke"]
-    assert algorithm_options("bpo", preset, 0)["backbones"] == preset.backbones
-    assert algorithm_options("rloo", preset, 0)["group_size"] == preset.group_size
+    preset = PRESETS["cpu-llm"]
+    assert algorithm_options("bpo", preset, 0)["backbones"] == preset.options["bpo"].backbones
+    assert algorithm_options("rloo", preset, 0)["group_size"] == preset.options["rloo"].group_size
     assert "group_size" not in algorithm_options("rloo-4", preset, 0)  # a bare **options factory
     assert "backbones" not in algorithm_options("grpo", preset, 0)
+    assert make_algorithm("rloo-4", **algorithm_options("rloo-4", preset, 0)).group_size == 4
 
 
 def test_users_algorithm_joins_the_comparison(tmp_path, clean_registry, monkeypatch):
@@ -95,3 +97,49 @@ def test_console_commands_answer_help():
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "usage" in done.stdout
+
+
+def _plugin(tmp_path, entry_points: str, code: str):
+    """A pip-installed package as far as importlib.metadata sees: a module plus its dist-info."""
+    (tmp_path / "my_plugin.py").write_text(textwrap.dedent(code))
+    info = tmp_path / "my_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent(entry_points))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def test_an_installed_packages_algorithms_and_estimators_are_found_by_entry_point(tmp_path):
+    env = _plugin(tmp_path, """
+        [bpo_algos.algorithms]
+        rloo-16 = my_plugin:rloo16
+
+        [bpo_algos.advantages]
+        zero = my_plugin:zero_advantages
+    """, """
+        from baselines import RLOO
+
+        def rloo16(**options):
+            return RLOO(group_size=16, **options)
+
+        def zero_advantages(trees):
+            for tree in trees:
+                for edge in tree.edges():
+                    edge.advantage = 0.0
+    """)
+    listed = subprocess.run([sys.executable, "-m", "bpo_algos.experiments.compare", "--list-algorithms"],
+                            capture_output=True, text=True, env=env, timeout=120, check=True).stdout.split()
+    assert listed[0] == "bpo" and "rloo-16" in listed  # the project's first, no --import
+    code = ("from bpo_algos import make_algorithm, registered_advantages; "
+            "assert make_algorithm('rloo-16').group_size == 16; assert 'zero' in registered_advantages()")
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=True)
+
+
+def test_a_broken_entry_point_is_an_error_naming_it(tmp_path):
+    env = _plugin(tmp_path, "[bpo_algos.algorithms]\nbroken = my_plugin:missing\n", "x = 1\n")
+    done = subprocess.run([sys.executable, "-m", "bpo_algos.experiments.compare", "--list-algorithms"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0
+    assert "entry point 'broken' (my_plugin:missing, from my-plugin) failed to load" in done.stderr

@@ -15,7 +15,7 @@ import bpo_envs
 from baselines import RLOO
 from bpo_algos import BPO, EnvPool, TabularPolicy
 from bpo_algos.diagnostics import flat_gradient, projection_z_scores
-from bpo_algos.engine import EnvFailureError
+from bpo_algos.rollout import EnvFailureError
 
 TREE = {"depth": 3, "n_actions": 3, "seed": 7}
 

@@ -44,7 +44,7 @@ import torch
 
 from baselines import RLOO
 from bpo_algos import BPO, Algorithm, EnvPool, TabularPolicy
-from bpo_envs.bench import (
+from bpo_envs.timing import (
     random_walk,
     replay_restore_ms,
     reset_ms,
@@ -79,8 +79,7 @@ class EnvCase:
 ENVS: dict[str, EnvCase] = {
     "treemdp": EnvCase("BPO-TreeMDP-v0", {"depth": 6, "n_actions": 3, "seed": 0, "n_tasks": 8}, (), "",
                        repeats=2000, walk_steps=20_000, tasks=8, llm_tasks=2),
-    "webshop": EnvCase("BPO-WebShop-v0", {}, ("bpo_envs.webshop", "rapidfuzz", "bm25s"),
-                       "pip install 'bpo-gym[webshop]'", repeats=500, walk_steps=5000, tasks=8, llm_tasks=2),
+    "webshop": EnvCase("BPO-WebShop-v0", {}, (), "", repeats=500, walk_steps=5000, tasks=8, llm_tasks=2),
     "alfworld": EnvCase("BPO-ALFWorld-v0", {"games_per_type": 2}, ("bpo_envs.alfworld", "textworld", "fast_downward"),
                         "pip install 'bpo-gym[alfworld]' and run bpo-gym-setup alfworld",
                         repeats=40, walk_steps=300, tasks=2, llm=False),

@@ -13,8 +13,12 @@ budget in one compute unit (``--budget-unit``; the others are reported). Then:
 * ``updates_to_target``: updates each algorithm needs for its (seed-averaged, smoothed) batch
   success to reach the best baseline's final training success.
 
-Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``; a user's own
-with ``--import MODULE`` after ``bpo_algos.register_algorithm``). Writes to ``--out``:
+Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``): the built-in
+ones and those of installed packages come through the entry-point group ``bpo_algos.algorithms``,
+an unpackaged module's with ``--import MODULE`` (after ``bpo_algos.register_algorithm``). Every
+field of the preset, of its ``TrainerConfig`` and of the algorithms' option dataclasses has a
+flag (``--learning-rate``, ``--bpo.branch-factor``, ``--rloo.group-size``; ``--help`` lists
+them with their documentation). Writes to ``--out``:
 ``results.json``, ``results.md`` (means and 95% intervals over seeds), PNG plots and one
 example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked from
 ``results.md``).
@@ -42,30 +46,77 @@ import importlib.util
 import json
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bpo_algos.compute import COMPUTE_UNITS, Budget
-from bpo_algos.experiments.presets import PRESETS, Preset, preset_dict
+from bpo_algos.algorithm import AlgorithmConfig, Options
+from bpo_algos.compute import Budget
+from bpo_algos.experiments.flags import add_flags, given
+from bpo_algos.experiments.presets import PRESETS, RUN_FIELDS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
-from bpo_algos.experiments.runner import make_policy, run_dir, run_one, task_split_with_provenance
+from bpo_algos.experiments.runner import (
+    algorithm_class,
+    make_policy,
+    run_dir,
+    run_one,
+    task_split_with_provenance,
+)
 from bpo_algos.experiments.stats import aggregate
-from bpo_algos.registry import registered_algorithms
+from bpo_algos.registry import algorithm_factory, registered_algorithms
+from bpo_algos.trainer_config import TrainerConfig
+
+PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment")
+"""Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
+whose fields get flags, tables)."""
+OLD_FLAGS = {"group_size": "--ALGORITHM.group-size", "backbones": "--bpo.backbones", "branch_factor": "--bpo.branch-factor"}
+"""Flags of earlier versions that set one option of every algorithm that has it."""
 
 
-def build_preset(args: argparse.Namespace) -> Preset:
+def option_classes() -> dict[str, type[Options]]:
+    """``{algorithm kind: its Options dataclass}`` over the registered algorithms whose factory
+    is an :class:`~bpo_algos.algorithm.Algorithm` subclass (or a partial of one)."""
+    found: dict[str, type[Options]] = {}
+    for name in registered_algorithms():
+        cls = algorithm_class(algorithm_factory(name))
+        if cls is not None and cls.Options.field_names():
+            found.setdefault(cls.name, cls.Options)
+    return found
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:
+    """The generated flags: the preset's own fields, its TrainerConfig, the shared algorithm
+    options and every kind of algorithm's options. Returns ``{holder: {dest: field}}``."""
+    taken = set(parser._option_string_actions)
+    holders: dict[str, dict[str, str]] = {}
+    group = parser.add_argument_group("the preset (one value sets a per-env field for every env)")
+    holders["preset"] = add_flags(group, Preset, skip=PRESET_FLAG_SKIP, taken=taken)
+    group = parser.add_argument_group("training (TrainerConfig)")
+    holders["trainer"] = add_flags(group, TrainerConfig, skip=RUN_FIELDS, taken=taken)
+    group = parser.add_argument_group("every algorithm (AlgorithmConfig)")
+    holders["shared"] = add_flags(group, AlgorithmConfig, taken=taken)
+    for kind, options in option_classes().items():
+        group = parser.add_argument_group(f"{kind} ({options.__name__}; also its variants)")
+        holders[f"options:{kind}"] = add_flags(group, options, prefix=f"{kind}.", taken=taken)
+    group = parser.add_argument_group("earlier flags")
+    for name, new in OLD_FLAGS.items():
+        group.add_argument("--" + name.replace("_", "-"), dest=f"old__{name}", type=int, default=argparse.SUPPRESS,
+                           help=f"{name} of every algorithm that has it (as {new})")
+    return holders
+
+
+def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None = None) -> Preset:
     name = "smoke" if args.smoke else args.preset
     preset = copy.deepcopy(PRESETS[name])
+    holders = holders if holders is not None else add_config_flags(argparse.ArgumentParser())
     if args.envs:
         unknown = [e for e in args.envs if e not in preset.envs and e not in PRESETS["gpu"].envs]
         if unknown:
             raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
         preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
     if args.algorithms:
-        for module in args.import_modules or ():
-            importlib.import_module(module)  # registers the user's algorithms
         known = registered_algorithms()
         unknown = [a for a in args.algorithms if a not in known]
         if unknown:
@@ -75,38 +126,65 @@ def build_preset(args: argparse.Namespace) -> Preset:
         preset.treatment = args.treatment
     if preset.treatment not in preset.algorithms:
         raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
-    if args.algorithms and preset.baselines is not None:
-        # the preset's baselines that are still trained (an explicit list changes what is compared)
-        preset.baselines = tuple(b for b in preset.baselines if b in preset.algorithms) or None
+    if args.algorithms and preset.competitors is not None:
+        # the preset's competitors that are still trained (an explicit list changes what is compared)
+        preset.competitors = tuple(b for b in preset.competitors if b in preset.algorithms) or None
     for item in args.algorithm_option or ():
-        name, key, value = _parse_algorithm_option(item)
-        preset.algorithm_options.setdefault(name, {})[key] = value
-    for key in ("policy", "updates", "budget_unit", "learning_rate", "group_size", "backbones", "branch_factor", "sft_epochs", "grad_batches"):
-        value = getattr(args, key)
-        if value is not None:
-            setattr(preset, key, value)
-    if args.seeds is not None:
-        preset.seeds = tuple(args.seeds)
-    preset.tensorboard = preset.tensorboard or args.tensorboard
-    preset.wandb_project = args.wandb_project or preset.wandb_project
-    for wanted, package in ((preset.tensorboard, "tensorboard"), (preset.wandb_project, "wandb")):
+        algorithm, key, value = _parse_algorithm_option(item)
+        preset.algorithm_options.setdefault(algorithm, {})[key] = value
+    _apply_flags(preset, args, holders)
+    for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
-    if args.budget is not None:
-        preset.budget = {e: args.budget for e in preset.envs}
-    elif args.budget_unit is not None and args.budget_unit != PRESETS[name].budget_unit:
+    if "budget" not in given(args, holders["preset"]) and preset.budget_unit != PRESETS[name].budget_unit:
         raise SystemExit(
-            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {args.budget_unit} "
-            f"give --budget in {args.budget_unit}"
+            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {preset.budget_unit} "
+            f"give --budget in {preset.budget_unit}"
         )
     missing = [e for e in preset.envs if e not in preset.budget]
     if missing:
         raise SystemExit(
             f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
         )
-    Budget(preset.budget_unit, 1)  # validates the unit
+    try:
+        Budget(preset.budget_unit, 1)  # validates the unit
+    except ValueError as exc:
+        raise SystemExit(f"--budget-unit: {exc}") from exc
     apply_data_sources(preset, args, name)
     return preset
+
+
+def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
+    """Set the given generated flags on the preset's dataclasses (a check error is an exit)."""
+    try:
+        for key, value in given(args, holders["preset"]).items():
+            if key == "budget":
+                value = {e: value for e in preset.envs}
+            elif isinstance(value, list):
+                value = tuple(value)
+            setattr(preset, key, value)
+        trainer = given(args, holders["trainer"])
+        if trainer:
+            preset.trainer = replace(preset.trainer, **trainer)
+            for setup in preset.envs.values():  # a flag sets the field for every env
+                setup.trainer = {k: v for k, v in setup.trainer.items() if k not in trainer}
+        shared = given(args, holders["shared"])
+        if shared:
+            preset.shared = replace(preset.shared, **shared)
+        classes = option_classes()
+        changes: dict[str, dict[str, Any]] = {kind: given(args, dests) for holder, dests in holders.items()
+                                              if holder.startswith("options:") for kind in [holder.split(":", 1)[1]]}
+        for name in OLD_FLAGS:
+            if hasattr(args, f"old__{name}"):
+                for kind, options in classes.items():
+                    if name in options.field_names():
+                        changes.setdefault(kind, {}).setdefault(name, getattr(args, f"old__{name}"))
+        for kind, fields in changes.items():
+            if fields:
+                current = preset.options.get(kind) or classes[kind]()
+                preset.options[kind] = replace(current, **fields)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"bpo-compare: {exc}") from exc
 
 
 _DATA_FLAGS = {
@@ -154,19 +232,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
                         help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
     parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
-    parser.add_argument("--seeds", nargs="+", type=int)
-    parser.add_argument("--updates", type=int)
-    parser.add_argument("--budget-unit", choices=COMPUTE_UNITS)
-    parser.add_argument("--budget", type=float, help="per-update budget (every env)")
-    parser.add_argument("--policy", help="scorer | tabular | tiny | smollm2 | a model name or folder")
-    parser.add_argument("--learning-rate", type=float)
-    parser.add_argument("--group-size", type=int, help="GRPO/RLOO N")
-    parser.add_argument("--backbones", type=int, help="BPO K0")
-    parser.add_argument("--branch-factor", type=int, help="BPO K")
-    parser.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs before RL (scorer and LLM policies)")
-    parser.add_argument("--grad-batches", type=int, help="batches for the gradient-variance probe")
-    parser.add_argument("--tensorboard", action="store_true", help="also log to TensorBoard (needs tensorboard)")
-    parser.add_argument("--wandb-project", help="also log to this W&B project (needs wandb)")
     parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
                         "dataset name in the local Hugging Face cache (default: the bundled repos)")
     parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
@@ -175,13 +240,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     parser.add_argument("--no-progress", action="store_true")
+    # modules named by --import register algorithms (and so flags of their options) first
+    imports = argparse.ArgumentParser(add_help=False)
+    imports.add_argument("--import", dest="import_modules", nargs="+", default=())
+    for module in imports.parse_known_args(argv)[0].import_modules:
+        importlib.import_module(module)
+    holders = add_config_flags(parser)
     args = parser.parse_args(argv)
     if args.list_algorithms:
-        for module in args.import_modules or ():
-            importlib.import_module(module)
         print("\n".join(registered_algorithms()))
         return {}
-    preset = build_preset(args)
+    preset = build_preset(args, holders)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
@@ -190,19 +259,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if previous_preset.exists():
         # cached runs are only valid for the setting that made them
         saved = json.loads(previous_preset.read_text())
-        preset.wandb_group = preset.wandb_group or saved.get("wandb_group")
-        current = preset_dict(preset)
+        wandb_group = preset.trainer.wandb_group or saved.get("trainer", {}).get("wandb_group")
+        preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
+        current = _setting(preset_dict(preset))
         # a field newer than the saved run counts at its default
-        defaults = preset_dict(Preset(envs={}))
+        defaults = _setting(preset_dict(Preset(envs={})))
+        saved = _setting(saved)
         changed = sorted(
-            k for k in set(saved) | set(current)
-            if k not in _LOGGING_FIELDS and saved.get(k, defaults.get(k)) != current.get(k, defaults.get(k))
+            k for k in set(saved) | set(current) if saved.get(k, defaults.get(k)) != current.get(k, defaults.get(k))
         )
         if changed:
             raise SystemExit(f"{out} holds a comparison with another setting (differs in: {', '.join(changed)}); choose another --out")
-    if preset.wandb_project and preset.wandb_group is None:
+    if preset.trainer.wandb_project and preset.trainer.wandb_group is None:
         # one W&B group per comparison, kept when it resumes
-        preset.wandb_group = f"{out.resolve().name}-{uuid.uuid4().hex[:8]}"
+        preset.trainer = replace(preset.trainer, wandb_group=f"{out.resolve().name}-{uuid.uuid4().hex[:8]}")
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
     # the tasks, and which data and split make these numbers (generator + version, or files +
@@ -248,8 +318,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-_LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group")
-"""Preset fields that change where a run logs, not what it computes."""
+_LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")
+"""TrainerConfig fields that change where a run logs, not what it computes."""
+
+
+def _setting(preset: dict[str, Any]) -> dict[str, Any]:
+    """A preset's JSON without the logging fields (what a resumed comparison must match), its
+    training and shared algorithm settings as ``trainer.FIELD`` / ``shared.FIELD`` keys."""
+    out = {k: v for k, v in preset.items() if k not in ("trainer", "shared")}
+    out.update({f"trainer.{k}": v for k, v in preset.get("trainer", {}).items() if k not in _LOGGING_FIELDS})
+    out.update({f"shared.{k}": v for k, v in preset.get("shared", {}).items()})
+    return out
 
 _DATA_COUNTERS = ("planner_timeouts",)
 """Provenance fields that count what one process did (not which data it is)."""

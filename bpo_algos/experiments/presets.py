@@ -1,15 +1,25 @@
 """Experiment settings of the main job: how each env is set up, and the presets.
 
-A :class:`Preset` is a full setting (envs, policy, algorithms, seeds, budget, optimizer);
-``bpo-compare`` flags override its fields. Fields may be per env (a dict keyed by env name,
-e.g. ``updates={"webshop": 30}``); :meth:`Preset.for_env` reads them.
+A :class:`Preset` is a full setting: the envs (:class:`EnvSetup`), a
+:class:`~bpo_algos.trainer_config.TrainerConfig`, the algorithms with their option dataclasses
+(the shared :class:`~bpo_algos.algorithm.AlgorithmConfig` and each algorithm's own, e.g.
+:class:`~bpo_algos.bpo.BPOOptions`), and the main job's own settings (policy, seeds, budgets).
+Nothing is declared twice: ``bpo-compare``'s flags are generated from these dataclasses
+(:mod:`bpo_algos.experiments.flags`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from baselines.gigpo import GiGPOOptions
+from baselines.grpo import GRPOOptions
+from baselines.rloo import RLOOOptions
+from bpo_algos.algorithm import AlgorithmConfig, Options
+from bpo_algos.bpo import BPOOptions
+from bpo_algos.trainer_config import TrainerConfig
 
 
 @dataclass
@@ -31,61 +41,78 @@ class EnvSetup:
     0-499, ``"valid_seen"`` / ``"valid_unseen"`` for ALFWorld: envs made with ``split=`` that
     name; train on ``kwargs["split"]``), or ``"held-out"`` (training-env tasks never trained
     on) or ``"train"`` (the train tasks, fresh rollouts)."""
+    max_new_tokens: int = 64
+    """The longest answer an LLM policy generates here (a SWE-bench bash edit needs hundreds)."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """:class:`~bpo_algos.trainer_config.TrainerConfig` fields for this env only (e.g.
+    ``{"updates": 12}``), over the preset's ``trainer``."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.trainer) - set(TrainerConfig.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"EnvSetup.trainer: {sorted(unknown)} are not TrainerConfig fields")
+
+
+RUN_FIELDS = ("tasks_per_update", "budget", "seed", "out_dir", "resume", "progress", "wandb_name", "wandb_config", "save_trees_every")
+"""TrainerConfig fields the main job sets per run (the train tasks, the env's budget, the seed,
+the run folder, ...); a preset's values for them are not used."""
+
+
+def _trainer(**changes: Any) -> TrainerConfig:
+    return TrainerConfig(**{"updates": 30, "checkpoint_every": 1, **changes})
 
 
 @dataclass
 class Preset:
-    """A full experiment setting; command-line flags override its fields."""
+    """A full experiment setting; command-line flags override its fields.
+
+    Fields that may be per env take a dict keyed by env name (:meth:`for_env`); training
+    settings per env are :attr:`EnvSetup.trainer`.
+    """
 
     envs: dict[str, EnvSetup]
-    policy: str = "tabular"
+    trainer: TrainerConfig = field(default_factory=_trainer)
+    """How every run trains (optimizer, learning rate, updates, precision, loggers, ...);
+    :data:`RUN_FIELDS` are set per run."""
     algorithms: tuple[str, ...] = ("bpo", "grpo", "rloo")
     """Registered algorithm names (``bpo_algos.register_algorithm``) trained on every env."""
-    treatment: str = "bpo"
-    """The algorithm compared, paired by seed, against the best of the baselines."""
-    baselines: tuple[str, ...] | None = None
-    """The algorithms the treatment is compared with (None: every other one; a preset that also
-    trains variants of the treatment names the baselines proper)."""
+    shared: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The options every algorithm shares (loss, clipping, KL, aggregation)."""
+    options: dict[str, Options] = field(default_factory=dict)
+    """Each algorithm's own options, keyed by its class's ``name`` (``"bpo"``: a
+    :class:`~bpo_algos.bpo.BPOOptions`, also for the ``bpo-anchored`` variants; ``"rloo"``: an
+    ``RLOOOptions``; ...); an algorithm not named here gets its defaults."""
     algorithm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Extra constructor options per algorithm name (over the shared fields below)."""
+    """Options of one registered algorithm name, over the above (``--algorithm-option``)."""
+    treatment: str = "bpo"
+    """The algorithm compared, paired by seed, against the best of the competitors."""
+    competitors: tuple[str, ...] | None = None
+    """The algorithms the treatment is compared with (None: every other one; a preset that also
+    trains variants of the treatment names the competitors proper)."""
     seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
-    """Seeds of every env, or per env (as ``updates``, ``eval_episodes`` and ``grad_batches``)."""
-    updates: int | dict[str, int] = 30
+    """Seeds of every env, or per env (as ``eval_episodes``, ``grad_batches``)."""
     budget_unit: str = "env_steps"
+    """The compute unit of the budgets (``bpo_algos.COMPUTE_UNITS``); the others are reported."""
     budget: dict[str, float] = field(default_factory=dict)
     """Per-update budget per env (in ``budget_unit``)."""
-    # shared algorithm fields: passed to every algorithm whose factory names the parameter
-    group_size: int = 8
-    backbones: int = 2
-    branch_factor: int = 4
-    entropy_quantile: float = 0.8
-    max_branch_points: int = 1
-    learning_rate: float = 0.1
-    optimizer: str = "adam"
-    max_grad_norm: float | None = None
-    aggregation: str = "token-mean"
     eval_episodes: int | dict[str, int] = 2
+    """Rollouts per evaluation task of the final policy."""
     grad_batches: int | dict[str, int] = 8
+    """Batches of the gradient-variance probe at the initial policy."""
+    policy: str = "tabular"
+    """``scorer`` | ``tabular`` | ``tabular-prior`` | ``tiny`` | ``smollm2`` | a model name or folder."""
     sft_epochs: int = 0
     """Behaviour-cloning epochs on the env experts' trajectories of the train tasks."""
     sft_lr: float = 1e-3
+    """Learning rate of behaviour cloning."""
     temperature: float = 1.0
-    max_new_tokens: int | None = None
-    """The longest answer an LLM policy generates (None: the policy's default)."""
+    """Sampling temperature of the policy."""
     lora: bool = False
+    """LLM policies: train LoRA adapters instead of every weight."""
     vllm: bool = False
+    """LLM policies: generate with vLLM (training stays in transformers)."""
     pool_size: int = 4
-    tensorboard: bool = False
-    """Also log every run to TensorBoard (``runs/<env>/<algorithm>/seed<s>/tensorboard``)."""
-    wandb_project: str | None = None
-    """Also log every run to this W&B project (runs named ``env/algorithm/seed``)."""
-    wandb_group: str | None = None
-    """The W&B group of this comparison's runs (set by ``bpo-compare`` and kept on resume)."""
-    precision: str = "fp32"
-    """``TrainerConfig.precision``: ``bf16`` computes in bfloat16 with fp32 master weights."""
-    micro_batch_tokens: int | None = None
-    """``TrainerConfig.micro_batch_tokens``: tokens per backward (None: the whole batch)."""
-    gradient_checkpointing: bool = False
+    """Envs in each run's pool (trees in flight: a quarter of it)."""
     max_model_len: int | None = None
     """LLM policies: the longest prompt + answer (None: the model config's)."""
     torch_threads: int | None = None
@@ -100,6 +127,10 @@ class Preset:
             return value[env] if env in value else Preset.__dataclass_fields__[name].default
         return value
 
+    def trainer_for(self, env: str) -> TrainerConfig:
+        """The training settings of ``env``: :attr:`trainer` with the env's own fields."""
+        return replace(self.trainer, **self.envs[env].trainer)
+
 
 PRESETS: dict[str, Preset] = {
     # About 35 minutes on a 2-core CPU (seven algorithms): the small text-scoring model (TextScorerPolicy, ~1M
@@ -113,21 +144,20 @@ PRESETS: dict[str, Preset] = {
             "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test"),
             "alfworld": EnvSetup(
                 "BPO-ALFWorld-v0", {"max_episode_steps": 20, "split": "train"}, train_tasks=16, eval_tasks=16,
-                eval_split="valid_seen", sft_epochs=20,
+                eval_split="valid_seen", sft_epochs=20, trainer={"updates": 12},
             ),
         },
+        trainer=_trainer(updates=30, learning_rate=1e-3),
         policy="scorer",
         # the tree with its own and the state-anchored baseline (pooled with earlier batches: the
         # form the estimator study found best), the group baselines with and without it, and
         # the published step-level and tree methods
         algorithms=("bpo", "bpo-anchored+history", "grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
-        baselines=("grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
+        competitors=("grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
         budget={"webshop": 256, "alfworld": 320},
-        updates={"webshop": 30, "alfworld": 12},
-        learning_rate=1e-3,
         eval_episodes=4,
         grad_batches={"webshop": 16, "alfworld": 8},
         torch_threads=1,
@@ -141,11 +171,12 @@ PRESETS: dict[str, Preset] = {
                 train_tasks=16,
                 eval_tasks=16,
                 policy="tabular-prior",
+                max_new_tokens=16,
             ),
             "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=16, eval_tasks=16, eval_split="test"),
         },
         budget={"treemdp": 512, "webshop": 512},
-        updates=40,
+        trainer=_trainer(updates=40),
     ),
     # The tiny offline Qwen2 model, warm-started by behaviour cloning on WebShop's expert, with
     # short episodes: the LLM code path end to end on a CPU (about 20 s an update here).
@@ -154,13 +185,8 @@ PRESETS: dict[str, Preset] = {
         policy="tiny",
         budget={"webshop": 48},
         seeds=(0, 1),
-        updates=8,
-        group_size=4,
-        backbones=2,
-        branch_factor=2,
-        learning_rate=1e-4,
-        optimizer="adamw",
-        max_grad_norm=1.0,
+        trainer=_trainer(updates=8, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
+        options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=4), "rloo": RLOOOptions(group_size=4)},
         sft_epochs=2,
         grad_batches=3,
         eval_episodes=2,
@@ -172,20 +198,14 @@ PRESETS: dict[str, Preset] = {
     "cpu-swe": Preset(
         envs={"swebench": EnvSetup(
             "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0},
-            train_tasks=3, eval_tasks=3, eval_split="train",
+            train_tasks=3, eval_tasks=3, eval_split="train", max_new_tokens=24,
         )},
         policy="tiny",
         algorithms=("bpo", "grpo"),
         budget={"swebench": 4},
         seeds=(0,),
-        updates=2,
-        group_size=2,
-        backbones=2,
-        branch_factor=2,
-        learning_rate=1e-4,
-        optimizer="adamw",
-        max_grad_norm=1.0,
-        max_new_tokens=24,
+        trainer=_trainer(updates=2, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
+        options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=2)},
         sft_epochs=1,
         grad_batches=2,
         eval_episodes=1,
@@ -198,6 +218,7 @@ PRESETS: dict[str, Preset] = {
                 {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 8, "seed": 0},
                 train_tasks=4,
                 eval_tasks=4,
+                max_new_tokens=16,
             ),
             "webshop": EnvSetup(
                 "BPO-WebShop-v0", {"max_episode_steps": 10, "split": "train"}, train_tasks=8, eval_tasks=8, policy="scorer",
@@ -207,7 +228,7 @@ PRESETS: dict[str, Preset] = {
         sft_lr=3e-3,
         budget={"treemdp": 128, "webshop": 128},
         seeds=(0, 1),
-        updates=4,
+        trainer=_trainer(updates=4),
         grad_batches=3,
         eval_episodes=1,
     ),
@@ -221,23 +242,20 @@ PRESETS: dict[str, Preset] = {
                 eval_split="valid_unseen",
             ),
             "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=2048, eval_tasks=500, eval_split="test"),
-            "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=64, eval_tasks=16, workers=8),
+            "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=64, eval_tasks=16, workers=8, max_new_tokens=768),
         },
         policy="Qwen/Qwen2.5-7B-Instruct",
         budget_unit="gen_tokens",
         budget={"alfworld": 400_000, "webshop": 150_000, "swebench": 600_000},
-        updates=150,
         # bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1 --gpu-gb 141 --lora: ~36 GB with
         # 8k-token micro-batches and 64 decode rows; a full fine-tune needs ~142 GB (FSDP on 8 GPUs)
-        learning_rate=1e-5,
-        optimizer="adamw",
-        max_grad_norm=1.0,
+        trainer=_trainer(
+            updates=150, learning_rate=1e-5, optimizer="adamw", max_grad_norm=1.0, precision="bf16",
+            micro_batch_tokens=8192, gradient_checkpointing=True,
+        ),
         temperature=1.0,
         lora=True,
         vllm=True,
-        precision="bf16",
-        micro_batch_tokens=8192,
-        gradient_checkpointing=True,
         max_model_len=16384,
         pool_size=64,
         eval_episodes=1,
@@ -249,3 +267,6 @@ PRESETS: dict[str, Preset] = {
 def preset_dict(preset: Preset) -> dict[str, Any]:
     """The preset as plain JSON data (for ``preset.json``, results and loggers)."""
     return json.loads(json.dumps(asdict(preset), default=str))
+
+
+__all__ = ["EnvSetup", "Preset", "PRESETS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]

@@ -10,10 +10,11 @@ result is cached in ``run.json`` so an interrupted comparison resumes.
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,14 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
-from bpo_algos.algorithm import Algorithm
+from bpo_algos.algorithm import Algorithm, AlgorithmConfig
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, variance_summary
-from bpo_algos.engine import EnvPool, RolloutEngine
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
+from bpo_algos.rollout import EnvPool, RolloutEngine
 from bpo_algos.trainer import Trainer, TrainerConfig
 
 
@@ -66,11 +67,8 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
-    from bpo_algos.policy.hf import max_new_tokens_for
-
-    # the preset's figure where it sets one, else the env's default (SWE-bench needs long edits)
-    options = {"max_new_tokens": preset.max_new_tokens or max_new_tokens_for(setup.env_id)}
-    if preset.precision == "bf16":
+    options: dict[str, Any] = {"max_new_tokens": setup.max_new_tokens}
+    if preset.trainer.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
@@ -95,20 +93,35 @@ def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], s
     return policy
 
 
-SHARED_ALGORITHM_FIELDS = ("group_size", "backbones", "branch_factor", "entropy_quantile", "max_branch_points")
-"""Preset fields passed to every algorithm whose factory names the parameter."""
+def algorithm_class(factory: Any) -> type[Algorithm] | None:
+    """The :class:`~bpo_algos.algorithm.Algorithm` subclass a factory builds: the factory
+    itself, or the class a ``functools.partial`` wraps (None for any other callable)."""
+    while isinstance(factory, partial):
+        factory = factory.func
+    return factory if isinstance(factory, type) and issubclass(factory, Algorithm) else None
 
 
 def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
     """The options the main job builds algorithm ``name`` with.
 
-    The loss options and seed every algorithm takes, the shared preset fields that its factory
-    names (``BPO`` takes ``backbones``, ``RLOO`` ``group_size``, ...), then
-    ``preset.algorithm_options[name]`` on top.
+    The seed, ``aggregation`` and ``max_parallel_trees`` (default: a quarter of the env pool)
+    and every other shared option the preset changes (:attr:`Preset.shared`); for a built-in
+    kind of algorithm its own options (``preset.options[cls.name]``, all but those its variant
+    fixes, e.g. ``bpo-anchored``'s ``baseline``); then ``preset.algorithm_options[name]``.
     """
-    options: dict[str, Any] = {"aggregation": preset.aggregation, "seed": seed, "max_parallel_trees": max(1, preset.pool_size // 4)}
-    accepted = _named_parameters(algorithm_factory(name))
-    options.update({key: getattr(preset, key) for key in SHARED_ALGORITHM_FIELDS if key in accepted})
+    defaults = AlgorithmConfig().to_dict()
+    shared = preset.shared.to_dict()
+    options: dict[str, Any] = {"seed": seed, "aggregation": shared["aggregation"],
+                               "max_parallel_trees": shared["max_parallel_trees"] or max(1, preset.pool_size // 4)}
+    options.update({k: v for k, v in shared.items() if v != defaults[k] and k not in options})
+    factory = algorithm_factory(name)
+    cls = algorithm_class(factory)
+    own = preset.options.get(cls.name) if cls is not None else None
+    if own is not None:
+        if not isinstance(own, cls.Options):
+            raise TypeError(f"preset.options[{cls.name!r}] must be a {cls.Options.__name__}, got {type(own).__name__}")
+        fixed = factory.keywords if isinstance(factory, partial) else {}
+        options.update({k: v for k, v in own.to_dict().items() if k not in fixed})
     options.update(preset.algorithm_options.get(name, {}))
     return options
 
@@ -118,12 +131,19 @@ def build_algorithm(name: str, preset: Preset, seed: int) -> Algorithm:
     return make_algorithm(name, **algorithm_options(name, preset, seed))
 
 
-def _named_parameters(factory: Any) -> set[str]:
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: pass only explicit options
-        return set()
-    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: int, **run: Any) -> TrainerConfig:
+    """The :class:`TrainerConfig` of one run: the env's training settings
+    (:meth:`Preset.trainer_for`) with the run's own fields (:data:`RUN_FIELDS`: its tasks, the
+    env's budget, the seed, ``run`` such as ``out_dir``), the last batch's trees saved."""
+    config = preset.trainer_for(env_name)
+    fields = {
+        "tasks_per_update": tasks_per_update,
+        "budget": Budget(preset.budget_unit, preset.budget[env_name]),
+        "seed": seed,
+        "save_trees_every": config.updates,  # the last batch's trees, for the report
+        **run,
+    }
+    return replace(config, **fields)
 
 
 def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
@@ -263,7 +283,12 @@ def run_one(
     setup = preset.envs[env_name]
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
     separate_eval = setup.eval_split not in ("held-out", "train")
-    budget = Budget(preset.budget_unit, preset.budget[env_name])
+    config = trainer_config(
+        preset, env_name, seed, len(train_tasks), out_dir=folder, progress=progress,
+        wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
+        wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
+    )
+    budget = config.budget
     policy = fresh_copy(initial, _initial_weights(initial))
     start = time.perf_counter()
     try:
@@ -274,26 +299,6 @@ def run_one(
         probe.collect(policy, pool, train_tasks, budget)
         grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.for_env("grad_batches", env_name), budget))
         algorithm = build_algorithm(algorithm_name, preset, seed)
-        config = TrainerConfig(
-            updates=preset.for_env("updates", env_name),
-            tasks_per_update=len(train_tasks),
-            budget=budget,
-            learning_rate=preset.learning_rate,
-            optimizer=preset.optimizer,
-            max_grad_norm=preset.max_grad_norm,
-            seed=seed,
-            out_dir=folder,
-            progress=progress,
-            tensorboard=preset.tensorboard,
-            wandb_project=preset.wandb_project,
-            wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
-            wandb_group=preset.wandb_group,
-            wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
-            save_trees_every=preset.for_env("updates", env_name),  # the last batch's trees, for the report
-            precision=preset.precision,
-            micro_batch_tokens=preset.micro_batch_tokens,
-            gradient_checkpointing=preset.gradient_checkpointing,
-        )
         history = Trainer(algorithm, policy, pool, train_tasks, config).train()
         if separate_eval:  # another split: its own envs (task ids are per split)
             pool.close()

@@ -60,7 +60,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str]) -> di
     """``results.json``: per env and algorithm, means and intervals over seeds; across envs."""
     unit = preset.budget_unit
     algorithms = list(preset.algorithms)
-    baselines = [a for a in (preset.baselines or algorithms) if a != preset.treatment]
+    baselines = [a for a in (preset.competitors or algorithms) if a != preset.treatment]
     per_env: dict[str, Any] = {}
     for env in envs:
         rows = {a: [r for r in runs if r["env"] == env and r["algorithm"] == a] for a in algorithms}

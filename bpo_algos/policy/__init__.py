@@ -16,9 +16,9 @@ from bpo_algos.policy.base import (
     pad_token_rows,
 )
 from bpo_algos.policy.choice import ChoicePolicy
-from bpo_algos.policy.prompting import PromptConfig
 from bpo_algos.policy.scorer import TextScorerPolicy
 from bpo_algos.policy.tabular import TabularPolicy
+from bpo_envs.prompting import PromptConfig
 
 _LAZY = {
     "HFPolicy": "bpo_algos.policy.hf",

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.checks import check_count
 from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_context, as_steps
+from bpo_envs.validation import check_count
 
 
 def context_key(text: str) -> int:

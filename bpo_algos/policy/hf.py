@@ -53,22 +53,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from bpo_algos.checks import check_count
 from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_steps, pad_token_rows
-from bpo_algos.policy.prompting import PromptBuilder, PromptConfig, env_action, format_action
+from bpo_algos.policy.prompt_builder import PromptBuilder
+from bpo_envs.prompting import PromptConfig, env_action, format_action
+from bpo_envs.validation import check_count
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "summary_first_dropout")
 log = logging.getLogger(__name__)
-
-MAX_NEW_TOKENS = {"BPO-TreeMDP-v0": 16, "BPO-WebShop-v0": 64, "BPO-ALFWorld-v0": 64, "BPO-SWEBench-v0": 768}
-"""Answer-length limits per env: a SWE-bench bash edit needs hundreds of tokens (at least 512)."""
-
-
-def max_new_tokens_for(env_id: str, default: int = 64) -> int:
-    """The ``max_new_tokens`` an HF/vLLM policy should use on ``env_id`` (:data:`MAX_NEW_TOKENS`)."""
-    return MAX_NEW_TOKENS.get(env_id, default)
-
 
 def disable_dropout(model: nn.Module) -> int:
     """Set every dropout probability of ``model`` to 0: its ``nn.Dropout`` modules and the dropout
@@ -128,7 +120,7 @@ class HFPolicy(PolicyBase, nn.Module):
         temperature: sampling temperature (> 0); part of the policy's distribution.
         max_new_tokens: the longest answer; an answer cut there has no stop token and usually
             does not parse (the env then answers "invalid action").
-        prompt: the prompt format (:class:`~bpo_algos.policy.prompting.PromptConfig`).
+        prompt: the prompt format (:class:`~bpo_envs.prompting.PromptConfig`).
         lora: None/False (train all weights), True (default LoRA), a dict of ``LoraConfig``
             fields, or a ``peft.LoraConfig``.
         share_prefix: prefill each prompt once and expand its KV to the ``n`` samples.

@@ -33,9 +33,9 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from bpo_algos.checks import check_count
 from bpo_algos.policy.base import Context
 from bpo_algos.policy.choice import ChoicePolicy
+from bpo_envs.validation import check_count
 
 _WORD = re.compile(r"[a-z0-9]+")
 _ARGUMENT = re.compile(r"^\s*[\w ]+\[(.+)\]\s*$", re.DOTALL)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bpo_algos.policy.base import Context
-from bpo_algos.policy.prompting import PromptConfig, build_messages, format_action
+from bpo_envs.prompting import PromptConfig, build_messages, format_action
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 

@@ -1,7 +1,7 @@
 """``VLLMPolicy``: generation with vLLM, training (and entropy, reference) on the HF model.
 
 ``sample`` runs ``vllm.LLM.generate`` on the prompt token ids the shared
-:class:`~bpo_algos.policy.prompting.PromptBuilder` makes, with ``SamplingParams(n=n,
+:class:`~bpo_algos.policy.prompt_builder.PromptBuilder` makes, with ``SamplingParams(n=n,
 temperature=T, logprobs=0)`` and ``logprobs_mode="processed_logprobs"`` so the returned
 log-probs are those of the temperature-scaled distribution that was sampled (the same one
 :meth:`HFPolicy.token_logprobs` computes). ``n`` samples of one prompt share its prefill, and
@@ -34,7 +34,7 @@ import torch
 
 from bpo_algos.policy.base import Action, Context
 from bpo_algos.policy.hf import HFPolicy
-from bpo_algos.policy.prompting import env_action
+from bpo_envs.prompting import env_action
 
 
 class VLLMPolicy(HFPolicy):

@@ -59,7 +59,6 @@ import io
 import logging
 import os
 import shlex
-import shutil
 import tarfile
 import tempfile
 import threading
@@ -72,7 +71,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bpo_envs.swebench.images import ImageStore, row_image_names
+from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-exported
+    MIN_FREE_DISK_BYTES,
+    DaemonUnavailableError,
+    check_capacity,
+    docker_call,
+    docker_client,
+    max_docker_calls,
+    set_daemon_wait,
+    set_max_docker_calls,
+)
+from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, row_image_names
 from bpo_envs.swebench.local import SandboxLimits, disk_usage
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 from bpo_envs.swebench.owners import (
@@ -85,7 +94,6 @@ from bpo_envs.swebench.owners import (
 )
 
 log = logging.getLogger(__name__)
-DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
 BASH_ENV = "/root/.bashrc"
 OWNER_LABEL = LABEL_PID
 """Label of every container (and so of every snapshot image) with the pid of the process that
@@ -94,8 +102,6 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "
 """The capabilities a container keeps (all others are dropped)."""
 KILLED_RC = 199
 """The wrapper's exit code for a command killed by SIGKILL (reported as 137)."""
-MIN_FREE_DISK_BYTES = 1 << 30
-"""An env does not start when the daemon's disk has less free space than this."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -126,130 +132,6 @@ REAP = r"""__bpo_reap() {
 class SandboxLostError(RuntimeError):
     """The env's container is gone (the daemon restarted, or the container died): the state since
     the last snapshot is lost. The rollout engine rebuilds the path from its nearest snapshot."""
-
-
-class DaemonUnavailableError(RuntimeError):
-    """No Docker daemon answered within ``daemon_wait_s``."""
-
-
-_limits_lock = threading.Lock()
-_max_calls = max(1, int(os.environ.get("BPO_GYM_DOCKER_CALLS", "8")))
-_calls = threading.BoundedSemaphore(_max_calls)
-_daemon_wait_s = float(os.environ.get("BPO_GYM_DOCKER_WAIT", "120"))
-_seen_daemon = False  # a daemon answered this process once: an unreachable one is restarting
-
-
-def set_max_docker_calls(n: int) -> None:
-    """Bound the docker API calls in flight from this process (all envs together) to ``n``."""
-    global _max_calls, _calls
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"max docker calls must be an int >= 1, got {n!r}")
-    with _limits_lock:
-        _max_calls, _calls = n, threading.BoundedSemaphore(n)
-
-
-def max_docker_calls() -> int:
-    return _max_calls
-
-
-def set_daemon_wait(seconds: float) -> None:
-    """How long a docker call waits for an unreachable daemon (restarting) before it raises."""
-    global _daemon_wait_s
-    if not isinstance(seconds, int | float) or seconds < 0:
-        raise ValueError(f"daemon wait must be a number of seconds >= 0, got {seconds!r}")
-    _daemon_wait_s = float(seconds)
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the daemon did not answer (as opposed to refusing the call)."""
-    import docker
-    import requests
-
-    if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
-        return True
-    if isinstance(exc, docker.errors.APIError) and exc.response is not None:
-        # the daemon is shutting down or starting: it answers 500/502/503 with these
-        text = str(exc).lower()
-        return exc.response.status_code >= 500 and any(
-            m in text for m in ("shutting down", "connection refused", "is restarting", "context canceled"))
-    return False
-
-
-def docker_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` within the process's bound on calls in flight, retried while the
-    daemon cannot be reached, for up to the daemon wait (see the module docstring)."""
-    deadline = time.monotonic() + (_daemon_wait_s if _seen_daemon else 0.0)
-    delay = 0.2
-    while True:
-        sem = _calls
-        with sem:
-            try:
-                return fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - sorted below
-                if not _unreachable(exc) or time.monotonic() >= deadline:
-                    if _unreachable(exc) and _seen_daemon:
-                        raise DaemonUnavailableError(
-                            f"the Docker daemon did not answer for {_daemon_wait_s:g} s (the "
-                            f"daemon wait, BPO_GYM_DOCKER_WAIT): {type(exc).__name__}: {exc}"
-                        ) from exc
-                    raise
-        log.warning("the Docker daemon does not answer; retrying in %.1f s", delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 5.0)
-
-
-def docker_client() -> Any:
-    """A docker-py client whose daemon answers (waiting up to the daemon wait for one that is
-    restarting, once a daemon answered this process); raise with how to get one otherwise."""
-    try:
-        import docker
-    except ImportError as exc:
-        raise RuntimeError("the docker backend needs docker-py: pip install 'bpo-gym[swe]'") from exc
-    global _seen_daemon
-    try:
-        client = docker.from_env(timeout=120)
-        docker_call(client.ping)
-        _seen_daemon = True
-    except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
-        from bpo_envs.system import MissingPartError
-
-        raise MissingPartError(
-            "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
-            f"dockerd (bpo-gym-setup swebench does both); waited {_daemon_wait_s:g} s "
-            f"(BPO_GYM_DOCKER_WAIT) ({exc})", "swebench"
-        ) from exc
-    return client
-
-
-def check_capacity(client: Any, n_envs: int = 1, limits: SandboxLimits | None = None) -> None:
-    """Raise, naming the limit, when this host cannot start ``n_envs`` more docker envs: less
-    free disk on the daemon's root than :data:`MIN_FREE_DISK_BYTES` plus 64 MiB per env, or more
-    processes than the host's ``kernel.pid_max`` room for ``pids_limit`` each."""
-    info = docker_call(client.info)
-    root = info.get("DockerRootDir") or "/var/lib/docker"
-    need = MIN_FREE_DISK_BYTES + n_envs * (64 << 20)
-    try:
-        free = shutil.disk_usage(root).free
-    except OSError:
-        free = None  # a remote daemon: its disk is not visible from here
-    if free is not None and free < need:
-        raise RuntimeError(
-            f"out of disk for {n_envs} docker env(s): {free / 2**30:.2f} GiB free on the Docker "
-            f"root {root}, the limit is {need / 2**30:.2f} GiB (MIN_FREE_DISK_BYTES "
-            f"{MIN_FREE_DISK_BYTES / 2**30:.0f} GiB + 64 MiB per env); free space or remove "
-            "images (bpo-gym-setup clean removes what crashed runs left)"
-        )
-    lim = limits or SandboxLimits()
-    try:
-        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        pid_max = None
-    if pid_max is not None and n_envs * lim.max_processes > pid_max:
-        raise RuntimeError(
-            f"{n_envs} docker env(s) with max_processes={lim.max_processes} each may need "
-            f"{n_envs * lim.max_processes} processes, over the host's kernel.pid_max {pid_max}; "
-            "lower max_processes or the concurrency"
-        )
 
 
 def _tar(files: dict[str, bytes]) -> bytes:

@@ -29,7 +29,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.swebench.daemon import docker_client
 from bpo_envs.swebench.owners import owner_labels, run_dir
+
+DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
+"""The local base image (``bpo-gym-setup swebench`` builds it) of the docker backend."""
+
 
 ARCH = "x86_64"
 NAMESPACE = "swebench"
@@ -183,7 +188,6 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
 
     Returns the image name. See the module docstring for the layout.
     """
-    from bpo_envs.swebench.docker_backend import DEFAULT_IMAGE, docker_client
     from bpo_envs.swebench.local import make_testbed
 
     client = client or docker_client()

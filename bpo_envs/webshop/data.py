@@ -31,7 +31,6 @@ least 2000 goals; otherwise proportionally (first 10% test, next 20% eval, the r
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -449,8 +448,3 @@ def get_catalog(
             _CATALOGS[where] = catalog
     return catalog
 
-
-def combinations_of(product: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Every option combination of ``product`` (``{name: value}``), in goal order."""
-    names = sorted(product["options"])
-    return [dict(zip(names, c, strict=True)) for c in itertools.product(*(product["options"][n] for n in names))]

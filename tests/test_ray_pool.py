@@ -18,7 +18,7 @@ from test_reliability import check_tree  # noqa: E402
 
 import bpo_envs  # noqa: E402
 from bpo_algos import BPO, EnvPool, TabularPolicy, Trainer, TrainerConfig  # noqa: E402
-from bpo_envs.distributed import RayEnvPool, RemoteEnv, RemoteSnapshot  # noqa: E402
+from bpo_envs.ray_pool import RayEnvPool, RemoteEnv, RemoteSnapshot  # noqa: E402
 
 # the wrappers below are defined here, so the actors get them by value
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -28,7 +28,6 @@ tree_fn = functools.partial(gym.make, "BPO-TreeMDP-v0", **TREE)
 
 
 def webshop_fn():
-    pytest.importorskip("bm25s", reason="WebShop needs the webshop extra")
     return functools.partial(gym.make, "BPO-WebShop-v0", max_episode_steps=6)
 
 

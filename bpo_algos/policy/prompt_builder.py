@@ -1,11 +1,10 @@
-"""Prompts and action parsing shared by every LLM policy (HF, vLLM, SFT).
+"""Token ids of the prompts every LLM policy (HF, vLLM, SFT) sends: :class:`PromptBuilder`.
 
-The chat format itself (:class:`PromptConfig`, :func:`build_messages`, :func:`parse_action`,
-:func:`env_action`, :func:`format_action`, :func:`render_chat`) lives in
+The chat format itself (:class:`~bpo_envs.prompting.PromptConfig`, ``build_messages``,
+``parse_action``, ``env_action``, ``format_action``, ``render_chat``) lives in
 :mod:`bpo_envs.prompting`, so the trainer integrations in ``bpo_envs.integrations`` show the
-same prompts; it is re-exported here. A prompt is a system + user chat rendered with the
-tokenizer's chat template; the model answers with one action between configurable tags,
-``<action>...</action>`` by default. :class:`PromptBuilder` turns it into token ids.
+same prompts. A prompt is a system + user chat rendered with the tokenizer's chat template; the
+model answers with one action between configurable tags, ``<action>...</action>`` by default.
 
 Nothing here imports ``transformers``: a tokenizer is any object with ``apply_chat_template``
 (optional), ``__call__``/``encode`` and ``eos_token_id``.
@@ -18,28 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from bpo_algos.policy.base import Context
-from bpo_envs.prompting import (
-    DEFAULT_SYSTEM_PROMPT,
-    PromptConfig,
-    _cut,
-    build_messages,
-    env_action,
-    format_action,
-    parse_action,
-    render_chat,
-)
+from bpo_envs.prompting import PromptConfig, build_messages, format_action, render_chat
 
-__all__ = [
-    "DEFAULT_SYSTEM_PROMPT",
-    "PromptBuilder",
-    "PromptConfig",
-    "_cut",
-    "build_messages",
-    "env_action",
-    "format_action",
-    "parse_action",
-    "render_chat",
-]
 
 class PromptBuilder:
     """Token ids of prompts and of formatted actions for one tokenizer (with a small LRU cache).

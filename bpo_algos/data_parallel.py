@@ -44,6 +44,7 @@ when ``WORLD_SIZE`` > 1 is set by a launcher.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -342,3 +343,188 @@ def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimiz
         raise ValueError(f"the checkpoint has {len(groups)} optimizer parameter groups, the optimizer {len(optimizer.param_groups)}")
     for saved, group in zip(groups, optimizer.param_groups, strict=True):
         group.update({k: v for k, v in saved.items() if k != "params"})
+
+
+class DataParallel:
+    """This process's part in one training run: one process, ``N`` ranks, or ``N`` FSDP ranks.
+
+    The :class:`~bpo_algos.trainer.Trainer` asks it for the share of the batch this rank
+    builds, the backward pass of that share, the gradient reductions and the global meters; on
+    one process every step is the plain one-process computation (see the module docstring).
+    """
+
+    def __init__(self, policy: Any, algorithm: Any, *, fsdp: bool, precision: str, device: torch.device) -> None:
+        init_from_env()
+        self.rank, self.world_size = rank(), world_size()
+        self.policy = policy
+        self.algorithm = algorithm
+        self.device = device
+        if self.world_size > 1:
+            broadcast_parameters(policy)  # rank 0's initial weights everywhere, then shards
+        self.fsdp = self._shard(fsdp, precision)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    # ---- FSDP ----------------------------------------------------------------------------
+    def _shard(self, wanted: bool, precision: str) -> bool:
+        """Shard ``policy.model`` when ``fsdp=True`` on several ranks (``TrainerConfig.fsdp``)."""
+        if not wanted:
+            return False
+        if self.world_size == 1:
+            log.warning("fsdp=True on one process: nothing to shard, the model trains unsharded")
+            return False
+        model = getattr(self.policy, "model", None)
+        if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+            raise TypeError(f"fsdp=True shards policy.model, a transformers model; {type(self.policy).__name__} has none")
+        if getattr(self.algorithm, "kl_coef", 0.0) and callable(getattr(self.policy, "set_reference", None)):
+            # the frozen reference is copied before sharding: a plain replicated copy whose
+            # forwards are no collectives (LoRA needs none: its base model is the reference)
+            self.policy.set_reference()
+        shard_model(model, mixed_precision=torch.bfloat16 if precision == "bf16" else None)
+        # a micro-batch must be exactly one forward pass through the sharded model on every rank
+        # (its backward is one reduce-scatter per layer): at most the rows of one forward
+        self._fsdp_steps = getattr(self.policy, "train_batch_size", None)
+        self._forwards = 0
+        self._counting = False
+        model.register_forward_pre_hook(self._count_forward)
+        return True
+
+    def _count_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if not (self._counting and torch.is_grad_enabled()):
+            return
+        self._forwards += 1
+        if self._forwards > 1:
+            raise RuntimeError(
+                f"fsdp=True: one micro-batch ran more than one forward pass through the sharded model "
+                f"({type(self.policy).__name__} splits a micro-batch of <= {self._fsdp_steps} steps); "
+                "ranks would issue different numbers of gradient reduce-scatters"
+            )
+
+    def _new_micro_batch(self) -> None:
+        self._forwards = 0
+
+    def _zero_pass(self) -> None:
+        """One forward/backward of a one-token input with zero weight: this rank's share of a
+        micro-batch another rank has and it has not (the same collectives, no gradient)."""
+        self._new_micro_batch()
+        model = self.policy.model
+        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        (logits.float().sum() * 0.0).backward()
+
+    def gather_weights(self) -> None:
+        """Under FSDP, the full weights for rollouts and micro-batches (their forwards are local)."""
+        if self.fsdp:
+            unshard(self.policy)
+
+    def shard_weights(self) -> None:
+        """Under FSDP, the sharded parameters (and their gradients) again, after a backward."""
+        if self.fsdp:
+            reshard(self.policy)
+
+    def clear_cache(self) -> None:
+        """Under FSDP, drop the policy's prompt KV of the old weights."""
+        if self.fsdp and callable(getattr(self.policy, "clear_cache", None)):
+            self.policy.clear_cache()
+
+    # ---- the batch's share and its gradient ----------------------------------------------
+    def backward(self, batch: Any, micro_batch_tokens: int | None) -> float:
+        """Accumulate this rank's share of the whole batch's gradient; returns its loss.
+
+        One process without micro-batches: the algorithm's loss and one backward. Otherwise
+        every micro-batch divided by the global normaliser (the sum over ranks), and under
+        FSDP zero passes up to the largest micro-batch count over ranks."""
+        algorithm = self.algorithm
+        if micro_batch_tokens is None and not self.distributed:
+            loss = algorithm.loss(self.policy, batch)
+            loss.backward()
+            return float(loss.detach())
+        z_local = algorithm.loss_normaliser(batch) if batch.steps else 0.0
+        z, n_trees = all_reduce_sum([z_local, float(batch.n_trees)])
+        if algorithm.aggregation == "step-sum":
+            z = n_trees
+        if not self.fsdp:
+            if not batch.steps:
+                return 0.0
+            return algorithm.backward(self.policy, batch, micro_batch_tokens=micro_batch_tokens, normaliser=z)
+        groups = batch.micro_batches(micro_batch_tokens, self._fsdp_steps) if batch.steps else []
+        most = all_reduce_max(len(groups))
+        loss_value = 0.0
+        self._counting = True
+        try:
+            if batch.steps:
+                loss_value = algorithm.backward(
+                    self.policy, batch, micro_batch_tokens=micro_batch_tokens, micro_batch_steps=self._fsdp_steps,
+                    normaliser=z, before_micro_batch=self._new_micro_batch,
+                )
+            for _ in range(most - len(groups)):
+                self._zero_pass()
+        finally:
+            self._counting = False
+        return loss_value
+
+    def reduce(self, params: Sequence[torch.nn.Parameter], loss_value: float, max_grad_norm: float | None) -> tuple[float, float]:
+        """Sum gradients and loss over ranks, then the norm (before clipping) and clipping (under
+        FSDP after :meth:`shard_weights`).
+
+        Returns ``(loss, gradient norm)``; both are the whole batch's on every rank."""
+        if self.fsdp:
+            # sharded gradients are summed by FSDP; any other trainable tensor here
+            all_reduce_gradients([p for p in params if not is_dtensor(p)])
+            (loss_value,) = all_reduce_sum([loss_value])
+            norm = sharded_gradient_norm(params)
+            if max_grad_norm is not None:
+                clip_gradients_(params, max_grad_norm, norm)
+            return loss_value, norm
+        if self.distributed:
+            check_same_parameters(params)
+            all_reduce_gradients(params)
+            (loss_value,) = all_reduce_sum([loss_value])
+        norm = gradient_norm(params)
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        return loss_value, norm
+
+    # ---- global meters -------------------------------------------------------------------
+    def global_compute(self, meter: Any) -> Any:
+        """The batch meter summed over ranks (the meter itself on one process)."""
+        if not self.distributed:
+            return meter
+        names = [f.name for f in dataclasses.fields(meter)]
+        summed = all_reduce_sum([getattr(meter, n) for n in names])
+        return type(meter)(**{n: (int(v) if isinstance(getattr(meter, n), int) else v) for n, v in zip(names, summed, strict=True)})
+
+    @staticmethod
+    def global_row(batch: Any, compute: Any) -> dict[str, Any]:
+        """A logged row's batch statistics over every rank's trees (means over trees and steps)."""
+        success = sum(t.success_rate() for t in batch.trees)
+        returns = sum(t.mean_return() for t in batch.trees)
+        neg_lp = sum(-e.action.logprob for e in batch.steps)
+        ent = sum(batch.entropies)
+        n_trees, n_steps, s, r, lp, e_sum, n_ent = all_reduce_sum(
+            [batch.n_trees, len(batch.steps), success, returns, neg_lp, ent, len(batch.entropies)]
+        )
+        return {
+            "success": s / max(n_trees, 1),
+            "return": r / max(n_trees, 1),
+            "entropy": lp / n_steps if n_steps else 0.0,
+            "decision_entropy": e_sum / n_ent if n_ent else None,
+            "n_trees": int(n_trees),
+            "n_steps": int(n_steps),
+            "compute": compute.to_dict(),
+        }
+
+    def global_entropies(self, per_tree: list[tuple[int, list[float]]]) -> list[float]:
+        """Every rank's decision entropies, ordered by tree index (for adaptive state)."""
+        if self.distributed:
+            per_tree = [item for part in all_gather_objects(per_tree) for item in part]
+        return [e for _, es in sorted(per_tree, key=lambda t: t[0]) for e in es]
+
+
+def gradient_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
+    """L2 norm of all gradients together (accumulated in float64: a float32 sum over millions
+    of squares is off in the fourth digit)."""
+    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64) for p in parameters if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0

@@ -31,7 +31,7 @@ until one has finished. A tree in progress is always finished (cutting it would 
 estimate). The schedule (which paths step together, in which order the policy sees them)
 depends only on the pool's free-slot bookkeeping, so two pools with the same number of envs
 and the same ``acquire``/``release`` semantics (:class:`~bpo_envs.pool.EnvPool` and
-:class:`bpo_envs.distributed.RayEnvPool`) give the same batch for the same seeds.
+:class:`bpo_envs.ray_pool.RayEnvPool`) give the same batch for the same seeds.
 
 Every cost lands in the batch meter and in the meter of the tree it served
 (:class:`~bpo_algos.compute.ComputeMeter`): env steps (replays by ``ReplaySnapshot`` restores
@@ -57,6 +57,7 @@ import numpy as np
 
 import bpo_envs
 from bpo_algos.compute import Budget, ComputeMeter, should_start
+from bpo_algos.paths import PathState, SharedSnapshot, TreeBuild
 from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.recovery import EnvFailureError, FailureHandler, FailureRecord, ReplayMismatchError
 from bpo_algos.tree import Edge, Node, RolloutTree
@@ -101,67 +102,6 @@ class Topology(Protocol):
     # Optional (read with getattr): ``snapshot_nodes: bool`` (snapshot every decision node
     # while its tree is open) and ``expansions(tree, round) -> Sequence[Node]`` (nodes of the
     # finished tree to grow by one more path each; called with round 0, 1, ... until empty).
-
-
-@dataclass(eq=False)
-class _SharedSnapshot:
-    snapshot: bpo_envs.Snapshot
-    origin: gym.Env
-    pending: int
-    node: Node
-
-
-@dataclass(eq=False)
-class TreeBuild:
-    tree: RolloutTree
-    open_paths: int = 0
-    started: float = 0.0
-    finished: bool = False
-    task: Any = None
-    seed: int = 0
-    dropped: bool = False
-    expansion_round: int = 0
-    snapshots: dict[int, _SharedSnapshot] = field(default_factory=dict)
-    """Snapshots still held, by ``id`` of their node (rebuild sources after a failure)."""
-
-
-@dataclass(eq=False)
-class PathState:
-    """One path being rolled out (a backbone, or a sibling forked at a branch node)."""
-
-    build: TreeBuild
-    node: Node
-    level: int = 0
-    """Inner branch levels above this path's line (fresh siblings are one deeper)."""
-    branch_points: int = 0
-    """Branch nodes created along this path's own line."""
-    env: gym.Env | None = None
-    snapshot: _SharedSnapshot | None = None
-    pending: Action | None = None
-    is_root: bool = False
-    attempts: int = 0
-    """Failures this path has had (it is dropped after ``pool.retries`` retries)."""
-    rebuild: bool = False
-    """Its env must be rebuilt (restore the nearest held snapshot, replay) before it goes on."""
-
-    @property
-    def context(self) -> Context:
-        return self.node.context
-
-    def consume_snapshot(self) -> None:
-        """This path no longer needs its snapshot; the last sibling to let go releases it."""
-        shared, self.snapshot = self.snapshot, None
-        if shared is None:
-            return
-        shared.pending -= 1
-        if shared.pending == 0:
-            self.build.snapshots.pop(id(shared.node), None)
-            shared.snapshot.release()
-
-    def close(self) -> bool:
-        """The path ended (or was dropped); True when it was its tree's last open path."""
-        self.build.open_paths -= 1
-        return self.build.open_paths == 0
 
 
 @dataclass
@@ -395,7 +335,7 @@ class RolloutEngine:
         path.build.tree.compute.seconds += time.perf_counter() - t0
         shared = None
         if snap is not None:
-            shared = _SharedSnapshot(snap, path.env, pending=len(actions) - 1, node=node)
+            shared = SharedSnapshot(snap, path.env, pending=len(actions) - 1, node=node)
             path.build.snapshots[id(node)] = shared
         sibling_level = path.level if path.is_root else path.level + 1
         for action in actions[1:]:
@@ -433,7 +373,7 @@ class RolloutEngine:
                 logger.warning("snapshot of a node for later expansion failed", exc_info=True)
             else:
                 self._charge(path.build, snapshots=1)
-                path.build.snapshots[id(child)] = _SharedSnapshot(snap, path.env, pending=0, node=child)
+                path.build.snapshots[id(child)] = SharedSnapshot(snap, path.env, pending=0, node=child)
         return False
 
     # ---- envs for waiting paths ---------------------------------------------------------

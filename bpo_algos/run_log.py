@@ -1,0 +1,99 @@
+"""The log of a training run: one JSON line per update in ``metrics.jsonl``, and the same
+scalars to TensorBoard and W&B when asked for (and installed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bpo_algos.checkpoints import atomic_write
+
+
+class RunLog:
+    """Appends rows to ``out_dir/metrics.jsonl`` (nothing when ``out_dir`` is None: other ranks,
+    or a run kept in memory) and mirrors their numbers to the optional loggers.
+
+    ``wandb_*`` name the W&B project, run, group and shown configuration; the run id is kept in
+    ``out_dir/wandb_id.txt``, so a resumed run continues the same W&B run.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path | None,
+        *,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        wandb_name: str | None = None,
+        wandb_group: str | None = None,
+        wandb_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.out_dir = out_dir
+        self.tensorboard = tensorboard
+        self.wandb = {"project": wandb_project, "name": wandb_name, "group": wandb_group, "config": wandb_config or {}}
+        self._writers: list[Any] = []
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.out_dir is None else self.out_dir / "metrics.jsonl"
+
+    def rewrite(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the file's rows by ``rows`` (on resume: rows after the checkpoint are redone;
+        on a fresh start: none)."""
+        if self.path is not None:
+            lines = "".join(json.dumps(row) + "\n" for row in rows)
+            atomic_write(self.path, lambda fh: fh.write(lines.encode()))
+
+    def write(self, row: dict[str, Any], step: int) -> None:
+        """Append ``row`` and log its numbers (and the running compute total) at ``step``."""
+        if self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        self._open()
+        scalars = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        scalars.update({f"compute/{k}": v for k, v in row["compute_total"].items()})
+        for writer in self._writers:
+            if hasattr(writer, "add_scalar"):
+                for key, value in scalars.items():
+                    writer.add_scalar(key, value, step)
+            else:
+                writer.log(scalars, step=step)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            if hasattr(writer, "close"):
+                writer.close()
+        self._writers = []
+
+    def _open(self) -> None:
+        if self._writers or self.out_dir is None:
+            return
+        if self.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise ImportError("tensorboard=True needs `pip install tensorboard`") from exc
+            self._writers.append(SummaryWriter(str(self.out_dir / "tensorboard")))
+        if self.wandb["project"]:
+            try:
+                import wandb
+            except ImportError as exc:  # pragma: no cover
+                raise ImportError("wandb_project needs `pip install wandb`") from exc
+            id_file = self.out_dir / "wandb_id.txt"
+            if not id_file.exists():
+                run_id = wandb.util.generate_id().encode()
+                atomic_write(id_file, lambda fh: fh.write(run_id))
+            self._writers.append(
+                wandb.init(
+                    project=self.wandb["project"],
+                    id=id_file.read_text().strip(),
+                    name=self.wandb["name"],
+                    group=self.wandb["group"],
+                    config=self.wandb["config"],
+                    dir=str(self.out_dir),
+                    resume="allow",
+                )
+            )

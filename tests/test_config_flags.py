@@ -1,0 +1,91 @@
+"""``bpo-compare``'s flags come from the config dataclasses: every field, its docstring as help."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from baselines import RLOO
+from baselines.rloo import RLOOOptions
+from bpo_algos import BPO
+from bpo_algos.algorithm import AlgorithmConfig
+from bpo_algos.bpo import BPOOptions
+from bpo_algos.experiments import compare
+from bpo_algos.experiments.flags import add_flags, field_docs, given
+from bpo_algos.experiments.presets import PRESETS, RUN_FIELDS, Preset
+from bpo_algos.trainer_config import TrainerConfig
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    for flag in ("--smoke",):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("--preset", default="cpu")
+    for name in ("envs", "algorithms", "import_modules", "algorithm_option"):
+        parser.set_defaults(**{name: None})
+    parser.set_defaults(treatment=None)
+    holders = compare.add_config_flags(parser)
+    return compare.build_preset(parser.parse_args(argv), holders)
+
+
+def test_every_field_of_every_config_dataclass_has_a_flag_with_its_docstring():
+    parser = argparse.ArgumentParser()
+    holders = compare.add_config_flags(parser)
+    flags = {a.dest: a for a in parser._actions}
+    for holder, cls, skip in (("trainer", TrainerConfig, RUN_FIELDS), ("shared", AlgorithmConfig, ()),
+                              ("options:bpo", BPOOptions, ()), ("options:rloo", RLOOOptions, ())):
+        docs = field_docs(cls)
+        names = set(holders[holder].values())
+        assert names == {f.name for f in dataclasses.fields(cls)} - set(skip), holder
+        for dest, name in holders[holder].items():
+            assert docs[name] and flags[dest].help.startswith(docs[name][:30]), (holder, name)
+    assert {"seeds", "budget", "policy", "grad_batches", "eval_episodes"} <= set(holders["preset"].values())
+
+
+def test_a_new_field_gets_its_flag(tmp_path):
+    @dataclasses.dataclass
+    class Extra:
+        eval_every: int = 0
+        """Evaluate the policy every this many updates (0: at the end only)."""
+        controls: tuple[str, ...] = ()
+        note: str | None = None
+
+    parser = argparse.ArgumentParser()
+    dests = add_flags(parser, Extra)
+    args = parser.parse_args(["--eval-every", "5", "--controls", "a", "b", "--note", "none"])
+    assert given(args, dests) == {"eval_every": 5, "controls": ["a", "b"], "note": None}
+    assert "Evaluate the policy every" in parser.format_help()
+    assert given(parser.parse_args([]), dests) == {}  # a flag not given leaves the field alone
+
+
+def test_flags_set_the_preset_trainer_and_algorithm_options():
+    preset = _parse(["--updates", "3", "--learning-rate", "0.01", "--bpo.branch-factor", "3", "--rloo.baseline", "anchored",
+                     "--kl-coef", "0.1", "--seeds", "4", "5", "--budget", "100", "--gradient-checkpointing"])
+    assert preset.trainer.updates == 3 and preset.trainer.learning_rate == 0.01 and preset.trainer.gradient_checkpointing
+    assert all(preset.trainer_for(e).updates == 3 for e in preset.envs)  # over the per-env updates too
+    assert preset.options["bpo"].branch_factor == 3 and preset.options["rloo"].baseline == "anchored"
+    assert preset.shared.kl_coef == 0.1 and preset.seeds == (4, 5)
+    assert preset.budget == {e: 100 for e in preset.envs}
+    assert PRESETS["cpu"].trainer.updates == 30  # the table itself is untouched
+
+
+def test_earlier_flags_still_work_and_bad_values_are_errors():
+    preset = _parse(["--group-size", "4", "--backbones", "3", "--branch-factor", "2"])
+    assert preset.options["rloo"].group_size == preset.options["grpo"].group_size == preset.options["gigpo"].group_size == 4
+    assert preset.options["bpo"].backbones == 3 and preset.options["bpo"].branch_factor == 2
+    with pytest.raises(SystemExit, match="group_size must be an int >= 2"):
+        _parse(["--rloo.group-size", "1"])
+    with pytest.raises(SystemExit, match="optimizer must be one of"):
+        _parse(["--optimizer", "lion"])
+
+
+def test_options_are_documented_dataclasses_and_read_as_attributes():
+    bpo = BPO(branch_factor=3, kl_coef=0.1, seed=4)
+    assert bpo.options == BPOOptions(branch_factor=3) and bpo.branch_factor == 3 and bpo.kl_coef == 0.1
+    assert bpo.config() == {**AlgorithmConfig(kl_coef=0.1).to_dict(), **BPOOptions(branch_factor=3).to_dict(), "seed": 4}
+    assert RLOO(RLOOOptions(group_size=3), baseline="anchored").options == RLOOOptions(group_size=3, baseline="anchored")
+    with pytest.raises(TypeError, match="unknown option"):
+        BPO(group_size=4)
+    assert Preset(envs={}).trainer == TrainerConfig(updates=30)
