@@ -139,7 +139,7 @@ def soak(name: str, expansions: int, pool_size: int, tasks_per_batch: int) -> di
     }
 
 
-def soak_docker(cycles: int, every: int) -> dict[str, Any]:
+def soak_docker(cycles: int, every: int, out: Path | None = None) -> dict[str, Any]:
     """The docker case (see the module docstring)."""
     import os
     import shutil
@@ -160,8 +160,9 @@ def soak_docker(cycles: int, every: int) -> dict[str, Any]:
         layers = os.path.join(root, "overlay2")
         return {
             "cycle": cycle,
-            "snapshot_images": len(client.images.list(SNAPSHOT_REPO, filters=label())),
-            "containers": len(client.containers.list(all=True, filters=label())),
+            # the low-level calls: a container removed meanwhile cannot fail the listing
+            "snapshot_images": len(client.api.images(name=SNAPSHOT_REPO, filters=label())),
+            "containers": len(client.api.containers(all=True, filters=label())),
             "docker_root_used_mib": round(shutil.disk_usage(root).used / 2**20, 1),
             "overlay2_layers": len(os.listdir(layers)) if os.path.isdir(layers) else None,
             "rss_mib": round(rss_mib(), 1),
@@ -192,6 +193,8 @@ def soak_docker(cycles: int, every: int) -> dict[str, Any]:
             if i % every == 0:
                 samples.append(sample(i))
                 print(samples[-1], flush=True)
+                if out is not None:  # a partial result survives an interrupted soak
+                    out.write_text(json.dumps({"partial": True, "errors": errors[:20], "samples": samples}, indent=2))
     finally:
         env.close()
     seconds = time.perf_counter() - t0
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("soak.json"))
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    results = [soak_docker(args.cycles, args.every) if name == "docker"
+    results = [soak_docker(args.cycles, args.every, args.out) if name == "docker"
                else soak(name, args.expansions, args.pool, args.tasks_per_batch) for name in args.envs]
     args.out.write_text(json.dumps({"python": sys.version.split()[0], "results": results}, indent=2))
     for r in results:

@@ -154,27 +154,29 @@ class CleanReport:
 def _clean_docker(client: Any, report: CleanReport, dry_run: bool) -> None:
     import docker
 
-    for box in client.containers.list(all=True, filters={"label": LABEL_RUN}):
-        state = owner_state(box.labels)
+    # the low-level listings: a container or image removed meanwhile cannot fail them
+    for box in client.api.containers(all=True, filters={"label": LABEL_RUN}):
+        state = owner_state(box.get("Labels"))
         if state == "alive":
             report.kept_alive += 1
         if state != "dead":
             continue
-        report.containers.append(box.name)
+        name = (box.get("Names") or [box["Id"]])[0].lstrip("/")
+        report.containers.append(name)
         if not dry_run:
             try:
-                box.remove(force=True)
+                client.api.remove_container(box["Id"], force=True)
             except docker.errors.NotFound:
                 pass
             except docker.errors.APIError as exc:
-                report.errors.append(f"container {box.name}: {exc}")
-    for image in client.images.list(name=SNAPSHOT_REPO, filters={"label": LABEL_RUN}):
-        state = owner_state(image.labels)
+                report.errors.append(f"container {name}: {exc}")
+    for image in client.api.images(name=SNAPSHOT_REPO, filters={"label": LABEL_RUN}):
+        state = owner_state(image.get("Labels"))
         if state == "alive":
             report.kept_alive += 1
         if state != "dead":
             continue
-        tags = [t for t in image.tags if t.startswith(SNAPSHOT_REPO + ":")]
+        tags = [t for t in image.get("RepoTags") or [] if t.startswith(SNAPSHOT_REPO + ":")]
         # only the snapshot tags: another tag on the same image is someone's name for it
         for tag in tags:
             report.images.append(tag)
