@@ -147,7 +147,7 @@ PRESETS: dict[str, Preset] = {
             "alfworld": EnvSetup(
                 "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
                 train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
-                trainer={"updates": 12},
+                trainer={"updates": 10, "learning_rate": 3e-3},
             ),
         },
         trainer=_trainer(updates=30, learning_rate=1e-3),
@@ -160,9 +160,9 @@ PRESETS: dict[str, Preset] = {
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
-        budget={"webshop": 256, "alfworld": 800},
-        eval_episodes=4,
-        grad_batches={"webshop": 16, "alfworld": 4},
+        budget={"webshop": 256, "alfworld": 600},
+        eval_episodes={"webshop": 4, "alfworld": 1},
+        grad_batches={"webshop": 16, "alfworld": 2},
         torch_threads=1,
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
