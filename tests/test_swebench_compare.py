@@ -21,8 +21,8 @@ def _preset(argv, monkeypatch):
     combination raises SystemExit as the command does."""
     original = compare.build_preset
 
-    def stop(args):
-        raise _Built(original(args))
+    def stop(args, *rest):
+        raise _Built(original(args, *rest))
 
     monkeypatch.setattr(compare, "build_preset", stop)
     try:

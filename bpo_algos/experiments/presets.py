@@ -87,10 +87,31 @@ class Preset:
     algorithm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Options of one registered algorithm name, over the above (``--algorithm-option``)."""
     treatment: str = "bpo"
-    """The algorithm compared, paired by seed, against the best of the competitors."""
+    """The algorithm of the headline: compared, paired by seed, with the comparator."""
+    comparator: str = "rloo"
+    """The algorithm the treatment (and every other algorithm) is compared with, fixed before
+    the run: the headline is treatment - comparator per env (docs/main-job.md)."""
+    primary_metric: str = "auc"
+    """The headline metric, fixed before the run: ``auc`` (area under the evaluated-success
+    curve against the budget unit, normalised to [0, 1]), ``final`` (final evaluated success)
+    or ``compute_to_threshold``; the other two are reported beside it."""
     competitors: tuple[str, ...] | None = None
-    """The algorithms the treatment is compared with (None: every other one; a preset that also
-    trains variants of the treatment names the competitors proper)."""
+    """The baselines of the secondary, post-hoc figure "the treatment against the best of the
+    competitors" (None: every other algorithm but the controls)."""
+    positive_control: str | None = "frozen"
+    """The algorithm that must come out worse than the comparator (a learner that never moves);
+    where it does not, every headline of that env is marked underpowered."""
+    handicapped_control: str | None = "reinforce"
+    """A learner with a known handicap: the report says whether it ranks below the comparator."""
+    target_success: float | dict[str, float] = 1.0
+    """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to
+    this success (per env)."""
+    threshold_fraction: float = 0.5
+    """The fraction of the gap from the warm start to ``target_success`` that
+    ``compute_to_threshold`` waits for (per seed: each seed has its own warm start)."""
+    eval_every: int | dict[str, int] = 5
+    """Evaluate every run's policy on the evaluation tasks after every this many updates (and at
+    update 0, the warm start, and after the last)."""
     seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
     """Seeds of every env, or per env (as ``eval_episodes``, ``grad_batches``)."""
     budget_unit: str = "env_steps"
@@ -98,9 +119,17 @@ class Preset:
     budget: dict[str, float] = field(default_factory=dict)
     """Per-update budget per env (in ``budget_unit``)."""
     eval_episodes: int | dict[str, int] = 2
-    """Rollouts per evaluation task of the final policy."""
-    grad_batches: int | dict[str, int] = 8
-    """Batches of the gradient-variance probe at the initial policy."""
+    """Sampled episodes per evaluation task at every evaluation."""
+    grad_batches: int | dict[str, int] = 32
+    """Independent batches of each gradient probe (warm start and mid-training; the bootstrap
+    interval of the signal-to-noise ratio resamples them)."""
+    grad_seeds: int | None | dict[str, int | None] = None
+    """The first this many seeds of each env probe their gradients (None: all; per env)."""
+    reference_batches: int | dict[str, int] = 64
+    """RLOO batches whose mean is the reference gradient of the cosine diagnostic."""
+    recorded_results: str | None = None
+    """A saved ``results.json`` of this preset (a path relative to the repository root) that
+    ``bpo-compare --plan`` takes the costs and the seed-to-seed spread from."""
     policy: str = "tabular"
     """``scorer`` | ``tabular`` | ``tabular-prior`` | ``tiny`` | ``smollm2`` | a model name or folder."""
     sft_epochs: int = 0
@@ -135,35 +164,48 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    # About 35 minutes on a 2-core CPU (seven algorithms): the small text-scoring model (TextScorerPolicy, ~1M
-    # parameters) warm-started by behaviour cloning on the env experts, short horizons, small
-    # task sets, evaluated on the standard splits (WebShop test goals, ALFWorld valid_seen; the
-    # train-task success is in final_train_success: 16 games of demos teach this model little
-    # about new games). WebShop's search candidates are the instruction's phrases (the default
-    # search_actions="instruction": no hidden goal field).
+    # The CPU default (docs/main-job.md, "The CPU default"): the small text-scoring model
+    # (TextScorerPolicy, ~1M parameters) warm-started by behaviour cloning on the env experts,
+    # evaluated every 5 updates on the standard splits (WebShop test goals, ALFWorld valid_seen)
+    # with common random numbers. Designed from pilot runs so that the controls are detected
+    # and the headline's detectable effect is small: the treatment, the comparator (RLOO), the
+    # published group baselines (GRPO, GiGPO), the positive control (frozen) and the handicapped
+    # learner (reinforce); gradient probes of 32 batches on the first seed. WebShop's search
+    # candidates are the instruction's phrases (search_actions="instruction": no hidden goal).
     "cpu": Preset(
         envs={
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test"),
+            "webshop": EnvSetup(
+                "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test",
+            ),
             "alfworld": EnvSetup(
                 "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
                 train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
                 trainer={"updates": 10, "learning_rate": 3e-3},
             ),
         },
-        trainer=_trainer(updates=30, learning_rate=1e-3),
+        trainer=_trainer(updates=20, learning_rate=1e-3),
         policy="scorer",
-        # the tree with its own and the state-anchored baseline (pooled with earlier batches: the
-        # form the estimator study found best), the group baselines with and without it, and
-        # the published step-level and tree methods
-        algorithms=("bpo", "bpo-anchored+history", "grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
-        competitors=("grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
+        algorithms=("bpo", "rloo", "grpo", "gigpo", "frozen", "reinforce"),
+        competitors=("rloo", "grpo", "gigpo"),
+        comparator="rloo",
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
-        budget={"webshop": 256, "alfworld": 600},
+        # ALFWorld: ~10 ms an env step here (textworld derives every admissible command's text),
+        # so 18 runs of 10 updates x ~550 env steps and two evaluations of 48 games fit in about
+        # 15 minutes with --jobs 2 (docs/alfworld.md)
+        budget={"webshop": 256, "alfworld": 400},
+        eval_every={"webshop": 5, "alfworld": 5},
         eval_episodes={"webshop": 4, "alfworld": 1},
-        grad_batches={"webshop": 16, "alfworld": 2},
+        grad_batches=32,
+        # probes on WebShop's first seed; on ALFWorld 2 x 32 batches of 400 env steps per
+        # algorithm would cost about as much as the whole comparison there
+        grad_seeds={"webshop": 1, "alfworld": 0},
+        reference_batches=64,
+        # compute_to_threshold: halfway from the warm start to these
+        target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
+        recorded_results="docs/results/compare-cpu/results.json",
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
     "cpu-tabular": Preset(
@@ -205,6 +247,7 @@ PRESETS: dict[str, Preset] = {
         )},
         policy="tiny",
         algorithms=("bpo", "grpo"),
+        comparator="grpo",
         budget={"swebench": 4},
         seeds=(0,),
         trainer=_trainer(updates=2, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
@@ -228,12 +271,17 @@ PRESETS: dict[str, Preset] = {
                 sft_epochs=2, eval_split="test",
             ),
         },
+        algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce"),
         sft_lr=3e-3,
         budget={"treemdp": 128, "webshop": 128},
         seeds=(0, 1),
         trainer=_trainer(updates=4),
+        eval_every=2,
         grad_batches=3,
+        grad_seeds=1,
+        reference_batches=4,
         eval_episodes=1,
+        torch_threads=1,
     ),
     # The paper's setting: a 7-8B instruct model with vLLM generation, group 8, the common
     # ALFWorld/WebShop step limits (50 and 15), evaluated where the papers report: ALFWorld's
@@ -267,9 +315,15 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+PER_ENV_FIELDS: tuple[str, ...] = (
+    "budget", "seeds", "eval_episodes", "eval_every", "grad_batches", "grad_seeds", "reference_batches", "target_success",
+)
+"""The fields that may be a dict keyed by env name (:meth:`Preset.for_env`)."""
+
+
 def preset_dict(preset: Preset) -> dict[str, Any]:
     """The preset as plain JSON data (for ``preset.json``, results and loggers)."""
     return json.loads(json.dumps(asdict(preset), default=str))
 
 
-__all__ = ["EnvSetup", "Preset", "PRESETS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]
+__all__ = ["EnvSetup", "Preset", "PRESETS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]

@@ -111,11 +111,25 @@ class PolicyBase:
     Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` (generation) and
     ``score_tokens`` (decision-entropy passes: the prompt and every candidate scored) in
     ``self.meter``; the engine reads the difference around each call and charges it to the
-    trees the call served.
+    trees the call served. :meth:`train_tokens` and :meth:`flops_parameters` are the learner's
+    side of the cost model (:mod:`bpo_algos.compute`).
     """
 
     def __init__(self) -> None:
         self.meter = ComputeMeter()
+
+    def train_tokens(self, step: StepLike) -> int:
+        """Tokens the learner's forward and backward pass over ``step`` covers: its prompt and
+        its action tokens (what :meth:`token_logprobs` runs the model over)."""
+        return len(step.action.prompt_token_ids) + len(step.action.token_ids)
+
+    def flops_parameters(self) -> int:
+        """``P`` of the cost model: the parameters a forward pass multiplies by (a frozen KL
+        reference copy is not counted: it runs only when a KL term is on)."""
+        named = getattr(self, "named_parameters", None)
+        if not callable(named):
+            return 0
+        return int(sum(p.numel() for name, p in named() if not name.startswith("_reference.")))
 
     def seed(self, seed: int) -> None:
         """Seed the policy's sampling randomness."""
