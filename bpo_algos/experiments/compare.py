@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -68,6 +69,8 @@ from bpo_algos.experiments.runner import (
     task_split_with_provenance,
 )
 from bpo_algos.experiments.stats import METRICS, aggregate
+from bpo_algos.memory_plan import check_preset_fits
+from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import algorithm_factory, registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
 
@@ -155,6 +158,15 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
     except ValueError as exc:
         raise SystemExit(f"--budget-unit: {exc}") from exc
     apply_data_sources(preset, args, name)
+    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+        check_entropy_mode(preset.decision_entropy, preset.probe_samples)
+        if preset.eval_temperature is not None:
+            temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
+            if any(t is not None and not t >= 0 for t in temperatures):
+                raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
+        check_preset_fits(preset, name)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     return preset
 
 
@@ -231,13 +243,69 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
         for setup in setups:
             setup.kwargs[option] = str(value)
     swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
-    if name == "gpu" and swe and not (swe[0].kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
+    apply_swe_train_rows(preset, args, swe)
+    if name.startswith("gpu") and swe and not (swe[0].eval_kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
         raise SystemExit(
             "the gpu preset runs SWE-bench Verified in its official images: give --swe-instances PATH_OR_NAME "
             "(a Verified .parquet/.jsonl, or princeton-nlp/SWE-bench_Verified from the local Hugging Face cache) "
             "and --swe-backend docker (images: --swe-images-dir, or built with swebench's prepare_images); "
             "or leave SWE-bench out with --envs alfworld webshop"
         )
+
+
+def check_launch_fits(preset: Preset, name: str) -> None:
+    """Before training on GPUs: the launch must have the GPUs the preset is planned for. The main
+    job trains each run in one process, so a preset planned for several GPUs (the full
+    fine-tune of ``--preset gpu``, FSDP over 8) does not fit one: say so, with the way out."""
+    if not preset.gpus or not torch.cuda.is_available():
+        return
+    have = torch.cuda.get_device_properties(0).total_memory / 1e9
+    if preset.gpus > 1:
+        raise SystemExit(
+            f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}); bpo-compare "
+            "trains each run in one process: run --preset gpu-lora on one GPU, or train the preset's runs with the "
+            "Trainer under torchrun (README, data-parallel and FSDP)"
+        )
+    if have < preset.gpu_gb - 1:
+        try:
+            check_preset_fits(dataclasses.replace(preset, gpu_gb=have), name)
+        except ValueError as exc:
+            raise SystemExit(f"this GPU has {have:.0f} GB: {exc}") from exc
+
+
+def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[Any]) -> None:
+    """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
+    ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
+    instance id (and, with ``--swe-disjoint-repos``, no repo): checked here, before training.
+    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both."""
+    from bpo_envs.swebench.instances import InstanceError, check_disjoint, load_instances
+
+    train = getattr(args, "swe_train_instances", None)
+    disjoint_repos = bool(getattr(args, "swe_disjoint_repos", False))
+    if train is None:
+        if disjoint_repos:
+            raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
+        for setup in setups:
+            if setup.eval_split == "rows":
+                raise SystemExit(
+                    "this preset trains SWE-bench off its evaluation rows: give --swe-train-instances (SWE-Gym, "
+                    "SWE-smith or other SWE-bench-format rows: a file, folder or cached dataset name) and "
+                    "--swe-instances (the evaluation rows, e.g. princeton-nlp/SWE-bench_Verified)"
+                )
+        return
+    if not setups:
+        raise SystemExit("--swe-train-instances is given but no env of this comparison is BPO-SWEBench-v0 (choose it with --envs)")
+    evaluation = getattr(args, "swe_instances", None)
+    if evaluation is None:
+        raise SystemExit("--swe-train-instances needs --swe-instances: the evaluation rows (e.g. princeton-nlp/SWE-bench_Verified)")
+    try:
+        check_disjoint(load_instances(str(train)), load_instances(str(evaluation)), disjoint_repos=disjoint_repos)
+    except InstanceError as exc:
+        raise SystemExit(f"--swe-train-instances / --swe-instances: {exc}") from exc
+    for setup in setups:
+        setup.kwargs["instances"] = str(train)
+        setup.eval_kwargs["instances"] = str(evaluation)
+        setup.eval_split = "rows"
 
 
 def _jobs(value: str) -> int:
@@ -265,6 +333,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
     parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
                         "dataset name in the local Hugging Face cache (default: the bundled repos)")
+    parser.add_argument("--swe-train-instances", help="SWE-bench training rows (SWE-Gym, SWE-smith or other SWE-bench-format "
+                        "rows: a file, a folder or a cached dataset name); --swe-instances then gives the evaluation rows, "
+                        "which must share no instance id")
+    parser.add_argument("--swe-disjoint-repos", action="store_true", help="also forbid a repo with both training and evaluation rows")
     parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
     parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
     parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
@@ -297,6 +369,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from bpo_algos.experiments.plan import plan
 
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
+    check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")

@@ -8,6 +8,10 @@ seeds and evaluation episodes (docs/main-job.md, "Planning"). The figures come f
   its seconds per run, flops per update and, per metric, the spread over seeds of each
   algorithm's paired difference with the comparator. The detectable effect at the preset's
   ``n`` seeds is ``(t_{0.975, n-1} + t_{0.80, n-1}) sd / sqrt(n)`` with that spread ``sd``;
+* a GPU preset (``preset.gpus`` set; no CPU pilot can run its model): the named assumptions of
+  :mod:`bpo_algos.experiments.gpu_plan` (the spread from the CPU pilot plus evaluation noise,
+  flops from the budget, GPU-hours at an assumed share of the peak), GPU-hours and days on one
+  H200 and on 8 x H100 printed beside;
 * else a short pilot: per env, the first seed's initial policy is built and evaluated once, and
   the comparator trains ``PILOT_UPDATES`` updates; every algorithm is assumed to cost what the
   comparator costs per update (named so in the output). With no spread measured, the
@@ -28,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from bpo_algos.experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
 from bpo_algos.experiments.presets import Preset
 from bpo_algos.experiments.runner import (
     build_algorithm,
@@ -148,6 +153,22 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
                 mde[a] = {m: minimal_detectable_effect(vs[m]["sd"], n) for m in METRICS if m in vs and vs[m].get("sd") is not None}
             entry["mde"] = mde
             entry["mde_basis"] = f"the per-seed spread of each paired difference in {source}, at {n} seeds"
+        elif preset.gpus and env in ASSUMED_SPREAD:
+            # a GPU preset: no CPU pilot can run its model; sized from named assumptions
+            row = gpu_plan(preset)[env]
+            entry["source"] = (
+                f"assumed (bpo_algos.experiments.gpu_plan): flops from the preset's budget and episode shape, "
+                f"{ASSUMED_MFU:.0%} of {PEAK_BF16_FLOPS['H100'] / 1e12:.0f} TFLOPS per GPU"
+            )
+            seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / preset.gpus  # on the preset's GPUs
+            entry["seconds_per_run"] = {a: seconds_per_run for a in preset.algorithms}
+            entry["flops_per_run"] = {a: row["flops_per_run"]["total"] for a in preset.algorithms}
+            entry["gpu_hours"] = row["gpu_hours"]
+            entry["days_on_1xH200"] = row["days_on_1xH200"]
+            entry["days_on_8xH100"] = row["days_on_8xH100"]
+            run_seconds = row["gpu_hours"] * 3600 / preset.gpus
+            entry["mde"] = {a: {"final": row["mde"]} for a in preset.algorithms if a != preset.comparator}
+            entry["mde_basis"] = f"sd {row['sd_assumed']:.3f} per seed: {row['sd_source']} ({n} seeds)"
         else:
             if progress:
                 print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
@@ -204,6 +225,8 @@ def render(result: dict[str, Any]) -> str:
             f"of {e['eval_tasks']} tasks x {e['eval_episodes']} episodes; gradient probes on seeds {e['probe_seeds']}.",
             f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs",
         ]
+        if "gpu_hours" in e:
+            lines.append(f"  {e['gpu_hours']:,.0f} GPU-hours: {e['days_on_1xH200']:,.0f} days on one H200, {e['days_on_8xH100']:,.0f} days on 8 x H100")
         for a in e["algorithms"]:
             lines.append(f"    {a}: {e['seconds_per_run'][a]:.0f} s and {e['flops_per_run'][a]:.3g} flops per run")
         lines.append(f"  detectable effect (80% power, two-sided 5%) against {result['comparator']}, from {e['mde_basis']}:")

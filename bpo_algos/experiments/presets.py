@@ -20,6 +20,7 @@ from baselines.rloo import RLOOOptions
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.bpo import BPOOptions
 from bpo_algos.trainer_config import TrainerConfig
+from bpo_envs.reward_settings import REWARD_SETTINGS
 
 
 @dataclass
@@ -42,7 +43,11 @@ class EnvSetup:
     """Where the final policy is evaluated: a split of the env (``"test"`` for WebShop's goals
     0-499, ``"valid_seen"`` / ``"valid_unseen"`` for ALFWorld: envs made with ``split=`` that
     name; train on ``kwargs["split"]``), or ``"held-out"`` (training-env tasks never trained
-    on) or ``"train"`` (the train tasks, fresh rollouts)."""
+    on) or ``"train"`` (the train tasks, fresh rollouts), or ``"rows"`` (the first
+    ``eval_tasks`` tasks, in their source's order, of the env made with ``eval_kwargs``: SWE-bench
+    trained on ``--swe-train-instances`` and evaluated on ``--swe-instances``)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options over ``kwargs`` that the evaluation envs are made with (``eval_split="rows"``)."""
     max_new_tokens: int = 64
     """The longest answer an LLM policy generates here (a SWE-bench bash edit needs hundreds)."""
     trainer: dict[str, Any] = field(default_factory=dict)
@@ -144,11 +149,28 @@ class Preset:
     """LLM policies: generate with vLLM (training stays in transformers)."""
     pool_size: int = 4
     """Envs in each run's pool (trees in flight: a quarter of it)."""
-    max_model_len: int | None = None
-    """LLM policies: the longest prompt + answer (None: the model config's)."""
+    max_model_len: int | None | dict[str, int | None] = None
+    """LLM policies: the longest prompt + answer (None: the model config's), or per env."""
     torch_threads: int | None = None
     """CPU threads for torch (None: torch's default). One thread makes small models faster
     (no synchronisation) and their training bit-reproducible."""
+    reasoning: bool = False
+    """LLM policies reply with reasoning in ``<think>...</think>``, then the action
+    (``PromptConfig(reasoning=True)``, docs/paper-setting.md); give the envs room for it
+    (``EnvSetup.max_new_tokens``: verl-agent's 512)."""
+    decision_entropy: str = "exact"
+    """LLM policies' decision entropy: ``exact`` (immediate answers scored at h; a proxy when the
+    policy reasons) or ``probe`` (``probe_samples`` completions, parsed, charged as scoring)."""
+    probe_samples: int = 4
+    """Completions per ``probe`` decision entropy."""
+    reference_offload: bool = False
+    """A full fine-tune's KL reference kept in host memory, streamed to the GPU a module at a time."""
+    eval_temperature: float | None | dict[str, float | None] = None
+    """Sampling temperature of evaluation episodes (None: ``temperature``; 0: greedy), or per env."""
+    gpus: int | None = None
+    """GPUs the preset runs on (None: not a GPU preset); its memory plan must fit them."""
+    gpu_gb: float = 80.0
+    """Memory of each of those GPUs, GB."""
 
     def for_env(self, name: str, env: str) -> Any:
         """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
@@ -163,14 +185,106 @@ class Preset:
         return replace(self.trainer, **self.envs[env].trainer)
 
 
+QWEN_7B_PARAMS = 7_615_616_512
+"""Qwen2.5-7B-Instruct's parameters (its bundled config.json, :mod:`bpo_algos.memory_plan`)."""
+
+GPU_EPISODE_SHAPE: dict[str, dict[str, float]] = {
+    "alfworld": {"steps": 40, "prompt_tokens": 1200, "reply_tokens": 250},
+    "webshop": {"steps": 10, "prompt_tokens": 2000, "reply_tokens": 250},
+    "swebench": {"steps": 40, "prompt_tokens": 6000, "reply_tokens": 400},
+}
+"""Planning figures of one episode of the 7B reasoning policy early in training: steps (of 50,
+15, 50), mean prompt tokens (task, two recent turns, admissible actions), mean reply tokens
+(reasoning + action, of 512). Estimates that size the budget (docs/paper-setting.md); a pilot's
+measured means replace them."""
+
+
+def group_update_flops(params: int, steps: float, prompt_tokens: float, reply_tokens: float, tasks: int = 16, group: int = 8) -> float:
+    """The cost model's flops (:mod:`bpo_algos.compute`: ``2P`` per prefilled and generated
+    token, ``6P`` per trained token) of one update of a group method: ``tasks x group``
+    episodes of ``steps`` steps, each prefilling its prompt, generating its reply and training
+    on both."""
+    per_step = 2 * params * (prompt_tokens + reply_tokens) + 6 * params * (prompt_tokens + reply_tokens)
+    return float(tasks * group * steps * per_step)
+
+
+GPU_UPDATE_FLOPS: dict[str, float] = {
+    env: group_update_flops(QWEN_7B_PARAMS, **shape) for env, shape in GPU_EPISODE_SHAPE.items()
+}
+"""The gpu presets' per-update budget: verl-agent's 16 tasks x 8 rollouts, in flops."""
+
+VERL_AGENT_REWARD = REWARD_SETTINGS["verl-agent"]
+
+
+def gpu_envs() -> dict[str, EnvSetup]:
+    """The gpu presets' envs (a fresh dict: flags edit the env options of one preset only)."""
+    return {
+        "alfworld": EnvSetup(
+            "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", **VERL_AGENT_REWARD}, train_tasks=3553, eval_tasks=134,
+            workers=8, eval_split="valid_unseen", max_new_tokens=512,
+        ),
+        "webshop": EnvSetup(
+            "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train", **VERL_AGENT_REWARD}, train_tasks=2048, eval_tasks=500,
+            eval_split="test", max_new_tokens=512,
+        ),
+        # trained on --swe-train-instances (e.g. SWE-Gym), evaluated on --swe-instances (Verified)
+        "swebench": EnvSetup(
+            "BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=2438, eval_tasks=500, workers=8, eval_split="rows",
+            max_new_tokens=2048,
+        ),
+    }
+
+
+def _gpu_trainer(**changes: Any) -> TrainerConfig:
+    return _trainer(**{
+        "updates": 150, "optimizer": "adamw", "max_grad_norm": 1.0, "precision": "bf16", "micro_batch_tokens": 8192,
+        "gradient_checkpointing": True, **changes,
+    })
+
+
+GPU_COMMON: dict[str, Any] = {
+    "policy": "Qwen/Qwen2.5-7B-Instruct",
+    # the treatment, the comparator, the published group methods, and the positive control
+    # (frozen: RLOO's collection with a zero loss); no handicapped learner (a run costs days)
+    "algorithms": ("bpo", "rloo", "grpo", "gigpo", "frozen"),
+    "competitors": ("rloo", "grpo", "gigpo"),
+    "comparator": "rloo",
+    "handicapped_control": None,
+    "shared": AlgorithmConfig(kl_coef=0.01),
+    "options": {
+        "grpo": GRPOOptions(group_size=8), "rloo": RLOOOptions(group_size=8),
+        "gigpo": GiGPOOptions(group_size=8, step_weight=1.0, gamma=0.95),
+    },
+    "budget_unit": "flops",
+    "budget": GPU_UPDATE_FLOPS,
+    "temperature": 1.0,
+    "eval_temperature": {"alfworld": 0.4, "webshop": 0.4, "swebench": 0.0},
+    "reasoning": True,
+    "decision_entropy": "probe",
+    "probe_samples": 4,
+    "vllm": True,
+    # verl-agent's prompt limits (ALFWorld 2048, WebShop 4096) plus the 512-token response
+    "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
+    # paths decoding at once per process (per rank under torchrun): their KV cache is planned
+    "pool_size": 32,
+    # the power plan (bpo_algos.experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
+    # and evaluation episodes whose detectable effect is <= 4 points on each env
+    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(5)), "swebench": tuple(range(11))},
+    "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},
+    "eval_every": 25,
+    "grad_batches": 4,
+    "grad_seeds": 1,
+}
+
+
 PRESETS: dict[str, Preset] = {
     # The CPU default (docs/main-job.md, "The CPU default"): the small text-scoring model
     # (TextScorerPolicy, ~1M parameters) warm-started by behaviour cloning on the env experts,
     # evaluated every 5 updates on the standard splits (WebShop test goals, ALFWorld valid_seen)
     # with common random numbers. Designed from pilot runs so that the controls are detected
     # and the headline's detectable effect is small: the treatment, the comparator (RLOO), the
-    # published group baselines (GRPO, GiGPO), the positive control (frozen) and the handicapped
-    # learner (reinforce); gradient probes of 32 batches on the first seed. WebShop's search
+    # published group baseline GRPO, the positive control (frozen) and the handicapped learner
+    # (reinforce); gradient probes of 32 batches on WebShop's first seed. WebShop's search
     # candidates are the instruction's phrases (search_actions="instruction": no hidden goal).
     "cpu": Preset(
         envs={
@@ -185,8 +299,8 @@ PRESETS: dict[str, Preset] = {
         },
         trainer=_trainer(updates=20, learning_rate=1e-3),
         policy="scorer",
-        algorithms=("bpo", "rloo", "grpo", "gigpo", "frozen", "reinforce"),
-        competitors=("rloo", "grpo", "gigpo"),
+        algorithms=("bpo", "rloo", "grpo", "frozen", "reinforce"),
+        competitors=("rloo", "grpo"),
         comparator="rloo",
         sft_epochs=4,
         sft_lr=3e-3,
@@ -283,34 +397,34 @@ PRESETS: dict[str, Preset] = {
         eval_episodes=1,
         torch_threads=1,
     ),
-    # The paper's setting: a 7-8B instruct model with vLLM generation, group 8, the common
-    # ALFWorld/WebShop step limits (50 and 15), evaluated where the papers report: ALFWorld's
-    # valid_unseen games (all 134 with the real data) and WebShop's 500 test goals.
+    # The paper's setting, after verl-agent's published GiGPO/GRPO recipes
+    # (examples/gigpo_trainer/run_alfworld.sh, run_webshop.sh; docs/paper-setting.md has the
+    # table with each row's source): Qwen2.5-7B-Instruct fully fine-tuned at lr 1e-6 under FSDP on
+    # 8 x 80 GB, the k3 KL at 0.01 to a frozen reference kept in host memory, reward 10 x success
+    # and -0.1 per invalid action, reasoning replies (think, then the action; 512 tokens),
+    # groups of 8, 150 updates, evaluated at temperature 0.4 (SWE-bench: greedy, one episode on
+    # each of Verified's rows given, 500 by default) on ALFWorld's 134 valid_unseen games and
+    # WebShop's 500 test goals. Every algorithm gets the flops of 16 tasks x 8 rollouts per
+    # update (GPU_UPDATE_FLOPS).
     "gpu": Preset(
-        envs={
-            "alfworld": EnvSetup(
-                "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train"}, train_tasks=512, eval_tasks=134, workers=8,
-                eval_split="valid_unseen",
-            ),
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=2048, eval_tasks=500, eval_split="test"),
-            "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=64, eval_tasks=16, workers=8, max_new_tokens=768),
-        },
-        policy="Qwen/Qwen2.5-7B-Instruct",
-        budget_unit="gen_tokens",
-        budget={"alfworld": 400_000, "webshop": 150_000, "swebench": 600_000},
-        # bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1 --gpu-gb 141 --lora: ~36 GB with
-        # 8k-token micro-batches and 64 decode rows; a full fine-tune needs ~142 GB (FSDP on 8 GPUs)
-        trainer=_trainer(
-            updates=150, learning_rate=1e-5, optimizer="adamw", max_grad_norm=1.0, precision="bf16",
-            micro_batch_tokens=8192, gradient_checkpointing=True,
-        ),
-        temperature=1.0,
+        envs=gpu_envs(),
+        trainer=_gpu_trainer(learning_rate=1e-6, fsdp=True),
+        reference_offload=True,
+        gpus=8,
+        gpu_gb=80.0,
+        **GPU_COMMON,
+    ),
+    # The same recipe on one H200 (141 GB): LoRA (r=8 on every linear map, lr 1e-5; verl-agent
+    # publishes no LoRA recipe) instead of the full fine-tune; the KL reference is the base
+    # model with the adapter off. bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1
+    # --gpu-gb 141 --lora --kl --vllm --decode-rows 32 --seq-len 8192: ~50 GB.
+    "gpu-lora": Preset(
+        envs=gpu_envs(),
+        trainer=_gpu_trainer(learning_rate=1e-5),
         lora=True,
-        vllm=True,
-        max_model_len=16384,
-        pool_size=64,
-        eval_episodes=1,
-        grad_batches=4,
+        gpus=1,
+        gpu_gb=141.0,
+        **GPU_COMMON,
     ),
 }
 
@@ -326,4 +440,4 @@ def preset_dict(preset: Preset) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(preset), default=str))
 
 
-__all__ = ["EnvSetup", "Preset", "PRESETS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]
+__all__ = ["EnvSetup", "Preset", "PRESETS", "GPU_UPDATE_FLOPS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]

@@ -37,6 +37,7 @@ from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, signal_to_noise, variance_summary
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
+from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.rollout import EnvPool, RolloutEngine
@@ -78,19 +79,36 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
-    options: dict[str, Any] = {"max_new_tokens": setup.max_new_tokens}
+    from bpo_algos.policy import PromptConfig
+
+    env_name = _env_name(preset, setup)
+    options: dict[str, Any] = {
+        "max_new_tokens": setup.max_new_tokens,
+        "prompt": PromptConfig(reasoning=preset.reasoning),
+        "decision_entropy": preset.decision_entropy,
+        "probe_samples": preset.probe_samples,
+        "reference_offload": preset.reference_offload and not preset.lora,
+    }
     if preset.trainer.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
+        options["reference_dtype"] = torch.bfloat16
+    max_model_len = preset.for_env("max_model_len", env_name)
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(
-            model, temperature=preset.temperature, lora=preset.lora, seed=seed,
-            max_model_len=preset.max_model_len or 4096, **options,
-        )
+        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len or 4096, **options)
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=preset.max_model_len, **options)
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len, **options)
+    policy.eval_temperature = preset.for_env("eval_temperature", env_name)
     return warm_start(policy, preset, setup, tasks, seed)
+
+
+def _env_name(preset: Preset, setup: EnvSetup) -> str:
+    """The preset's name of ``setup``'s env (its key in ``preset.envs``)."""
+    for name, candidate in preset.envs.items():
+        if candidate is setup:
+            return name
+    return next((name for name, candidate in preset.envs.items() if candidate == setup), setup.env_id)
 
 
 def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
@@ -189,7 +207,9 @@ def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
     if setup.eval_split in ("held-out", "train"):
         return env_factory(setup)
-    kwargs = {**setup.kwargs, "split": setup.eval_split}
+    kwargs = {**setup.kwargs, **setup.eval_kwargs}
+    if setup.eval_split != "rows":
+        kwargs["split"] = setup.eval_split
     return lambda: gym.make(setup.env_id, **kwargs)
 
 
@@ -230,6 +250,20 @@ def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], d
         overlap = set(eval_tasks) & set(train)
         if overlap:
             raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
+    elif setup.eval_split == "rows":
+        # every evaluation row in its source's order (the gpu preset: all of Verified's given)
+        make = eval_env_factory(setup)
+        env = make()
+        try:
+            eval_order = list(env.unwrapped.task_ids())
+            provenance = getattr(env.unwrapped, "provenance", None)
+            eval_prov = provenance() if callable(provenance) else None
+        finally:
+            env.close()
+        eval_tasks = eval_order[: setup.eval_tasks]
+        overlap = sorted(set(map(str, eval_order)) & set(map(str, order)))
+        if overlap:
+            raise ValueError(f"{setup.env_id}: {len(overlap)} evaluation task(s) are also training tasks: {overlap[:10]}")
     else:
         # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
         eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
@@ -277,12 +311,13 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     state = policy.rng_state() if hasattr(policy, "rng_state") else None
     wins: list[float] = []
     try:
-        for i, task in enumerate(tasks):
-            for j in range(max(episodes, 1)):
-                episode_seed = seed + 1000 * i + j
-                policy.seed(episode_seed)
-                result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
-                wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
+        with evaluation_sampling(policy):  # the preset's evaluation temperature (0: greedy)
+            for i, task in enumerate(tasks):
+                for j in range(max(episodes, 1)):
+                    episode_seed = seed + 1000 * i + j
+                    policy.seed(episode_seed)
+                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
+                    wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
     finally:
         if state is not None:
             policy.set_rng_state(state)
