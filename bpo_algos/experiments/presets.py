@@ -306,7 +306,7 @@ PRESETS: dict[str, Preset] = {
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
         # ALFWorld: ~10 ms an env step here (textworld derives every admissible command's text),
-        # so 18 runs of 10 updates x ~550 env steps and two evaluations of 48 games fit in about
+        # so 15 runs of 10 updates x ~550 env steps and two evaluations of 48 games fit in about
         # 15 minutes with --jobs 2 (docs/alfworld.md)
         budget={"webshop": 256, "alfworld": 400},
         eval_every={"webshop": 5, "alfworld": 5},
