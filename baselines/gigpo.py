@@ -51,6 +51,9 @@ class GiGPO(Algorithm):
 
     name = "gigpo"
     Options = GiGPOOptions
+    unbiased = False
+    """Its group-normalised (and, for GiGPO, step-grouped) advantages bias the gradient: the main
+    job reports the cosine of its mean gradient to RLOO's."""
 
     def __init__(self, options: GiGPOOptions | None = None, *, anchor_key: AnchorKey | None = None, **kwargs: Any) -> None:
         super().__init__(options, **kwargs)

@@ -41,6 +41,11 @@ class GRPO(Algorithm):
     Options = GRPOOptions
 
     @property
+    def unbiased(self) -> bool:  # type: ignore[override]
+        """The std division biases the gradient; Dr. GRPO's ``scale="none"`` does not."""
+        return self.options.scale == "none"
+
+    @property
     def root_branches(self) -> int:  # type: ignore[override]
         return self.options.group_size
 

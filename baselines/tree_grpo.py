@@ -64,6 +64,9 @@ class TreeGRPO(Algorithm):
 
     name = "tree-grpo"
     Options = TreeGRPOOptions
+    unbiased = False
+    """Its group-normalised (and, for GiGPO, step-grouped) advantages bias the gradient: the main
+    job reports the cosine of its mean gradient to RLOO's."""
     root_branches = 1
     snapshot_nodes = True
     """The engine snapshots every decision node, so that an expansion restores instead of replaying."""

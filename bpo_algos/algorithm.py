@@ -216,6 +216,9 @@ class Algorithm:
     name = "algorithm"
     Options: type[Options] = NoOptions
     """The dataclass of this algorithm's own options."""
+    unbiased: bool = True
+    """Whether the expected gradient estimate is the policy gradient (docs/unbiasedness.md); the
+    main job compares a biased estimator's mean gradient with an unbiased reference."""
 
     def __init__(self, options: Options | None = None, *, shared: AlgorithmConfig | None = None, seed: int = 0, **kwargs: Any) -> None:
         if options is not None and not isinstance(options, self.Options):

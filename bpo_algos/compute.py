@@ -1,7 +1,23 @@
-"""The compute meter and per-batch budgets.
+"""The compute meter, the cost model and per-batch budgets.
 
 Every algorithm collects through the same engine, which counts the same things, so a comparison
 can fix one unit for all algorithms and report the others.
+
+The cost model (docs/main-job.md, "Cost units"), one for every policy:
+
+* a forward pass of the policy over a context is charged the tokens it processes: an LLM's
+  prompt (``prefill_tokens``), every generated token (``gen_tokens``), and a scoring pass's
+  prompt and scored candidates (``score_tokens``); a choice policy (a softmax over the
+  admissible actions ``A(h)``) processes the context and every candidate, ``1 + |A(h)|``
+  tokens, whether it samples (``prefill_tokens``) or scores (``score_tokens``), and each
+  action it reads off that softmax is one ``gen_tokens``;
+* the learner's forward and backward over a collected step are ``train_tokens``: the step's
+  prompt and action tokens for an LLM, ``1 + |A(h)|`` for a choice policy
+  (:meth:`~bpo_algos.policy.base.PolicyBase.train_tokens`), once per optimizer epoch;
+* ``flops`` = ``2 P`` per prefill, generated and scored token + ``6 P`` per trained token,
+  ``P`` the policy's parameter count (:func:`policy_parameters`): the standard
+  forward ``2P`` / forward+backward ``6P`` per token of a dense transformer (Kaplan et al.
+  2020), attention's context-length term left out.
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ COMPUTE_UNITS: tuple[str, ...] = (
     "policy_tokens",
     "policy_calls",
     "seconds",
+    "train_tokens",
+    "flops",
 )
 """Units a :class:`Budget` can be set in (every one is a :class:`ComputeMeter` field)."""
 
@@ -60,6 +78,11 @@ class ComputeMeter:
         failures: env or worker errors the engine handled (a step, restore, snapshot or reset
             that raised, or a dead Ray actor); see :mod:`bpo_algos.recovery`.
         dropped_steps: env steps of paths dropped after failures (already in ``env_steps``).
+        train_tokens: tokens the learner's forward and backward passes cover: each collected
+            step's :meth:`~bpo_algos.policy.base.PolicyBase.train_tokens`, charged when the
+            step is recorded (so a budget sees it), once per optimizer epoch.
+        flops: the cost model's floating-point operations (module docstring):
+            ``2 P (prefill + gen + score tokens) + 6 P train_tokens``.
 
     ``policy_tokens`` (derived) = ``gen_tokens + prefill_tokens + score_tokens``: every token a
     policy forward pass processed, what a GPU pays for.
@@ -78,6 +101,8 @@ class ComputeMeter:
     resets: int = 0
     failures: int = 0
     dropped_steps: int = 0
+    train_tokens: int = 0
+    flops: float = 0.0
 
     @property
     def policy_tokens(self) -> int:
@@ -116,6 +141,32 @@ class ComputeMeter:
         if unknown:
             raise ValueError(f"unknown compute meter field(s) {sorted(unknown)}")
         return cls(**{k: v for k, v in values.items() if k in names})
+
+
+FORWARD_FLOPS_PER_PARAM = 2
+"""Flops per parameter and token of a forward pass (a multiply and an add per weight)."""
+TRAIN_FLOPS_PER_PARAM = 6
+"""Flops per parameter and token of a forward and backward pass (the backward costs two
+forwards: the gradients of the activations and of the weights)."""
+
+
+def policy_parameters(policy: Any) -> int:
+    """``P`` of the cost model: ``policy.flops_parameters()`` when the policy defines it, else the
+    number of parameters of the module (frozen ones included: a forward pass multiplies by
+    them too), 0 for a policy that is no module."""
+    custom = getattr(policy, "flops_parameters", None)
+    if callable(custom):
+        return int(custom())
+    parameters = getattr(policy, "parameters", None)
+    if not callable(parameters):
+        return 0
+    return int(sum(p.numel() for p in parameters()))
+
+
+def cost_flops(params: int, *, prefill_tokens: float = 0, gen_tokens: float = 0, score_tokens: float = 0, train_tokens: float = 0) -> float:
+    """The cost model: ``2 P (prefill + gen + score) + 6 P train`` flops for ``P = params``."""
+    inference = prefill_tokens + gen_tokens + score_tokens
+    return float(params) * (FORWARD_FLOPS_PER_PARAM * inference + TRAIN_FLOPS_PER_PARAM * train_tokens)
 
 
 def should_start(amount: float, spent: float, open_costs: Sequence[float], known_costs: Sequence[float], z: float = 3.0) -> bool:

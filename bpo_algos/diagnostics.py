@@ -11,6 +11,10 @@ fresh randomness. From those samples:
 * noise-to-signal: ``tr Cov(g) / ||E g||^2``, with ``||E g||^2`` estimated without bias as
   ``||mean||^2 - tr Cov(g) / n``. Scale-free: GRPO's std-divided advantages inflate its
   gradient (and its variances) by a constant, not its noise-to-signal ratio;
+* signal-to-noise (:func:`signal_to_noise`, what the main job reports): the same ratio the other
+  way up, ``signal / tr Cov(g)``, finite and possibly negative (the ratio of noisy estimates is
+  only safe with the unbiased signal in the numerator), with a bootstrap interval over the
+  batches and, against a reference gradient, the cosine of the mean direction;
 * per unit of compute: variance x mean cost per sample. Averaging ``B / c`` independent samples
   of cost ``c`` within a budget ``B`` gives variance ``var * c / B``, so ``var * c`` is the
   budget-free figure of merit (lower is better).
@@ -268,4 +272,102 @@ def _z_from_projections(m: GradientMoments, truth: torch.Tensor) -> list[float]:
         x = np.asarray(proj)
         se = x.std(ddof=1) / np.sqrt(len(x))
         out.append(float((x.mean() - float(truth @ d)) / se) if se > 0 else 0.0)
+    return out
+
+
+def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(signal, trace_var)`` of the samples taken ``counts[..., i]`` times each (one row of
+    counts per resample), from the Gram matrix ``gram[i, j] = g_i . g_j``, as U-statistics over
+    pairs of *distinct* samples: ``signal`` = mean of ``g_i . g_j`` over pairs ``i != j``
+    (unbiased for ``||E g||^2``), ``trace_var`` = mean ``||g_i||^2`` minus ``signal`` (unbiased
+    for ``tr Cov(g)``). With all counts 1 these are exactly ``||mean||^2 - tr Cov / n`` and the
+    ``n - 1`` sample trace variance; in a bootstrap resample the pairs of a sample with its own
+    copy are left out (they would add ``||g_i||^2`` as if it were signal)."""
+    counts = np.atleast_2d(counts)
+    diag = np.diag(gram)
+    total = counts.sum(axis=1)
+    pairs = total**2 - (counts * counts).sum(axis=1)
+    quadratic = np.einsum("bi,ij,bj->b", counts, gram, counts)
+    signal = (quadratic - (counts * counts) @ diag) / pairs
+    return signal, counts @ diag / total - signal
+
+
+def signal_to_noise(
+    samples: GradientSamples | torch.Tensor,
+    reference: GradientSamples | torch.Tensor | tuple[torch.Tensor, float] | None = None,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Signal-to-noise ratio of a gradient estimator, with a bootstrap interval over its batches.
+
+    With ``n`` independent batch gradients ``g_i`` (the rows of ``samples``, ascent direction):
+
+    * ``signal``: ``||mean||^2 - tr Cov(g) / n`` = the mean of ``g_i . g_j`` over pairs
+      ``i != j``, an unbiased estimate of ``||E g||^2`` (negative when the noise swamps the
+      signal: then it says so instead of dividing by it);
+    * ``trace_var``: ``tr Cov(g)``, the unbiased ``sum ||g_i - mean||^2 / (n - 1)``;
+    * ``snr`` = ``signal / trace_var``: finite whenever the samples differ (``nan`` when all are
+      equal, e.g. a frozen learner's zero gradient). A batch of ``1 / snr`` times this size has
+      a mean gradient as long as its noise.
+
+    ``snr_ci95``: the 2.5% and 97.5% percentiles of ``snr`` over ``resamples`` seeded bootstrap
+    resamples of the batches, each computed from pairs of distinct batches
+    (:func:`_pair_moments`; resampled duplicates would count a batch's own norm as signal).
+    Its coverage on simulated Gaussian gradients (32 batches) is about 95% at an SNR of 0.1-1
+    and higher (conservative) near 0 (tests/test_main_job_stats.py).
+
+    ``reference``: another estimator's gradients at the same parameters, e.g. a large pool of
+    RLOO's unbiased batches (a ``GradientSamples``/tensor of rows, or ``(mean, signal)``). Then
+    ``cosine`` = ``mean . ref_mean / sqrt(signal * ref_signal)``: the cosine between the two
+    expected gradients, with both lengths taken from the unbiased ``signal`` (the lengths of
+    the noisy means would pull it towards 0; noise can put it slightly past +-1), and its
+    bootstrap interval over this estimator's batches (the reference held fixed).
+    """
+    grads = samples.grads if isinstance(samples, GradientSamples) else samples
+    g = grads.detach().double().cpu()
+    n = g.shape[0]
+    if n < 2:
+        raise ValueError(f"signal_to_noise needs at least 2 gradient samples, got {n}")
+    gram = (g @ g.T).numpy()
+    ones = np.ones((1, n))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, n, size=(resamples, n))
+    counts = np.zeros((resamples, n))
+    np.add.at(counts, (np.repeat(np.arange(resamples), n), picks.reshape(-1)), 1.0)
+    counts = counts[(counts > 0).sum(axis=1) >= 2]  # a pair of distinct batches is needed
+
+    def snr_of(c: np.ndarray) -> np.ndarray:
+        signal, trace_var = _pair_moments(gram, c)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(trace_var > 0, signal / np.where(trace_var > 0, trace_var, 1.0), np.nan)
+
+    def interval(values: np.ndarray) -> list[float]:
+        values = values[np.isfinite(values)]
+        return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values.size else [float("nan")] * 2
+
+    signal, trace_var = (float(v[0]) for v in _pair_moments(gram, ones))
+    out: dict[str, Any] = {"batches": n, "snr": float(snr_of(ones)[0]), "signal": signal, "trace_var": trace_var}
+    out["snr_ci95"] = interval(snr_of(counts))
+    if reference is not None:
+        if isinstance(reference, tuple):
+            ref_mean, ref_signal = reference[0].detach().double().cpu().reshape(-1), float(reference[1])
+        else:
+            rows = (reference.grads if isinstance(reference, GradientSamples) else reference).detach().double().cpu()
+            ref_mean = rows.mean(dim=0)
+            ref_signal = float(_pair_moments((rows @ rows.T).numpy(), np.ones((1, rows.shape[0])))[0][0])
+        width = max(ref_mean.numel(), g.shape[1])
+        r = torch.nn.functional.pad(ref_mean, (0, width - ref_mean.numel())).numpy()
+        along = torch.nn.functional.pad(g, (0, width - g.shape[1])).numpy() @ r  # g_i . ref_mean
+
+        def cosine(c: np.ndarray) -> np.ndarray:
+            own = _pair_moments(gram, c)[0]
+            if ref_signal <= 0:
+                return np.full(len(c), np.nan)
+            with np.errstate(invalid="ignore"):
+                return np.where(own > 0, (c @ along) / c.sum(axis=1) / np.sqrt(np.abs(own) * ref_signal), np.nan)
+
+        out["cosine"] = float(cosine(ones)[0])
+        out["cosine_ci95"] = interval(cosine(counts))
+        out["reference_signal"] = ref_signal
     return out

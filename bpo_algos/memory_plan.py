@@ -8,8 +8,12 @@ Per GPU, in bytes (``P`` parameters, ``A`` LoRA adapter parameters, ``N`` GPUs, 
   the update); LoRA: the frozen base in bf16 ``2P`` (every GPU holds it) + ``4A``.
 * **gradients**: ``4P`` (FSDP: ``/ N``) or ``4A``.
 * **optimizer**: AdamW's two fp32 moments, ``8P`` (FSDP: ``/ N``) or ``8A``.
-* **reference** (``--kl``): a frozen bf16 copy ``2P`` (not sharded by FSDP); LoRA needs none
-  (the reference is the base with the adapter off).
+* **reference** (``--kl``): a frozen bf16 copy ``2P`` (not sharded by FSDP), or, offloaded
+  (``--reference-offload``, ``HFPolicy(reference_offload=True)``, as verl-agent's recipes set
+  ``ref.fsdp_config.param_offload=True``), held in host memory and streamed to the GPU one
+  module at a time for the reference pass: the GPU holds at most the two largest modules,
+  ``2 x 2 max(V h, layer)`` bytes (an embedding or ``lm_head`` for a large vocabulary; host
+  memory ``2P`` per process). LoRA needs none (the reference is the base with the adapter off).
 * **activations** of one micro-batch of ``T`` tokens with gradient checkpointing: the layer
   inputs ``2 L T h`` plus one layer recomputed, ``T (34 h + 6 i)`` bytes (bf16; flash
   attention, no ``s^2`` term), plus fp32 log-softmax over the answer tokens ``8 T_a V``.
@@ -31,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 GB = 1e9
-BUNDLED = {"qwen2.5-7b-instruct": "qwen2.5-7b-instruct.json", "llama-3.1-8b-instruct": "llama-3.1-8b-instruct.json"}
+BUNDLED = {
+    "qwen2.5-7b-instruct": "qwen2.5-7b-instruct.json",
+    "qwen2.5-1.5b-instruct": "qwen2.5-1.5b-instruct.json",
+    "llama-3.1-8b-instruct": "llama-3.1-8b-instruct.json",
+}
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,7 @@ def plan(
     seq_len: int = 4096,
     reserve_gb: float = 6.0,
     vllm: bool = False,
+    reference_offload: bool = False,
     name: str = "model",
 ) -> MemoryPlan:
     """The memory plan (module docstring). ``fsdp`` None: shard a full fine-tune when ``gpus > 1``."""
@@ -168,8 +177,9 @@ def plan(
         div = gpus if shard else 1
         gathered = 2 * p if shard else 0
         weights, grads, optim = 4 * p / div + gathered, 4 * p / div, 8 * p / div
-        ref = 2 * p if kl else 0
-        mode = "full, fp32 master" + (f", FSDP over {gpus}" if shard else "") + (", KL ref" if kl else "")
+        largest = max(m.vocab * m.hidden, m.layer_params())
+        ref = (2 * 2 * largest if reference_offload else 2 * p) if kl else 0
+        mode = "full, fp32 master" + (f", FSDP over {gpus}" if shard else "") + ((", KL ref offloaded" if reference_offload else ", KL ref") if kl else "")
     t = micro_batch_tokens
     acts = 2 * m.layers * t * m.hidden + t * (34 * m.hidden + 6 * m.intermediate) + 8 * int(t * answer_share) * m.vocab
     kv = decode_rows * seq_len * m.kv_bytes_per_token()
@@ -190,7 +200,10 @@ def plan(
         generation_weights=gen / GB,
         total=total / GB,
         fits=total / GB <= gpu_gb - reserve_gb,
-        settings={"micro_batch_tokens": t, "decode_rows": decode_rows, "seq_len": seq_len, "kl": kl, "vllm": vllm, "reserve_gb": reserve_gb},
+        settings={
+            "micro_batch_tokens": t, "decode_rows": decode_rows, "seq_len": seq_len, "kl": kl, "vllm": vllm, "reserve_gb": reserve_gb,
+            "reference_offload": bool(reference_offload and kl and not lora),
+        },
     )
 
 
@@ -206,6 +219,54 @@ def markdown(plans: list[MemoryPlan]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+def preset_config(policy: str) -> dict[str, Any] | None:
+    """The model config of a preset's policy: a bundled config by the model's name
+    (``Qwen/Qwen2.5-7B-Instruct`` -> ``qwen2.5-7b-instruct``), a folder's config.json, or None."""
+    key = str(policy).rsplit("/", 1)[-1].lower()
+    if key in BUNDLED:
+        return load_config(key)
+    path = Path(policy)
+    if (path / "config.json").is_file() or (path.name == "config.json" and path.is_file()):
+        return load_config(path)
+    return None
+
+
+def preset_plans(preset: Any) -> dict[str, MemoryPlan]:
+    """The memory plan of every env of a GPU preset (``preset.gpus`` set), from its settings:
+    ``gpus x gpu_gb``, LoRA or a full fine-tune (FSDP when ``trainer.fsdp``), the KL reference
+    (``shared.kl_coef > 0``; offloaded with ``reference_offload``), vLLM's copy, ``trainer.micro_batch_tokens``,
+    ``pool_size`` decoding rows of ``max_model_len`` tokens. Empty for a CPU preset or a model
+    whose config is not known here."""
+    if not getattr(preset, "gpus", None):
+        return {}
+    config = preset_config(preset.policy)
+    if config is None:
+        return {}
+    out = {}
+    for env in preset.envs:
+        seq_len = preset.for_env("max_model_len", env) or ModelShape.from_config(config).max_len
+        trainer = preset.trainer_for(env)
+        out[env] = plan(
+            config, gpus=preset.gpus, gpu_gb=preset.gpu_gb, lora=preset.lora, fsdp=trainer.fsdp if preset.gpus > 1 else False,
+            kl=preset.shared.kl_coef > 0, micro_batch_tokens=trainer.micro_batch_tokens or 8192, decode_rows=preset.pool_size,
+            seq_len=seq_len, vllm=preset.vllm, reference_offload=preset.reference_offload, name=model_name(preset.policy.rsplit("/", 1)[-1].lower()),
+        )
+    return out
+
+
+def check_preset_fits(preset: Any, name: str = "preset") -> dict[str, MemoryPlan]:
+    """Raise ``ValueError`` (with the plan's table) when a GPU preset does not fit its GPUs."""
+    plans = preset_plans(preset)
+    bad = {env: p for env, p in plans.items() if not p.fits}
+    if bad:
+        raise ValueError(
+            f"the {name} preset does not fit {preset.gpus} x {preset.gpu_gb:g} GB on {sorted(bad)} (bpo-memory-plan):\n"
+            + markdown(list(bad.values()))
+            + "give more GPUs (--gpus / --gpu-gb), LoRA, a smaller --micro-batch-tokens or --pool-size"
+        )
+    return plans
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bpo-memory-plan", description="GPU memory of a training configuration from a model config.json (no weights downloaded).")
     parser.add_argument("--model", required=True, help=f"config.json, a model folder, or one of {sorted(BUNDLED)}")
@@ -215,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lora-rank", type=int, default=8, help="adapter rank (HFPolicy default 8)")
     parser.add_argument("--no-fsdp", action="store_true", help="do not shard a full fine-tune over the GPUs")
     parser.add_argument("--kl", action="store_true", help="a frozen reference copy for the k3 KL")
+    parser.add_argument("--reference-offload", action="store_true", help="the KL reference in host memory, streamed a module at a time")
     parser.add_argument("--micro-batch-tokens", type=int, default=8192)
     parser.add_argument("--decode-rows", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -224,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     result = plan(
         load_config(args.model), gpus=args.gpus, gpu_gb=args.gpu_gb, lora=args.lora, lora_rank=args.lora_rank,
         fsdp=False if args.no_fsdp else None, kl=args.kl, micro_batch_tokens=args.micro_batch_tokens,
-        decode_rows=args.decode_rows, seq_len=args.seq_len, vllm=args.vllm, name=model_name(args.model),
+        decode_rows=args.decode_rows, seq_len=args.seq_len, vllm=args.vllm, reference_offload=args.reference_offload,
+        name=model_name(args.model),
     )
     print(json.dumps(result.to_dict(), indent=1) if args.json else markdown([result]), end="")
     if not result.fits:

@@ -47,7 +47,9 @@ and the same ``acquire``/``release`` semantics (:class:`~bpo_envs.pool.EnvPool` 
 Every cost lands in the batch meter and in the meter of the tree it served
 (:class:`~bpo_algos.compute.ComputeMeter`): env steps (replays by ``ReplaySnapshot`` restores
 included, read with :func:`bpo_envs.replayed_steps`), tokens the policy reports (generation,
-prefill, scoring), and the policy's and the env's time.
+prefill, scoring), the tokens the learner will train on for each recorded step
+(``train_tokens``, the policy's :meth:`~bpo_algos.policy.base.PolicyBase.train_tokens`), their
+``flops`` (:func:`~bpo_algos.compute.cost_flops`), and the policy's and the env's time.
 
 Env failures are retried, rebuilt or dropped by :class:`~bpo_algos.recovery.FailureHandler`
 (see :mod:`bpo_algos.recovery` for what that does to the estimate).
@@ -68,7 +70,7 @@ import gymnasium as gym
 import numpy as np
 
 import bpo_envs
-from bpo_algos.compute import Budget, ComputeMeter, should_start
+from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters, should_start
 from bpo_algos.paths import PathState, SharedSnapshot, TreeBuild, path_stream
 from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.recovery import EnvFailureError, FailureHandler, FailureRecord, ReplayMismatchError
@@ -145,6 +147,7 @@ def _policy_usage(policy: Policy) -> ComputeMeter:
 
 
 _DONE = object()
+_TOKEN_FIELDS = ("prefill_tokens", "gen_tokens", "score_tokens", "train_tokens")
 
 
 class RolloutEngine:
@@ -181,6 +184,9 @@ class RolloutEngine:
         if topology.root_branches < 1:
             raise ValueError("the root needs at least one branch")
         self._policy = policy
+        self._params = policy_parameters(policy)
+        train_tokens = getattr(policy, "train_tokens", None)
+        self._train_tokens = train_tokens if callable(train_tokens) else (lambda edge: 0)
         self._topology = topology
         self._meter = meter = ComputeMeter()
         self._done: list[TreeBuild] = []
@@ -273,7 +279,11 @@ class RolloutEngine:
 
     # ---- metering -----------------------------------------------------------------------
     def _charge(self, build: TreeBuild, **amounts: float) -> None:
-        """Add ``amounts`` to the batch meter and to ``build``'s tree meter."""
+        """Add ``amounts`` to the batch meter and to ``build``'s tree meter (with the flops of the
+        tokens among them)."""
+        tokens = {k: v for k, v in amounts.items() if k in _TOKEN_FIELDS}
+        if tokens:
+            amounts = {**amounts, "flops": amounts.get("flops", 0.0) + cost_flops(self._params, **tokens)}
         tc = build.tree.compute
         for name, value in amounts.items():
             setattr(self._meter, name, getattr(self._meter, name) + value)
@@ -300,6 +310,8 @@ class RolloutEngine:
         meter.policy_calls += delta.policy_calls
         meter.prefill_tokens += delta.prefill_tokens
         meter.score_tokens += delta.score_tokens
+        flops = cost_flops(self._params, prefill_tokens=delta.prefill_tokens, score_tokens=delta.score_tokens)
+        meter.flops += flops
         n = max(len(paths), 1)
         prefill, prefill_rest = divmod(delta.prefill_tokens, n)
         score, score_rest = divmod(delta.score_tokens, n)
@@ -308,6 +320,7 @@ class RolloutEngine:
             tc = path.build.tree.compute
             tc.prefill_tokens += prefill + (prefill_rest if i == 0 else 0)
             tc.score_tokens += score + (score_rest if i == 0 else 0)
+            tc.flops += flops / n
             tc.seconds += elapsed / n
             if id(path.build) not in seen:
                 tc.policy_calls += 1
@@ -405,6 +418,7 @@ class RolloutEngine:
         edge = Edge(node, child, action, float(reward), bool(terminated), bool(truncated), info)
         child.parent = edge
         path.build.add_child(node, edge, path.key)
+        self._charge(path.build, train_tokens=int(self._train_tokens(edge)))
         path.node = child
         path.is_root = False
         if terminated or truncated:

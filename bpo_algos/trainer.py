@@ -28,7 +28,7 @@ import dataclasses
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import torch
 from bpo_algos import checkpoints
 from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import Algorithm, Batch
-from bpo_algos.compute import Budget, ComputeMeter
+from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters
 from bpo_algos.devices import autocast, policy_device, resolve_device, upcast_trainable
 from bpo_algos.policy.base import Policy
 from bpo_algos.rollout import EnvFn, EnvPool, tree_entropies
@@ -121,8 +121,15 @@ class Trainer:
         dp.barrier()
 
     # ---- the loop ------------------------------------------------------------------------
-    def train(self) -> list[dict[str, Any]]:
-        """Run the remaining updates (all of them, or what a resumed run has left)."""
+    def train(self, after_update: Callable[[Trainer], None] | None = None) -> list[dict[str, Any]]:
+        """Run the remaining updates (all of them, or what a resumed run has left).
+
+        ``after_update(trainer)`` is called before the first remaining update and after every
+        update (with ``trainer.update`` the number of updates done): the hook for evaluations and
+        probes along training. It must leave the policy's parameters and sampling RNG as it found
+        them, so that what it measures does not change the run."""
+        if after_update is not None:
+            after_update(self)
         bar = None
         if self.config.progress:
             from tqdm.auto import tqdm
@@ -131,6 +138,8 @@ class Trainer:
         try:
             while self.update < self.config.updates:
                 row = self.step()
+                if after_update is not None:
+                    after_update(self)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(success=f"{row['success']:.2f}", ret=f"{row['return']:.3f}")
@@ -156,6 +165,11 @@ class Trainer:
             losses.append(loss)
             norms.append(norm)
         self.parallel.clear_cache()
+        if self.config.epochs > 1:
+            # the engine charged one learner pass per recorded step; every further epoch is another
+            extra = (self.config.epochs - 1) * batch.compute.train_tokens
+            batch.compute.train_tokens += extra
+            batch.compute.flops += cost_flops(policy_parameters(self.policy), train_tokens=extra)
         self.update += 1
         compute = self.parallel.global_compute(batch.compute)
         self.total_compute.add(compute)

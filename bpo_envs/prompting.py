@@ -9,7 +9,8 @@ as a system + user chat showing the model:
 * the admissible actions, when the env gives them.
 
 The model answers with one action between configurable tags, ``<action>...</action>`` by
-default. :func:`parse_action` extracts it; output that does not parse is sent to the env as the
+default; with ``PromptConfig(reasoning=True)`` it first reasons between ``<think>...</think>``
+and then states the action (verl-agent's reply format). :func:`parse_action` extracts it; output that does not parse is sent to the env as the
 raw text (:func:`env_action`), so the env answers with an invalid-action observation (bad model
 output is an observation, never an exception).
 
@@ -68,6 +69,15 @@ DEFAULT_SYSTEM_PROMPT = (
     "then choose the next action. Answer with exactly one action in the form {open}ACTION{close}."
 )
 
+REASONING_SYSTEM_PROMPT = (
+    "You are an agent acting in a text environment. Read the task and the current observation. "
+    "First reason step by step about the situation and which action best advances the task; this "
+    "reasoning MUST be enclosed in {think_open} {think_close} tags. Then state exactly one action "
+    "in the form {open}ACTION{close}."
+)
+"""The system prompt of a reasoning reply (``PromptConfig(reasoning=True)``; after verl-agent's
+WebShop/ALFWorld prompts: reasoning in think tags, then the action in action tags)."""
+
 
 @dataclass(frozen=True)
 class PromptConfig:
@@ -80,6 +90,11 @@ class PromptConfig:
         show_admissible: list the admissible actions when the env gives them.
         max_observation_chars: observations longer than this (in history and the current one)
             keep their head and tail around a marker; None = never cut.
+        reasoning: the reply is reasoning between ``think_open``/``think_close``, then the
+            action between the action tags; the action is read after the last closing think
+            tag, and a reply with reasoning but no action there parses to None (the env answers
+            "invalid action"). The system prompt default becomes :data:`REASONING_SYSTEM_PROMPT`.
+        think_open / think_close: the reasoning tags.
     """
 
     history: int = 2
@@ -88,6 +103,9 @@ class PromptConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     show_admissible: bool = True
     max_observation_chars: int | None = 8000
+    reasoning: bool = False
+    think_open: str = "<think>"
+    think_close: str = "</think>"
 
     def __post_init__(self) -> None:
         if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 0:
@@ -96,6 +114,16 @@ class PromptConfig:
             raise ValueError("action_open and action_close must be non-empty tags")
         if self.max_observation_chars is not None and self.max_observation_chars < 64:
             raise ValueError(f"max_observation_chars must be >= 64 or None, got {self.max_observation_chars}")
+        if self.reasoning and (not self.think_open or not self.think_close):
+            raise ValueError("reasoning=True needs non-empty think_open and think_close tags")
+
+    @property
+    def system_text(self) -> str:
+        """The system message with the tags filled in."""
+        template = self.system_prompt
+        if self.reasoning and template == DEFAULT_SYSTEM_PROMPT:
+            template = REASONING_SYSTEM_PROMPT
+        return template.format(open=self.action_open, close=self.action_close, think_open=self.think_open, think_close=self.think_close)
 
 
 def _cut(text: str, limit: int | None) -> str:
@@ -114,8 +142,12 @@ def format_action(action: str, config: PromptConfig = PromptConfig()) -> str:
 def parse_action(text: str, config: PromptConfig = PromptConfig()) -> str | None:
     """The action in the model's answer ``text`` (the last complete tag pair), or None.
 
-    Surrounding whitespace is stripped; an empty action counts as no action.
+    Surrounding whitespace is stripped; an empty action counts as no action. With
+    ``config.reasoning`` only the text after the last closing think tag is read (an action
+    written inside the reasoning is not the answer), so reasoning without an action is None.
     """
+    if config.reasoning and config.think_close in text:
+        text = text.rsplit(config.think_close, 1)[1]
     pattern = re.escape(config.action_open) + r"(.*?)" + re.escape(config.action_close)
     matches = re.findall(pattern, text, flags=re.DOTALL)
     if not matches:
@@ -162,8 +194,15 @@ def build_messages(
     parts.append("Current observation:\n" + _cut(context.observation, limit))
     if config.show_admissible and context.admissible_actions:
         parts.append("Admissible actions:\n" + "\n".join(f"- {a}" for a in context.admissible_actions))
-    parts.append(instruction if instruction is not None else f"Answer with your next action as {format_action('ACTION', config)}.")
-    system = config.system_prompt.format(open=config.action_open, close=config.action_close)
+    if instruction is None:
+        instruction = f"Answer with your next action as {format_action('ACTION', config)}."
+        if config.reasoning:
+            instruction = (
+                f"First reason step by step within {config.think_open} {config.think_close}, then answer "
+                f"with your next action as {format_action('ACTION', config)}."
+            )
+    parts.append(instruction)
+    system = config.system_text
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 

@@ -2,14 +2,25 @@
 replay (reset + k steps) on generated games, plus memory per extra env. Writes JSON.
 
     python scripts/bench_alfworld.py --out bench_alfworld.json
+
+``--first-reset PRESET`` instead times the first reset of each of a preset's ALFWorld games (its
+train and evaluation tasks, as the main job draws them) in a new process, once with the
+games' on-disk translations removed (the process translates each problem and parses its
+grammar) and once with them in place (it reads them); each process first resets one other
+game, so imports and shared parses are not counted. Writes the per-game times and medians:
+
+    python scripts/bench_alfworld.py --first-reset cpu --out first_reset.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -95,13 +106,92 @@ def bench_task(env: ALFWorldEnv, task_id: str, steps: int, repeat: int) -> dict[
     }
 
 
+def _first_reset_worker(spec: str) -> None:
+    """In this new process: reset ``warmup`` once, then time the first reset of each game."""
+    job = json.loads(spec)
+    env = ALFWorldEnv(split=job["split"], **job["kwargs"])
+    env.reset(options={"task_id": job["warmup"]})
+    out = []
+    for task_id in job["tasks"]:
+        t, cpu = time.perf_counter(), time.process_time()
+        env.reset(options={"task_id": task_id})
+        out.append({
+            "split": job["split"], "task_id": task_id, "first_reset_ms": (time.perf_counter() - t) * 1000,
+            "first_reset_cpu_ms": (time.process_time() - cpu) * 1000,
+        })  # fmt: skip
+    env.close()
+    print(json.dumps(out))
+
+
+def first_reset(preset: str, max_games: int | None) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from bpo_algos.experiments.presets import PRESETS
+    from bpo_algos.experiments.runner import task_split
+    from bpo_envs.alfworld import _upstream
+
+    setup = PRESETS[preset].envs["alfworld"]
+    kwargs = {k: v for k, v in setup.kwargs.items() if k not in ("split", "max_episode_steps", "expert")}
+    train, evals = task_split(setup)
+    groups = [(setup.kwargs.get("split", "train"), train), (setup.eval_split, evals)]
+    if setup.eval_split == "valid_seen":  # the main job also reports valid_unseen
+        groups.append(("valid_unseen", task_split(replace(setup, eval_split="valid_unseen"))[1]))
+    if max_games:
+        groups = [(split, ids[:max_games]) for split, ids in groups]
+    result: dict[str, Any] = {"preset": preset, "games": sum(len(ids) for _, ids in groups), "modes": {}}
+    for mode in ("translated_in_process", "read_from_disk"):
+        rows: list[dict[str, Any]] = []
+        for split, ids in groups:
+            env = ALFWorldEnv(split=split, **kwargs)
+            others = [t for t in env.task_ids() if t not in set(ids)]
+            for task_id in ids:  # generated games are made (and cached) here, not timed
+                game_path = env.games.game_path(task_id)
+                if mode == "translated_in_process":
+                    _upstream.translation_path(game_path).unlink(missing_ok=True)
+                    _upstream._fallback_path(env.games.game(task_id)).unlink(missing_ok=True)
+            env.games.game(others[0])
+            job = json.dumps({"split": split, "kwargs": kwargs, "warmup": others[0], "tasks": ids})
+            done = subprocess.run(
+                [sys.executable, __file__, "--first-reset-worker", job], check=True, capture_output=True, text=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )  # fmt: skip
+            rows += json.loads(done.stdout.strip().splitlines()[-1])
+        times = [r["first_reset_ms"] for r in rows]
+        result["modes"][mode] = {
+            "median_ms": statistics.median(times),
+            # CPU time of the process: what the reset costs, less what other processes took
+            "median_cpu_ms": statistics.median(r["first_reset_cpu_ms"] for r in rows),
+            "p90_ms": float(np.percentile(times, 90)),
+            "max_ms": max(times),
+            "per_game": rows,
+        }
+    before, after = (result["modes"][m]["median_ms"] for m in ("translated_in_process", "read_from_disk"))
+    result["median_ratio"] = before / after
+    result["load_average_at_end"] = os.getloadavg()
+    result["cpus"] = os.cpu_count()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="bench_alfworld.json")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--index", type=int, default=1, help="generated game index per type")
+    parser.add_argument("--first-reset", metavar="PRESET", help="time first resets of a preset's games instead")
+    parser.add_argument("--max-games", type=int, default=None, help="--first-reset: at most this many games per split")
+    parser.add_argument("--first-reset-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.first_reset_worker:
+        _first_reset_worker(args.first_reset_worker)
+        return
+    if args.first_reset:
+        out = first_reset(args.first_reset, args.max_games)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        for mode, data in out["modes"].items():
+            print(f"{mode}: median {data['median_ms']:.1f} ms (CPU {data['median_cpu_ms']:.1f} ms), p90 {data['p90_ms']:.1f} ms, max {data['max_ms']:.1f} ms")
+        print(f"{out['games']} games; wrote {args.out}")
+        return
 
     env = ALFWorldEnv(games_per_type=max(8, args.index + 1))
     results = []

@@ -7,6 +7,18 @@ JSON (medians and all samples) and prints a summary::
 
     python scripts/bench_swebench.py --backends local docker --repeats 15 --out bench_swebench.json
 
+Concurrency (docker, the official-layout test image): ``--concurrency 1 4 8 16`` runs that many
+envs at once, each in its own thread doing ``--rounds`` rounds of step, snapshot, step,
+restore, step (checking the restored state), release; per level: steps/s over the wall time,
+p50/p99 of step, snapshot and restore, memory per env (the container's cgroup memory, its
+containerd shim's RSS, and the host's available memory lost per env), every error (a daemon
+error, a wrong restore) and what the daemon-retry log said. ``--cpu-hog`` adds the neighbour
+test: a CPU-bound command timed in one env alone, then beside an env running four busy loops,
+with the default quota (``cpus=1``) and with the quota at the host's CPU count::
+
+    python scripts/bench_swebench.py --backend docker --concurrency 1 4 8 16 --cpu-hog \
+        --out docs/results/swebench-concurrency/concurrency.json
+
 Docker restores take a warm container (started in the background after the snapshot);
 ``restore_after_idle`` restores ``--idle`` seconds after the snapshot (the policy's think time),
 ``restore`` right after one step. ``docker_floor`` times the parts each one is made of on this
@@ -18,8 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
+import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,9 +151,248 @@ def bench(backend: str, rows: list[dict[str, Any]], repeats: int, idle: float = 
         other.close()
 
 
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(1000 * xs[min(len(xs) - 1, int(math.ceil(q * len(xs))) - 1)], 1)
+
+
+def _lat(xs: list[float]) -> dict[str, Any]:
+    return {"n": len(xs), "p50_ms": _pct(xs, 0.5), "p99_ms": _pct(xs, 0.99),
+            "max_ms": round(1000 * max(xs), 1) if xs else None}
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _container_memory(container_id: str) -> int | None:
+    """Bytes the container's memory cgroup holds (cgroup v1 or v2 layouts of dockerd)."""
+    for path in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes",
+                 f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current",
+                 f"/sys/fs/cgroup/docker/{container_id}/memory.current"):
+        try:
+            return int(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _shim_rss() -> tuple[int, int]:
+    """(number of containerd shims, their total RSS in bytes)."""
+    n = total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if not (proc / "comm").read_text().startswith("containerd-shim"):
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    n += 1
+        except OSError:
+            continue
+    return n, total
+
+
+class _RetryLog(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage()[:300])
+
+
+def concurrency_level(rows: list[dict[str, Any]], n: int, rounds: int) -> dict[str, Any]:
+    """``n`` docker envs at once, each doing ``rounds`` rounds (see the module docstring)."""
+    from bpo_envs.swebench.docker_backend import check_capacity, docker_client, max_docker_calls
+
+    check_capacity(docker_client(), n)
+    task = rows[0]["instance_id"]
+    retry_log = _RetryLog()
+    logging.getLogger("bpo_envs.swebench").addHandler(retry_log)
+    mem0, (shims0, shim_rss0) = _mem_available(), _shim_rss()
+    envs: list[SWEBenchEnv] = []
+    errors: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    try:
+        for _ in range(n):
+            env = SWEBenchEnv(instances=rows, backend="docker", step_timeout=120)
+            envs.append(env)
+            env.reset(options={"task_id": task})
+        start_s = time.perf_counter() - t0
+        lat: dict[str, list[float]] = {"step": [], "snapshot": [], "restore": []}
+        lock = threading.Lock()
+        barrier = threading.Barrier(n)
+        counts = {"steps": 0, "rounds": 0}
+
+        def timed(op: str, fn: Any, *args: Any) -> Any:
+            t = time.perf_counter()
+            out = fn(*args)
+            with lock:
+                lat[op].append(time.perf_counter() - t)
+                if op == "step":
+                    counts["steps"] += 1
+            return out
+
+        def worker(i: int, env: SWEBenchEnv) -> None:
+            barrier.wait()
+            for r in range(rounds):
+                try:
+                    timed("step", env.step, f"echo e{i}r{r} >> README.md && ls | head -3")
+                    snap = timed("snapshot", env.snapshot)
+                    timed("step", env.step, "rm -f README.md && echo x > other.txt")
+                    timed("restore", env.restore, snap)
+                    obs = timed("step", env.step, "tail -1 README.md; ls other.txt")[0]
+                    if f"e{i}r{r}" not in obs or "No such file" not in obs:
+                        raise AssertionError(f"the restored state is wrong: {obs[:200]!r}")
+                    snap.release()
+                    with lock:
+                        counts["rounds"] += 1
+                except Exception as exc:  # noqa: BLE001 - every error is the result
+                    with lock:
+                        errors.append({"env": i, "round": r, "error": f"{type(exc).__name__}: {exc}"[:500]})
+
+        threads = [threading.Thread(target=worker, args=(i, e)) for i, e in enumerate(envs)]
+        mid_mem = _mem_available()
+        shims, shim_rss = _shim_rss()
+        container_mem = [m for e in envs if (m := _container_memory(e._backend.container.id)) is not None]
+        t1 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t1
+        end_mem = _mem_available()
+    finally:
+        for env in envs:
+            env.close()
+        logging.getLogger("bpo_envs.swebench").removeHandler(retry_log)
+    per_env_host = (mem0 - min(mid_mem, end_mem)) / n
+    return {
+        "envs": n, "rounds_per_env": rounds, "rounds_ok": counts["rounds"],
+        "steps": counts["steps"], "wall_s": round(wall, 2),
+        "steps_per_s": round(counts["steps"] / wall, 2),
+        "start_s": round(start_s, 2),
+        "step": _lat(lat["step"]), "snapshot": _lat(lat["snapshot"]), "restore": _lat(lat["restore"]),
+        "memory_per_env_mib": {
+            "container_cgroup_median": round(statistics.median(container_mem) / 2**20, 1) if container_mem else None,
+            "containerd_shim_rss": round((shim_rss - shim_rss0) / max(shims - shims0, 1) / 2**20, 1),
+            "host_available_drop": round(per_env_host / 2**20, 1),
+        },
+        "max_docker_calls": max_docker_calls(),
+        "errors": errors, "n_errors": len(errors),
+        "daemon_log": retry_log.messages[:50], "n_daemon_log": len(retry_log.messages),
+    }
+
+
+HOG = "for i in 1 2 3 4; do (while :; do :; done) & done; sleep {s}"
+WORK = ("python3 -c \"import time; t = time.perf_counter(); sum(i * i for i in range(1500000)); "
+        "print('took', time.perf_counter() - t)\"")
+
+
+def _work_time(env: SWEBenchEnv) -> float:
+    obs = env.step(WORK)[0]
+    return float(obs.split("took", 1)[1].split()[0])
+
+
+def cpu_hog(rows: list[dict[str, Any]], repeats: int = 7, cpus: float = 1.0) -> dict[str, Any]:
+    """A neighbour's CPU-bound command alone, then beside a four-loop CPU hog (both ``cpus``)."""
+    task = rows[0]["instance_id"]
+    neighbour = SWEBenchEnv(instances=rows, backend="docker", step_timeout=120, cpus=cpus)
+    hog = SWEBenchEnv(instances=rows, backend="docker", step_timeout=120, cpus=cpus)
+    try:
+        neighbour.reset(options={"task_id": task})
+        hog.reset(options={"task_id": task})
+        alone = [_work_time(neighbour) for _ in range(repeats)]
+        hog_s = max(20.0, 3 * sum(alone) + 10)
+        box = hog._backend.container
+        thread = threading.Thread(target=hog.step, args=(HOG.format(s=hog_s),))
+        thread.start()
+        time.sleep(2.0)  # the loops are running
+        cpu0, w0 = _cpu_usage(box.id), time.perf_counter()
+        beside = [_work_time(neighbour) for _ in range(repeats)]
+        cpu1, w1 = _cpu_usage(box.id), time.perf_counter()
+        thread.join()
+        hog_cpus = (cpu1 - cpu0) / 1e9 / (w1 - w0) if cpu0 is not None and cpu1 is not None else None
+        return {
+            "cpus_quota": cpus, "host_cpus": os.cpu_count(),
+            "neighbour_alone_s_median": round(statistics.median(alone), 4),
+            "neighbour_beside_hog_s_median": round(statistics.median(beside), 4),
+            "slowdown": round(statistics.median(beside) / statistics.median(alone), 3),
+            "hog_cpus_used": None if hog_cpus is None else round(hog_cpus, 3),
+        }
+    finally:
+        neighbour.close()
+        hog.close()
+
+
+def _cpu_usage(container_id: str) -> int | None:
+    """CPU nanoseconds the container used (cgroup v1 cpuacct or v2 cpu.stat)."""
+    try:
+        return int(Path(f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage").read_text())
+    except (OSError, ValueError):
+        pass
+    for path in (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat",
+                 f"/sys/fs/cgroup/docker/{container_id}/cpu.stat"):
+        try:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith("usage_usec"):
+                    return int(line.split()[1]) * 1000
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def concurrency_main(args: argparse.Namespace) -> None:
+    from bpo_envs.swebench.images import build_test_image, verified_row
+
+    source = bundled_instances()[0]
+    build_test_image(source)
+    rows = [verified_row(source)]
+    out: dict[str, Any] = {
+        "image": "official-layout test image (sweb.eval.x86_64.bpo-gym__textkit-1)",
+        "host_cpus": os.cpu_count(), "host_mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_avg_at_start": os.getloadavg(), "levels": [],
+    }
+    for n in args.concurrency:
+        try:
+            level = concurrency_level(rows, n, args.rounds)
+        except RuntimeError as exc:  # a concurrency the host cannot start: the error names the limit
+            level = {"envs": n, "error": str(exc)}
+        level["load_avg_after"] = os.getloadavg()
+        out["levels"].append(level)
+        if "error" in level:
+            print(f"{n:3d} envs: {level['error']}")
+        else:
+            print(f"{n:3d} envs: {level['steps_per_s']:6.2f} steps/s  step p50/p99 {level['step']['p50_ms']}/"
+                  f"{level['step']['p99_ms']} ms  snapshot {level['snapshot']['p50_ms']}/{level['snapshot']['p99_ms']}"
+                  f" ms  restore {level['restore']['p50_ms']}/{level['restore']['p99_ms']} ms  mem/env "
+                  f"{level['memory_per_env_mib']}  errors {level['n_errors']}", flush=True)
+        Path(args.out).write_text(json.dumps(out, indent=2))
+    if args.cpu_hog:
+        out["cpu_hog"] = [cpu_hog(rows, cpus=1.0), cpu_hog(rows, cpus=float(os.cpu_count() or 1))]
+        for r in out["cpu_hog"]:
+            print(f"cpu hog (cpus={r['cpus_quota']}): neighbour {r['neighbour_alone_s_median']} s alone, "
+                  f"{r['neighbour_beside_hog_s_median']} s beside the hog (x{r['slowdown']}); hog used "
+                  f"{r['hog_cpus_used']} CPUs")
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backends", nargs="+", default=["local"], choices=["local", "docker"])
+    parser.add_argument("--backends", "--backend", nargs="+", default=["local"], choices=["local", "docker"])
+    parser.add_argument("--concurrency", nargs="+", type=int,
+                        help="docker: envs in flight at once, one level each (see the module docstring)")
+    parser.add_argument("--rounds", type=int, default=8, help="--concurrency: rounds per env")
+    parser.add_argument("--cpu-hog", action="store_true", help="--concurrency: add the CPU-hog neighbour test")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--repos", nargs="+", default=["small", "large"],
                         choices=["small", "large", "official"])
@@ -145,6 +400,12 @@ def main() -> None:
                         help="seconds between a snapshot and the restore of restore_after_idle")
     parser.add_argument("--out", default="bench_swebench.json")
     args = parser.parse_args()
+    if args.concurrency:
+        if args.backends != ["docker"]:
+            parser.error("--concurrency is for --backend docker")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        concurrency_main(args)
+        return
     results: dict[str, Any] = {"repeats": args.repeats, "results": {}}
     with tempfile.TemporaryDirectory(prefix="bpo-swe-bench-") as tmp:
         repos = {}

@@ -7,6 +7,13 @@ over the admissible actions and keeps no state, so only the env side can grow.
 
     python scripts/soak.py                       # TreeMDP and WebShop, 10,000 expansions each
     python scripts/soak.py --envs treemdp --expansions 2000 --out soak.json
+    python scripts/soak.py --envs docker --cycles 1000 --out docs/results/soak/docker.json
+
+``docker``: one SWE-bench env on the docker backend (the official-layout test image) runs
+``--cycles`` cycles of step, snapshot, step, restore, step, release, and every ``--every``
+cycles counts this run's snapshot images and containers (by their ``bpo-gym.run`` label), the
+docker root's used disk and its overlay2 layer folders; the JSON has the samples and each
+one's least-squares slope per 1,000 cycles over the second half (flat = no leak).
 
 Writes JSON (per env: expansions, env steps, RSS in MiB at the start after a warm-up batch, at
 the end and the max seen, the growth over the run, live snapshot objects at the end).
@@ -132,17 +139,98 @@ def soak(name: str, expansions: int, pool_size: int, tasks_per_batch: int) -> di
     }
 
 
+def soak_docker(cycles: int, every: int, out: Path | None = None) -> dict[str, Any]:
+    """The docker case (see the module docstring)."""
+    import os
+    import shutil
+
+    from bpo_envs.swebench import SWEBenchEnv, bundled_instances
+    from bpo_envs.swebench.docker_backend import docker_client
+    from bpo_envs.swebench.images import build_test_image, verified_row
+    from bpo_envs.swebench.owners import LABEL_RUN, SNAPSHOT_REPO, run_id
+
+    source = bundled_instances()[0]
+    build_test_image(source)
+    client = docker_client()
+    root = client.info().get("DockerRootDir", "/var/lib/docker")
+    label = lambda: {"label": f"{LABEL_RUN}={run_id()}"}  # noqa: E731 - a new dict per call
+
+    def sample(cycle: int) -> dict[str, Any]:
+        gc.collect()
+        layers = os.path.join(root, "overlay2")
+        return {
+            "cycle": cycle,
+            # the low-level calls: a container removed meanwhile cannot fail the listing
+            "snapshot_images": len(client.api.images(name=SNAPSHOT_REPO, filters=label())),
+            "containers": len(client.api.containers(all=True, filters=label())),
+            "docker_root_used_mib": round(shutil.disk_usage(root).used / 2**20, 1),
+            "overlay2_layers": len(os.listdir(layers)) if os.path.isdir(layers) else None,
+            "rss_mib": round(rss_mib(), 1),
+        }
+
+    env = SWEBenchEnv(instances=[verified_row(source)], backend="docker", step_timeout=60,
+                      max_episode_steps=10**6)
+    errors: list[str] = []
+    samples = []
+    t0 = time.perf_counter()
+    try:
+        env.reset(seed=0)
+        samples.append(sample(0))
+        for i in range(1, cycles + 1):
+            try:
+                env.step(f"echo {i} >> soak.txt && head -c 100 soak.txt > /dev/null")
+                snap = env.snapshot()
+                env.step("rm -f soak.txt README.md && echo x > scratch.bin")
+                env.restore(snap)
+                obs = env.step("tail -1 soak.txt")[0]
+                if not obs.startswith(f"{i}\n"):
+                    raise AssertionError(f"restore {i} gave {obs[:80]!r}")
+                snap.release()
+            except Exception as exc:  # noqa: BLE001 - counted, the soak goes on
+                errors.append(f"cycle {i}: {type(exc).__name__}: {exc}"[:300])
+            if i % 100 == 0:
+                env.reset(seed=0)  # the writable layer restarts; the cycles go on
+            if i % every == 0:
+                samples.append(sample(i))
+                print(samples[-1], flush=True)
+                if out is not None:  # a partial result survives an interrupted soak
+                    out.write_text(json.dumps({"partial": True, "errors": errors[:20], "samples": samples}, indent=2))
+    finally:
+        env.close()
+    seconds = time.perf_counter() - t0
+    after_close = sample(cycles)
+    half = samples[len(samples) // 2:]
+    slopes = {}
+    for key in ("snapshot_images", "containers", "docker_root_used_mib", "overlay2_layers", "rss_mib"):
+        xs = [s["cycle"] for s in half if s[key] is not None]
+        ys = [s[key] for s in half if s[key] is not None]
+        slopes[key] = round(float(np.polyfit(xs, ys, 1)[0]) * 1000, 3) if len(xs) > 2 else None
+    return {
+        "env": "docker", "cycles": cycles, "seconds": round(seconds, 1),
+        "cycles_per_s": round(cycles / seconds, 2), "errors": errors[:20], "n_errors": len(errors),
+        "slope_per_1000_cycles_2nd_half": slopes, "after_close": after_close, "samples": samples,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--envs", nargs="+", default=["treemdp", "webshop"], choices=sorted(ENVS))
+    parser.add_argument("--envs", nargs="+", default=["treemdp", "webshop"], choices=[*sorted(ENVS), "docker"])
+    parser.add_argument("--cycles", type=int, default=1000, help="docker: snapshot/restore/release cycles")
+    parser.add_argument("--every", type=int, default=50, help="docker: cycles between samples")
     parser.add_argument("--expansions", type=int, default=10_000)
     parser.add_argument("--pool", type=int, default=4, help="envs in the pool")
     parser.add_argument("--tasks-per-batch", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("soak.json"))
     args = parser.parse_args(argv)
-    results = [soak(name, args.expansions, args.pool, args.tasks_per_batch) for name in args.envs]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    results = [soak_docker(args.cycles, args.every, args.out) if name == "docker"
+               else soak(name, args.expansions, args.pool, args.tasks_per_batch) for name in args.envs]
     args.out.write_text(json.dumps({"python": sys.version.split()[0], "results": results}, indent=2))
     for r in results:
+        if r["env"] == "docker":
+            print(f"docker    {r['cycles']} cycles in {r['seconds']} s, {r['n_errors']} errors; slope per "
+                  f"1,000 cycles (2nd half): {r['slope_per_1000_cycles_2nd_half']}; after close: {r['after_close']}")
+            continue
         if "skipped" in r:
             print(f"{r['env']:9s} skipped: {r['skipped']}")
             continue

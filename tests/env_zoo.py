@@ -1,7 +1,11 @@
 """Every BPO env, made small, for the tests that run on all of them (fuzzing, bad input).
 
-``make_or_skip(name)`` returns a factory, or skips the test with the reason the env cannot run
-here (its module is missing, or its extra or system part is not installed).
+``make_or_skip(name)`` returns a factory, or skips the test when an optional part of the env is
+declared absent: one of its Python packages is not installed, or making it raises
+:class:`bpo_envs.system.MissingPartError` (a system part such as bubblewrap or a Docker daemon).
+Any other exception while importing the env's module or making the env is raised: the test
+fails (a half-installed engine or a bug must not pass as a skip). Under ``BPO_REQUIRE_ALL=1``
+(``.ci/run``) even those skips fail, except for the reasons ``skip_policy`` allows.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import gymnasium as gym
 import pytest
 
 import bpo_envs  # noqa: F401 - registers the ids
+from bpo_envs.system import MissingPartError
 
 # name -> (gym id, make kwargs, modules it needs, how to get them)
 ENVS: dict[str, tuple[str, dict, tuple[str, ...], str]] = {
@@ -63,21 +68,18 @@ def make_or_skip(name: str) -> Callable[[], gym.Env]:
     for module in modules:
         try:
             found = importlib.util.find_spec(module) is not None
-        except ImportError:
+        except ModuleNotFoundError:  # its parent package is not installed (a broken one raises)
             found = False
         if not found:
-            pytest.skip(f"{name}: module {module!r} is not available ({how})")
+            pytest.skip(f"{name}: module {module!r} is not installed ({how})")
     for module in modules:
         if module.startswith("bpo_envs."):
-            try:
-                importlib.import_module(module)
-            except Exception as exc:  # noqa: BLE001 - its deps are absent or it is half-written
-                pytest.skip(f"{name}: importing {module} failed: {type(exc).__name__}: {exc}")
+            importlib.import_module(module)  # raises: a module that is there must import
     factory = functools.partial(gym.make, env_id, **kwargs)
     try:
         factory().close()
-    except Exception as exc:  # noqa: BLE001 - a system part (sandbox, engine) is missing
-        pytest.skip(f"{name}: cannot make {env_id} here: {type(exc).__name__}: {str(exc)[:300]}")
+    except MissingPartError as exc:
+        pytest.skip(f"{name}: a system part is not installed ({exc.part}): {str(exc)[:300]}")
     _cache[name] = factory
     return factory
 

@@ -25,7 +25,7 @@ from bpo_algos import BPO, Budget, TabularPolicy, TrainerConfig
         (lambda: RLOO(kl_coef=-0.1), "kl_coef"),
         (lambda: Budget("env_steps", -5), "amount"),
         (lambda: Budget("env_steps", 0), "amount"),
-        (lambda: Budget("flops", 10), "unit"),
+        (lambda: Budget("furlongs", 10), "unit"),
         (lambda: TrainerConfig(updates=0), "updates"),
         (lambda: TrainerConfig(optimizer="lion"), "optimizer"),
         (lambda: TrainerConfig(budget=("env_steps", -1)), "amount"),

@@ -109,7 +109,7 @@ def test_policy_tokens_budget_and_meter_fields():
     d = c.to_dict()
     assert d["policy_tokens"] == c.policy_tokens and ComputeMeter.from_dict(d) == c
     with pytest.raises(ValueError, match="unknown compute meter field"):
-        ComputeMeter.from_dict({"flops": 1})
+        ComputeMeter.from_dict({"furlongs": 1})
     # GRPO never scores
     g = GRPO(group_size=4).collect(TabularPolicy(), [tree(4)], [0]).compute
     assert g.score_tokens == 0 and g.policy_tokens == g.gen_tokens + g.prefill_tokens

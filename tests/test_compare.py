@@ -11,26 +11,33 @@ from bpo_algos.experiments import compare
 from bpo_algos.experiments.presets import PRESETS, Preset
 from bpo_algos.experiments.runner import task_split
 
-ARGS = ["--envs", "treemdp", "--seeds", "0", "1", "--updates", "3", "--budget", "200", "--grad-batches", "3", "--no-progress"]
+ARGS = ["--envs", "treemdp", "--seeds", "0", "1", "--updates", "3", "--budget", "200", "--grad-batches", "3", "--no-progress", "--jobs", "1"]
 
 
 def test_compare_writes_results_and_resumes(tmp_path):
     out = tmp_path / "cmp"
     results = compare.main(["--smoke", "--out", str(out), *ARGS])
-    assert set(results["algorithms"]) == {"bpo", "grpo", "rloo"}
+    names = ("bpo", "grpo", "rloo", "frozen", "reinforce")
+    assert set(results["algorithms"]) == set(names)
     saved = json.loads((out / "results.json").read_text())
     assert saved["budget_unit"] == "env_steps" and saved["seeds"] == [0, 1] and saved["envs"] == ["treemdp"]
     for row in saved["algorithms"].values():
-        assert 0.0 <= row["success"] <= 1.0 and len(row["curve"]) == 3
-        assert "env_steps" in row["compute"] and row["grad_norm_var"] >= 0
+        assert 0.0 <= row["success"] <= 1.0 and 0.0 <= row["auc"] <= 1.0
+        assert "env_steps" in row["compute"] and "flops" in row["compute"]
     per_env = saved["per_env"]["treemdp"]["algorithms"]
-    used = [per_env[a]["compute"]["env_steps"] for a in ("bpo", "grpo", "rloo")]
+    for a in names:
+        assert len(per_env[a]["curve"]) == 3
+        # evaluated at update 0 (the warm start: the same for every algorithm of a seed) and along training
+        curve = per_env[a]["eval_curve"]
+        assert curve["updates"] == [0, 2, 3] and curve["success_per_seed"][0][0] == per_env["rloo"]["eval_curve"]["success_per_seed"][0][0]
+    used = [per_env[a]["compute"]["env_steps"] for a in names]
     assert max(used) / min(used) < 1.25  # the same budget per update
-    assert (out / "results.md").read_text().startswith("# BPO vs GRPO vs RLOO")
-    assert (out / "success.png").stat().st_size > 0 and (out / "grad_norm_variance.png").stat().st_size > 0
+    assert (out / "results.md").read_text().startswith("# BPO vs GRPO vs RLOO vs FROZEN vs REINFORCE")
+    for picture in ("success.png", "final_success.png", "gradient_snr.png", "training_success.png", "grad_norm_variance.png"):
+        assert (out / picture).read_bytes().startswith(b"\x89PNG")
     # one example tree per env and algorithm, linked from results.md
-    assert saved["example_trees"] == {"treemdp": {a: f"trees/treemdp-{a}.png" for a in ("bpo", "grpo", "rloo")}}
-    assert all((out / "trees" / f"treemdp-{a}.png").read_bytes().startswith(b"\x89PNG") for a in ("bpo", "grpo", "rloo"))
+    assert saved["example_trees"] == {"treemdp": {a: f"trees/treemdp-{a}.png" for a in names}}
+    assert all((out / "trees" / f"treemdp-{a}.png").read_bytes().startswith(b"\x89PNG") for a in names)
     assert "[bpo](trees/treemdp-bpo.png)" in (out / "results.md").read_text()
 
     # an interrupted run: one run lost its result and the aggregate was never written
@@ -58,7 +65,8 @@ def test_compare_rejects_unknown_env(tmp_path):
 def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_path):
     """The CPU default's path: the text scorer warm-started from WebShop's expert."""
     out = tmp_path / "ws"
-    args = ["--smoke", "--out", str(out), "--envs", "webshop", "--seeds", "0", "1", "--updates", "2", "--no-progress"]
+    args = ["--smoke", "--out", str(out), "--envs", "webshop", "--seeds", "0", "1", "--updates", "2", "--no-progress", "--jobs", "1",
+            "--algorithms", "bpo", "grpo", "rloo"]
     results = compare.main(args)
     env = results["per_env"]["webshop"]
     assert env["seeds"] == [0, 1] and env["eval_split"] == "test"
@@ -71,20 +79,31 @@ def test_compare_scorer_on_webshop_pairs_seeds_and_keeps_per_env_settings(tmp_pa
     assert all(t < 500 for t in eval_tasks) and all(t >= 1500 for t in train_tasks)
     assert "Data: bundled generator `bpo_envs.webshop.generator`" in (out / "results.md").read_text()
     assert "`test` tasks" in (out / "results.md").read_text()
-    paired = env["bpo_vs_best_baseline"]
-    assert paired["best_baseline"] in ("grpo", "rloo") and len(paired["success_diff_per_seed"]) == 2
+    # the headline: the treatment minus the comparator fixed in advance, paired by seed
+    head = env["treatment_vs_comparator"]
+    assert head["comparator"] == "rloo" and head["metric"] == "auc" and len(head["diff_per_seed"]) == 2
+    auc = {a: env["algorithms"][a]["metrics"]["auc"]["per_seed"] for a in ("bpo", "rloo")}
+    assert head["diff_per_seed"] == pytest.approx([b - r for b, r in zip(auc["bpo"], auc["rloo"], strict=True)])
+    assert set(head["metrics"]) == {"auc", "final", "compute_to_threshold"} and "mde" in head
+    # the post-hoc figure stays, labelled as chosen after the results
+    paired = env["treatment_vs_best_baseline"]
+    assert paired["best_baseline"] in ("grpo", "rloo") and paired["chosen_after_the_results"]
     best = env["algorithms"][paired["best_baseline"]]
     expected = [b - g for b, g in zip(env["algorithms"]["bpo"]["success_per_seed"], best["success_per_seed"], strict=True)]
     assert paired["success_diff_per_seed"] == pytest.approx(expected)
-    assert set(paired["grad_norm_var_ratio_vs"]) == {"grpo", "rloo"}
-    assert "paired by seed" in (out / "results.md").read_text()
+    text = (out / "results.md").read_text()
+    assert "paired by seed" in text and text.index("## Controls") < text.index("## Headline")
     for a in ("bpo", "grpo", "rloo"):
         assert len(env["algorithms"][a]["curve"]) == 2
 
 
 def test_preset_fields_per_env():
     preset = PRESETS["cpu"]
-    assert preset.trainer_for("webshop").updates != preset.trainer_for("alfworld").updates
+    import copy
+
+    per_env = copy.deepcopy(preset)
+    per_env.envs["alfworld"].trainer = {"updates": 12}
+    assert per_env.trainer_for("webshop").updates == preset.trainer.updates and per_env.trainer_for("alfworld").updates == 12
     assert preset.for_env("seeds", "webshop") != preset.for_env("seeds", "alfworld")
     assert preset.for_env("seeds", "swebench") == Preset.__dataclass_fields__["seeds"].default
     assert preset.envs["alfworld"].eval_split == "valid_seen" and preset.envs["webshop"].eval_split == "test"
@@ -137,7 +156,8 @@ def test_evaluation_uses_common_random_numbers():
 
 def test_results_show_every_meter(tmp_path):
     out = tmp_path / "m"
-    compare.main(["--smoke", "--out", str(out), "--envs", "treemdp", "--seeds", "0", "--updates", "1", "--budget", "100", "--grad-batches", "2", "--no-progress"])
+    compare.main(["--smoke", "--out", str(out), "--envs", "treemdp", "--seeds", "0", "--updates", "1", "--budget", "100", "--grad-batches", "2",
+                  "--no-progress", "--jobs", "1"])
     from bpo_algos import COMPUTE_UNITS
 
     text = (out / "results.md").read_text()

@@ -21,8 +21,10 @@ def test_grpo_tree_shape_and_meter():
     assert all(not n.is_branch for n in tree.nodes() if n is not tree.root)
     c = batch.compute
     assert (c.env_steps, c.leaves, c.snapshots, c.restores, c.resets, c.gen_tokens) == (12, 4, 1, 3, 1, 12)
-    # one env: the root call samples 4; then each path takes 2 more decisions, one call each
-    assert c.policy_calls == 1 + 4 * 2 and c.prefill_tokens == 1 + 4 * 2
+    # one env: the root call samples 4; then each path takes 2 more decisions, one call each;
+    # each call's forward pass scores the context and its 3 candidates
+    assert c.policy_calls == 1 + 4 * 2 and c.prefill_tokens == (1 + 4 * 2) * (1 + 3)
+    assert c.train_tokens == 12 * (1 + 3)  # the learner scores each step's context and candidates
     assert tree.compute.env_steps == 12 and tree.compute.leaves == 4
     assert sum(e.weight for e in tree.leaf_edges()) == pytest.approx(1.0)
 
@@ -125,7 +127,7 @@ def test_meter_arithmetic():
     b = ComputeMeter(env_steps=2, restores=4)
     assert (a + b).env_steps == 5 and (a + b).restores == 4 and (a - b).env_steps == 1
     with pytest.raises(ValueError, match="unit"):
-        a.get("flops")
+        a.get("furlongs")
 
 
 def test_siblings_wait_for_their_origin_env_when_the_env_prefers_it():

@@ -15,7 +15,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv  # noqa: E402
 
 def _outputs(env, actions):
     return [
-        (o["observations"], o["reward"], o["done"], o["metadata"], o["postprocessed_action"])
+        (o["observations"], o["reward"], o["done"], o["metadata"], o["metadata"]["action"])
         for o in (env.step(a) for a in actions)
     ]
 
@@ -57,13 +57,27 @@ def test_webshop_expert_episode_matches_the_gym_env():
         env.step("<action>click[buy now]</action>")
 
 
+def test_the_model_output_is_never_rewritten():
+    # SkyRL-train trains on postprocessed_action's tokens whenever it is set: it must stay None so
+    # that the generated text (tags, reasoning) and its sampling log-probs are what is trained
+    env = skyrl_gym.make("BPO-WebShop-v0", env_config={}, extras={"task_id": 3})
+    env.init(None)
+    expert = gym.make("BPO-WebShop-v0")
+    expert.reset(options={"task_id": 3})
+    text = f"Let me think about it first.\n<action>{expert.unwrapped.expert_actions()[0]}</action>"
+    out = env.step(text)
+    assert out["postprocessed_action"] is None
+    assert out["metadata"]["action"] == expert.unwrapped.expert_actions()[0] != text
+
+
 def test_bad_model_output_is_an_observation():
     env = skyrl_gym.make("BPO-WebShop-v0", env_config={}, extras={"task_id": 0})
     env.init(None)
     out = env.step("no tags, just rambling")
     assert out["metadata"]["invalid_action"] and not out["done"] and out["reward"] == 0.0
     assert "Invalid action" in out["observations"][0]["content"]
-    assert out["postprocessed_action"] == "no tags, just rambling"
+    assert out["metadata"]["action"] == "no tags, just rambling"
+    assert out["postprocessed_action"] is None
 
 
 def test_snapshot_restore_pass_through_and_portable_state():

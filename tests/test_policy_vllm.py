@@ -69,3 +69,42 @@ def test_weights_after_an_update_reach_vllm(policy):
     for i, s in enumerate(after):
         n = len(s.action.token_ids)
         assert torch.allclose(hf[i, :n], torch.tensor(s.action.logprobs), atol=ATOL)
+
+
+@pytest.mark.parametrize("scoring", ["vllm", "hf"])
+def test_decision_entropy_through_vllm_equals_hf_and_is_metered(policy, scoring):
+    from bpo_algos.policy import HFPolicy
+
+    ctxs = contexts()
+    policy.scoring = scoring
+    try:
+        before = policy.meter.score_tokens
+        got = policy.decision_entropy(ctxs)
+        charged = policy.meter.score_tokens - before
+    finally:
+        policy.scoring = "vllm"
+    want = HFPolicy.decision_entropy(policy, ctxs)
+    assert got == pytest.approx(want, abs=1e-4)
+    answers = sum(len(policy.prompts.action_ids(a)) for c in ctxs for a in c.admissible_actions)
+    prompts = sum(len(policy.prompt_ids(c)) for c in ctxs)
+    if scoring == "hf":  # the separate HF pass, charged in full: each prompt once, every answer token but the last
+        assert charged == prompts + answers - sum(len(c.admissible_actions) for c in ctxs)
+    else:  # each prompt once (warm-up), then each answer row's own tokens (the prompt read from the cache)
+        assert 0 < charged <= 2 * prompts + answers + len(ctxs) * 16 * 3
+
+
+def test_probe_entropy_draws_from_vllm_and_charges_scoring(policy):
+    ctxs = contexts()
+    policy.decision_entropy_mode, policy.probe_samples = "probe", 4
+    try:
+        gen, score = policy.meter.gen_tokens, policy.meter.score_tokens
+        values = policy.decision_entropy(ctxs)
+    finally:
+        policy.decision_entropy_mode = "exact"
+    assert policy.meter.gen_tokens == gen and policy.meter.score_tokens > score
+    assert all(0.0 <= v <= float(torch.log(torch.tensor(5.0))) + 1e-9 for v in values)
+
+
+def test_vllm_scoring_needs_temperature_one():
+    with pytest.raises(ValueError, match="temperature"):
+        VLLMPolicy(tiny_model_path(), scoring="vllm", temperature=0.7)

@@ -17,7 +17,7 @@ from bpo_algos.experiments.presets import PRESETS
 from bpo_algos.experiments.runner import algorithm_options
 from bpo_algos.registry import _ALGORITHMS
 
-TINY = ["--envs", "treemdp", "--seeds", "0", "--updates", "2", "--budget", "96", "--grad-batches", "2", "--no-progress"]
+TINY = ["--envs", "treemdp", "--seeds", "0", "--updates", "2", "--budget", "96", "--grad-batches", "2", "--no-progress", "--jobs", "1"]
 
 
 @pytest.fixture
@@ -67,10 +67,10 @@ def test_users_algorithm_joins_the_comparison(tmp_path, clean_registry, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "cmp"
     results = compare.main(["--smoke", "--out", str(out), "--import", "my_algos", "--algorithms", "bpo", "rloo-4",
-                            "--algorithm-option", "bpo.max_branch_points=2", *TINY])
+                            "--comparator", "rloo-4", "--algorithm-option", "bpo.max_branch_points=2", *TINY])
     assert set(results["algorithms"]) == {"bpo", "rloo-4"}
-    paired = results["per_env"]["treemdp"]["treatment_vs_best_baseline"]
-    assert paired["treatment"] == "bpo" and paired["best_baseline"] == "rloo-4"
+    head = results["per_env"]["treemdp"]["treatment_vs_comparator"]
+    assert head["treatment"] == "bpo" and head["comparator"] == "rloo-4"
     preset = json.loads((out / "preset.json").read_text())
     assert preset["algorithm_options"] == {"bpo": {"max_branch_points": 2}}
     assert (out / "runs" / "treemdp" / "rloo-4" / "seed0" / "run.json").exists()

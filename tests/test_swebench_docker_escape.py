@@ -124,3 +124,61 @@ def test_hidden_test_patch_not_readable(env):
     listing = obs.replace(f"grep -rl {marker}", "")
     assert marker not in listing and "done" in obs
     assert listing.split("done")[0].split()[-1] == "0"
+
+
+def _cpu_ns(container_id: str) -> int | None:
+    """CPU nanoseconds the container used (cgroup v1 cpuacct, or v2 cpu.stat)."""
+    from pathlib import Path
+
+    for path, scale in ((f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage", 1),
+                        (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cpu.stat", 1000)):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        if scale == 1:
+            return int(text)
+        return next(int(line.split()[1]) * scale for line in text.splitlines() if line.startswith("usage_usec"))
+    return None
+
+
+WORK = ("python3 -c \"import time; t = time.perf_counter(); sum(i * i for i in range(1500000)); "
+        "print('took', time.perf_counter() - t)\"")
+
+
+def test_cpu_hog_stays_within_its_quota_beside_a_timed_neighbour():
+    import threading
+
+    cpus = 0.5
+    hog = SWEBenchEnv(backend="docker", step_timeout=60, cpus=cpus)
+    neighbour = SWEBenchEnv(backend="docker", step_timeout=60, cpus=cpus)
+    try:
+        hog.reset(options={"task_id": TASK})
+        neighbour.reset(options={"task_id": TASK})
+        box = hog.unwrapped._backend.container
+        box.reload()
+        assert box.attrs["HostConfig"]["NanoCpus"] == int(cpus * 1e9)
+        assert "no-new-privileges" in box.attrs["HostConfig"]["SecurityOpt"]
+        assert box.attrs["HostConfig"]["CapDrop"] == ["ALL"] and "NET_RAW" not in box.attrs["HostConfig"]["CapAdd"]
+
+        def timed() -> float:
+            return float(_step(neighbour, WORK)[0].split("took", 1)[1].split()[0])
+
+        alone = sorted(timed() for _ in range(3))[1]
+        loops = threading.Thread(target=_step, args=(hog, "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 12"))
+        loops.start()
+        time.sleep(2.0)
+        cpu0, t0 = _cpu_ns(box.id), time.monotonic()
+        beside = sorted(timed() for _ in range(3))[1]
+        time.sleep(max(0.0, 4.0 - (time.monotonic() - t0)))
+        cpu1, t1 = _cpu_ns(box.id), time.monotonic()
+        loops.join()
+        used = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / 1e9 / (t1 - t0)
+        print(f"\nCPU hog (4 busy loops, quota {cpus} CPUs): neighbour {alone:.3f} s alone, {beside:.3f} s "
+              f"beside it (x{beside / alone:.2f}); the hog used {used if used is None else round(used, 3)} CPUs")
+        if used is not None:  # the quota holds however loaded the host is (it can only use less)
+            assert used <= cpus * 1.15
+        _still_works(hog)
+    finally:
+        hog.close()
+        neighbour.close()

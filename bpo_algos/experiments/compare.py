@@ -3,29 +3,28 @@
 For every env and seed, one initial policy (warm-started by behaviour cloning on the env's
 expert trajectories where the preset says so) is copied to each algorithm, which then trains
 with ``bpo_algos.Trainer`` under the same optimizer, learning rate, task sequence and per-update
-budget in one compute unit (``--budget-unit``; the others are reported). Then:
+budget in one compute unit (``--budget-unit``; the others, flops included, are reported). Every
+run's policy is evaluated at update 0 (the warm start) and every ``eval_every`` updates on the
+same evaluation episodes (common random numbers). The headline per env is the treatment minus
+the comparator fixed before the run (``--comparator``, default rloo), paired by seed, on three
+metrics fixed before the run (area under the evaluated-success curve against compute, final
+evaluated success, compute to a threshold), each with its 95% interval and minimal detectable
+effect; a positive control (``frozen``: a learner with a zero loss) must be detected, and a
+handicapped learner (``reinforce``: no baseline) is ranked. Gradient signal-to-noise ratios with
+bootstrap intervals are measured at the warm start and mid-training. The formulas:
+docs/main-job.md.
 
-* final success: every algorithm's final policy is evaluated on the same evaluation tasks;
-* gradient-norm variance, measured the same way for every algorithm: at the initial policy,
-  ``--grad-batches`` independent batches at the same budget (variance of the gradient vector,
-  ``tr Cov(g)``, of its norm, and the scale-free noise-to-signal ``tr Cov(g) / ||E g||^2``),
-  plus the variance of the logged gradient norms over training;
-* ``updates_to_target``: updates each algorithm needs for its (seed-averaged, smoothed) batch
-  success to reach the best baseline's final training success.
-
-Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``): the built-in
-ones and those of installed packages come through the entry-point group ``bpo_algos.algorithms``,
-an unpackaged module's with ``--import MODULE`` (after ``bpo_algos.register_algorithm``). Every
-field of the preset, of its ``TrainerConfig`` and of the algorithms' option dataclasses has a
-flag (``--learning-rate``, ``--bpo.branch-factor``, ``--rloo.group-size``; ``--help`` lists
-them with their documentation). Writes to ``--out``:
-``results.json``, ``results.md`` (means and 95% intervals over seeds), PNG plots and one
+Algorithms are looked up by name in ``bpo_algos``'s registry (``--algorithms``; a user's own
+with ``--import MODULE`` after ``bpo_algos.register_algorithm``). Writes to ``--out``:
+``results.json``, ``results.md`` (controls first, then the headline), PNG plots and one
 example rollout tree per env and algorithm (``trees/ENV-ALGORITHM.png``, linked from
-``results.md``).
-``--resume`` continues an interrupted run: finished runs are kept, unfinished ones resume from
-their last checkpoint.
+``results.md``). ``--jobs N`` runs the independent runs in N processes and ``--ray ADDRESS`` on a
+Ray cluster, with the results of ``--jobs 1``; ``--resume`` continues an interrupted run (finished
+runs are kept, unfinished ones resume from their last checkpoint); ``--plan`` prints the runs,
+their cost and wall time and the effect the preset can detect, without training.
 
-    bpo-compare --out results/compare            # CPU default (~35 min on 2 cores)
+    bpo-compare --plan                           # size the CPU default first
+    bpo-compare --out results/compare --jobs 2   # CPU default (see docs/main-job.md for its wall time)
     bpo-compare --smoke --out /tmp/compare       # < 2 min (CI)
     bpo-compare --preset cpu-swe --out /tmp/swe  # SWE-bench end to end on a CPU (tiny LLM)
     bpo-compare --preset gpu --out results/gpu \
@@ -41,10 +40,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import importlib.util
 import json
+import os
 import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -55,16 +57,20 @@ import torch
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.compute import Budget
 from bpo_algos.experiments.flags import add_flags, given
-from bpo_algos.experiments.presets import PRESETS, RUN_FIELDS, Preset, preset_dict
+from bpo_algos.experiments.parallel import check_ray_address, execute
+from bpo_algos.experiments.presets import PER_ENV_FIELDS, PRESETS, RUN_FIELDS, Preset, preset_dict
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
     algorithm_class,
-    make_policy,
+    initial_dir,
+    initial_job,
     run_dir,
     run_one,
     task_split_with_provenance,
 )
-from bpo_algos.experiments.stats import aggregate
+from bpo_algos.experiments.stats import METRICS, aggregate
+from bpo_algos.memory_plan import check_preset_fits
+from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import algorithm_factory, registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
 
@@ -133,6 +139,7 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
         algorithm, key, value = _parse_algorithm_option(item)
         preset.algorithm_options.setdefault(algorithm, {})[key] = value
     _apply_flags(preset, args, holders)
+    check_comparison(preset)
     for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
@@ -151,7 +158,33 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
     except ValueError as exc:
         raise SystemExit(f"--budget-unit: {exc}") from exc
     apply_data_sources(preset, args, name)
+    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+        check_entropy_mode(preset.decision_entropy, preset.probe_samples)
+        if preset.eval_temperature is not None:
+            temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
+            if any(t is not None and not t >= 0 for t in temperatures):
+                raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
+        check_preset_fits(preset, name)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
     return preset
+
+
+def check_comparison(preset: Preset) -> None:
+    """The headline's settings, before any run: a registered comparator that is trained and is
+    not the treatment, and a known primary metric."""
+    known = registered_algorithms()
+    if preset.comparator not in known:
+        raise SystemExit(f"unknown comparator {preset.comparator!r}; registered: {known}")
+    if preset.comparator not in preset.algorithms:
+        raise SystemExit(
+            f"--comparator {preset.comparator!r} is not among the algorithms {list(preset.algorithms)}: "
+            "the headline is treatment - comparator, so the comparator must be trained too (add it to --algorithms)"
+        )
+    if preset.comparator == preset.treatment:
+        raise SystemExit(f"the treatment and the comparator are both {preset.treatment!r}: choose another --comparator")
+    if preset.primary_metric not in METRICS:
+        raise SystemExit(f"--primary-metric {preset.primary_metric!r}: one of {', '.join(METRICS)}")
 
 
 def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
@@ -210,13 +243,79 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
         for setup in setups:
             setup.kwargs[option] = str(value)
     swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
-    if name == "gpu" and swe and not (swe[0].kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
+    apply_swe_train_rows(preset, args, swe)
+    if name.startswith("gpu") and swe and not (swe[0].eval_kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
         raise SystemExit(
             "the gpu preset runs SWE-bench Verified in its official images: give --swe-instances PATH_OR_NAME "
             "(a Verified .parquet/.jsonl, or princeton-nlp/SWE-bench_Verified from the local Hugging Face cache) "
             "and --swe-backend docker (images: --swe-images-dir, or built with swebench's prepare_images); "
             "or leave SWE-bench out with --envs alfworld webshop"
         )
+
+
+def check_launch_fits(preset: Preset, name: str) -> None:
+    """Before training on GPUs: the launch must have the GPUs the preset is planned for. The main
+    job trains each run in one process, so a preset planned for several GPUs (the full
+    fine-tune of ``--preset gpu``, FSDP over 8) does not fit one: say so, with the way out."""
+    if not preset.gpus or not torch.cuda.is_available():
+        return
+    have = torch.cuda.get_device_properties(0).total_memory / 1e9
+    if preset.gpus > 1:
+        raise SystemExit(
+            f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}); bpo-compare "
+            "trains each run in one process: run --preset gpu-lora on one GPU, or train the preset's runs with the "
+            "Trainer under torchrun (README, data-parallel and FSDP)"
+        )
+    if have < preset.gpu_gb - 1:
+        try:
+            check_preset_fits(dataclasses.replace(preset, gpu_gb=have), name)
+        except ValueError as exc:
+            raise SystemExit(f"this GPU has {have:.0f} GB: {exc}") from exc
+
+
+def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[Any]) -> None:
+    """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
+    ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
+    instance id (and, with ``--swe-disjoint-repos``, no repo): checked here, before training.
+    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both."""
+    from bpo_envs.swebench.instances import InstanceError, check_disjoint, load_instances
+
+    train = getattr(args, "swe_train_instances", None)
+    disjoint_repos = bool(getattr(args, "swe_disjoint_repos", False))
+    if train is None:
+        if disjoint_repos:
+            raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
+        for setup in setups:
+            if setup.eval_split == "rows":
+                raise SystemExit(
+                    "this preset trains SWE-bench off its evaluation rows: give --swe-train-instances (SWE-Gym, "
+                    "SWE-smith or other SWE-bench-format rows: a file, folder or cached dataset name) and "
+                    "--swe-instances (the evaluation rows, e.g. princeton-nlp/SWE-bench_Verified)"
+                )
+        return
+    if not setups:
+        raise SystemExit("--swe-train-instances is given but no env of this comparison is BPO-SWEBench-v0 (choose it with --envs)")
+    evaluation = getattr(args, "swe_instances", None)
+    if evaluation is None:
+        raise SystemExit("--swe-train-instances needs --swe-instances: the evaluation rows (e.g. princeton-nlp/SWE-bench_Verified)")
+    try:
+        check_disjoint(load_instances(str(train)), load_instances(str(evaluation)), disjoint_repos=disjoint_repos)
+    except InstanceError as exc:
+        raise SystemExit(f"--swe-train-instances / --swe-instances: {exc}") from exc
+    for setup in setups:
+        setup.kwargs["instances"] = str(train)
+        setup.eval_kwargs["instances"] = str(evaluation)
+        setup.eval_split = "rows"
+
+
+def _jobs(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--jobs takes a whole number >= 1, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--jobs must be >= 1 (the number of worker processes), got {n}")
+    return n
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -228,17 +327,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
     parser.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
                         help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
-    parser.add_argument("--treatment", help="the algorithm compared with the best of the others (default: bpo)")
+    parser.add_argument("--treatment", help="the algorithm of the headline, compared with --comparator (default: the preset's, bpo)")
     parser.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
                         help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
     parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
     parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
                         "dataset name in the local Hugging Face cache (default: the bundled repos)")
+    parser.add_argument("--swe-train-instances", help="SWE-bench training rows (SWE-Gym, SWE-smith or other SWE-bench-format "
+                        "rows: a file, a folder or a cached dataset name); --swe-instances then gives the evaluation rows, "
+                        "which must share no instance id")
+    parser.add_argument("--swe-disjoint-repos", action="store_true", help="also forbid a repo with both training and evaluation rows")
     parser.add_argument("--swe-backend", choices=("local", "docker"), help="SWE-bench sandbox (the gpu preset: docker)")
     parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
     parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
     parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--jobs", type=_jobs, default=None,
+                        help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the runs as Ray tasks on the cluster at ADDRESS (HOST:PORT, "
+                        "ray://HOST:PORT, auto, or local to start one here)")
+    parser.add_argument("--plan", action="store_true", help="print the runs, their expected compute and wall time and the "
+                        "effect the preset can detect, without training")
+    parser.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json "
+                        "(default: the preset's recorded results, else a short pilot)")
     parser.add_argument("--no-progress", action="store_true")
     # modules named by --import register algorithms (and so flags of their options) first
     imports = argparse.ArgumentParser(add_help=False)
@@ -251,30 +362,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("\n".join(registered_algorithms()))
         return {}
     preset = build_preset(args, holders)
+    jobs = args.jobs or os.cpu_count() or 1
+    if args.ray is not None:
+        check_ray_address(args.ray)  # before any run starts
+    if args.plan:
+        from bpo_algos.experiments.plan import plan
+
+        return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
+    check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     previous_preset = out / "preset.json"
-    if previous_preset.exists():
-        # cached runs are only valid for the setting that made them
-        saved = json.loads(previous_preset.read_text())
-        wandb_group = preset.trainer.wandb_group or saved.get("trainer", {}).get("wandb_group")
+    saved_preset = json.loads(previous_preset.read_text()) if previous_preset.exists() else None
+    if saved_preset is not None:
+        wandb_group = preset.trainer.wandb_group or saved_preset.get("trainer", {}).get("wandb_group")
         preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
-        current = _setting(preset_dict(preset))
-        # a field newer than the saved run counts at its default
-        defaults = _setting(preset_dict(Preset(envs={})))
-        saved = _setting(saved)
+    # cached runs are only valid for the setting that made them: per env (an env added to a
+    # comparison later joins it; a changed one is refused)
+    current = preset_dict(preset)
+    settings = {e: env_setting(current, e) for e in preset.envs}
+    for env_name, setting in settings.items():
+        path = out / "runs" / env_name / "setting.json"
+        saved_setting = json.loads(path.read_text()) if path.exists() else None
+        if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
+            saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
+        if saved_setting is None:
+            continue
+        defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
         changed = sorted(
-            k for k in set(saved) | set(current) if saved.get(k, defaults.get(k)) != current.get(k, defaults.get(k))
+            k for k in set(saved_setting) | set(setting)
+            if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
         )
         if changed:
-            raise SystemExit(f"{out} holds a comparison with another setting (differs in: {', '.join(changed)}); choose another --out")
+            raise SystemExit(
+                f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
+            )
     if preset.trainer.wandb_project and preset.trainer.wandb_group is None:
         # one W&B group per comparison, kept when it resumes
         preset.trainer = replace(preset.trainer, wandb_group=f"{out.resolve().name}-{uuid.uuid4().hex[:8]}")
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
+    started = time.perf_counter()
     # the tasks, and which data and split make these numbers (generator + version, or files +
     # hash): the same for every seed and algorithm, so drawn once per env
     splits = {env_name: task_split_with_provenance(setup) for env_name, setup in preset.envs.items()}
@@ -287,35 +417,109 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if moved:
             raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous_data}); choose another --out")
     (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
-    previous_data.write_text(json.dumps(data, indent=2))
+    for env_name, setting in settings.items():
+        (out / "runs" / env_name).mkdir(parents=True, exist_ok=True)
+        (out / "runs" / env_name / "setting.json").write_text(json.dumps(setting, indent=2))
+    previous_data.write_text(json.dumps({**(json.loads(previous_data.read_text()) if previous_data.exists() else {}), **data}, indent=2))
 
     from tqdm.auto import tqdm
 
+    modules = tuple(args.import_modules or ())
     progress = not args.no_progress and sys.stderr.isatty()
-    jobs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
-    runs: list[dict[str, Any]] = []
-    bar = tqdm(total=len(jobs) * len(preset.algorithms), desc="runs", disable=args.no_progress)
-    for env_name, seed in jobs:
-        setup = preset.envs[env_name]
-        train_tasks, eval_tasks, _ = splits[env_name]
-        initial = None
-        for algorithm in preset.algorithms:
-            bar.set_postfix(env=env_name, seed=seed, algorithm=algorithm)
-            if not (run_dir(out, env_name, algorithm, seed) / "run.json").exists() and initial is None:
-                initial = make_policy(preset, setup, seed, train_tasks)
-            runs.append(run_one(out, preset, env_name, algorithm, seed, initial, train_tasks, eval_tasks, progress))
-            bar.update(1)
+    workers = 1 if args.ray is None and jobs == 1 else jobs
+    pairs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
+    # 1. the initial policies and their evaluation (the warm start), one per (env, seed)
+    initials: dict[tuple[str, int], dict[str, Any]] = {}
+    todo = []
+    for env_name, seed in pairs:
+        folder = initial_dir(out, env_name, seed)
+        if (folder / "initial.json").exists():
+            initials[(env_name, seed)] = _load_initial(folder)
+        else:
+            train_tasks, eval_tasks, _ = splits[env_name]
+            todo.append(((env_name, seed), (initial_job, (preset, env_name, seed, train_tasks, eval_tasks))))
+    bar = tqdm(total=len(todo), desc="initial policies", disable=args.no_progress or not todo)
+
+    def initial_done(i: int, value: dict[str, Any]) -> None:
+        key = todo[i][0]
+        _save_initial(initial_dir(out, *key), value)
+        initials[key] = value
+        bar.update(1)
+
+    execute([call for _, call in todo], workers, args.ray, modules, initial_done)
     bar.close()
-    results = aggregate(runs, preset, list(preset.envs))
-    results["example_trees"] = example_trees(runs, out)
+    # 2. the runs, one per (env, algorithm, seed); the longest first (they are independent)
+    keys = [(e, a, s) for e, s in pairs for a in preset.algorithms]
+    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    calls = []
+    for env_name, algorithm, seed in keys:
+        done = run_dir(out, env_name, algorithm, seed) / "run.json"
+        if done.exists():
+            runs[(env_name, algorithm, seed)] = json.loads(done.read_text())
+            continue
+        train_tasks, eval_tasks, _ = splits[env_name]
+        init = initials[(env_name, seed)]
+        run_args = (out, preset, env_name, algorithm, seed, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
+                    progress and workers == 1)
+        calls.append(((env_name, algorithm, seed), (run_one, run_args)))
+    calls.sort(key=lambda item: -_expected_cost(preset, *item[0]))
+    bar = tqdm(total=len(calls), desc="runs", disable=args.no_progress or not calls)
+
+    def run_done(i: int, value: dict[str, Any]) -> None:
+        key = calls[i][0]
+        done = run_dir(out, *key) / "run.json"
+        if not done.exists():  # a run on another machine (Ray): its result comes back here
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps(value))
+        runs[key] = value
+        bar.set_postfix(env=key[0], algorithm=key[1], seed=key[2])
+        bar.update(1)
+
+    execute([call for _, call in calls], workers, args.ray, modules, run_done)
+    bar.close()
+    ordered = [runs[k] for k in keys]
+    results = aggregate(ordered, preset, list(preset.envs))
+    results["example_trees"] = example_trees(ordered, out)
     for env_name in preset.envs:
         results["per_env"][env_name]["data"] = data[env_name]
+    results["timing"] = {
+        "wall_seconds": time.perf_counter() - started,
+        "jobs": workers,
+        "ray": args.ray,
+        "cpu_count": os.cpu_count(),
+        "resumed": bool(args.resume),
+        "run_seconds_total": float(sum(r["seconds"] for r in ordered)),
+        "initial_seconds_total": float(sum(i["warm"].get("seconds_build", 0.0) + i["warm"].get("seconds_eval", 0.0)
+                                           + i["warm"].get("seconds_reference", 0.0) for i in initials.values())),
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
     return results
+
+
+def _expected_cost(preset: Preset, env: str, algorithm: str, seed: int) -> float:
+    """A rough relative cost of a run, to start the longest first (order never changes results)."""
+    tree_heavy = 3.0 if "tree" in algorithm else 1.0
+    return preset.trainer_for(env).updates * preset.budget[env] * tree_heavy * (3.0 if "alfworld" in env else 1.0)
+
+
+def _save_initial(folder: Path, value: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("policy", "reference"):
+        if value[name] is not None:
+            (folder / f"{name}.pt").write_bytes(value[name])
+    (folder / "initial.json").write_text(json.dumps(value["warm"]))
+
+
+def _load_initial(folder: Path) -> dict[str, Any]:
+    def read(name: str) -> bytes | None:
+        path = folder / f"{name}.pt"
+        return path.read_bytes() if path.exists() else None
+
+    return {"warm": json.loads((folder / "initial.json").read_text()), "policy": read("policy"), "reference": read("reference")}
 
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")
@@ -329,6 +533,22 @@ def _setting(preset: dict[str, Any]) -> dict[str, Any]:
     out.update({f"trainer.{k}": v for k, v in preset.get("trainer", {}).items() if k not in _LOGGING_FIELDS})
     out.update({f"shared.{k}": v for k, v in preset.get("shared", {}).items()})
     return out
+
+def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
+    """What of a preset (as :func:`preset_dict` data) env ``env``'s runs depend on: its own
+    ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'
+    (:func:`_setting`)."""
+    out: dict[str, Any] = {}
+    for key, value in _setting(saved).items():
+        if key == "envs":
+            out[key] = value.get(env)
+        elif key in PER_ENV_FIELDS and isinstance(value, dict):
+            default = Preset.__dataclass_fields__[key].default
+            out[key] = value.get(env, None if key == "budget" else default)
+        else:
+            out[key] = value
+    return out
+
 
 _DATA_COUNTERS = ("planner_timeouts",)
 """Provenance fields that count what one process did (not which data it is)."""

@@ -20,6 +20,7 @@ from baselines.rloo import RLOOOptions
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.bpo import BPOOptions
 from bpo_algos.trainer_config import TrainerConfig
+from bpo_envs.reward_settings import REWARD_SETTINGS
 
 
 @dataclass
@@ -36,11 +37,17 @@ class EnvSetup:
     """Overrides the preset's policy for this env."""
     sft_epochs: int | None = None
     """Overrides the preset's behaviour-cloning epochs for this env."""
+    sft_lr: float | None = None
+    """Overrides the preset's behaviour-cloning learning rate for this env."""
     eval_split: str = "held-out"
     """Where the final policy is evaluated: a split of the env (``"test"`` for WebShop's goals
     0-499, ``"valid_seen"`` / ``"valid_unseen"`` for ALFWorld: envs made with ``split=`` that
     name; train on ``kwargs["split"]``), or ``"held-out"`` (training-env tasks never trained
-    on) or ``"train"`` (the train tasks, fresh rollouts)."""
+    on) or ``"train"`` (the train tasks, fresh rollouts), or ``"rows"`` (the first
+    ``eval_tasks`` tasks, in their source's order, of the env made with ``eval_kwargs``: SWE-bench
+    trained on ``--swe-train-instances`` and evaluated on ``--swe-instances``)."""
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options over ``kwargs`` that the evaluation envs are made with (``eval_split="rows"``)."""
     max_new_tokens: int = 64
     """The longest answer an LLM policy generates here (a SWE-bench bash edit needs hundreds)."""
     trainer: dict[str, Any] = field(default_factory=dict)
@@ -85,10 +92,31 @@ class Preset:
     algorithm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Options of one registered algorithm name, over the above (``--algorithm-option``)."""
     treatment: str = "bpo"
-    """The algorithm compared, paired by seed, against the best of the competitors."""
+    """The algorithm of the headline: compared, paired by seed, with the comparator."""
+    comparator: str = "rloo"
+    """The algorithm the treatment (and every other algorithm) is compared with, fixed before
+    the run: the headline is treatment - comparator per env (docs/main-job.md)."""
+    primary_metric: str = "auc"
+    """The headline metric, fixed before the run: ``auc`` (area under the evaluated-success
+    curve against the budget unit, normalised to [0, 1]), ``final`` (final evaluated success)
+    or ``compute_to_threshold``; the other two are reported beside it."""
     competitors: tuple[str, ...] | None = None
-    """The algorithms the treatment is compared with (None: every other one; a preset that also
-    trains variants of the treatment names the competitors proper)."""
+    """The baselines of the secondary, post-hoc figure "the treatment against the best of the
+    competitors" (None: every other algorithm but the controls)."""
+    positive_control: str | None = "frozen"
+    """The algorithm that must come out worse than the comparator (a learner that never moves);
+    where it does not, every headline of that env is marked underpowered."""
+    handicapped_control: str | None = "reinforce"
+    """A learner with a known handicap: the report says whether it ranks below the comparator."""
+    target_success: float | dict[str, float] = 1.0
+    """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to
+    this success (per env)."""
+    threshold_fraction: float = 0.5
+    """The fraction of the gap from the warm start to ``target_success`` that
+    ``compute_to_threshold`` waits for (per seed: each seed has its own warm start)."""
+    eval_every: int | dict[str, int] = 5
+    """Evaluate every run's policy on the evaluation tasks after every this many updates (and at
+    update 0, the warm start, and after the last)."""
     seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
     """Seeds of every env, or per env (as ``eval_episodes``, ``grad_batches``)."""
     budget_unit: str = "env_steps"
@@ -96,9 +124,17 @@ class Preset:
     budget: dict[str, float] = field(default_factory=dict)
     """Per-update budget per env (in ``budget_unit``)."""
     eval_episodes: int | dict[str, int] = 2
-    """Rollouts per evaluation task of the final policy."""
-    grad_batches: int | dict[str, int] = 8
-    """Batches of the gradient-variance probe at the initial policy."""
+    """Sampled episodes per evaluation task at every evaluation."""
+    grad_batches: int | dict[str, int] = 32
+    """Independent batches of each gradient probe (warm start and mid-training; the bootstrap
+    interval of the signal-to-noise ratio resamples them)."""
+    grad_seeds: int | None | dict[str, int | None] = None
+    """The first this many seeds of each env probe their gradients (None: all; per env)."""
+    reference_batches: int | dict[str, int] = 64
+    """RLOO batches whose mean is the reference gradient of the cosine diagnostic."""
+    recorded_results: str | None = None
+    """A saved ``results.json`` of this preset (a path relative to the repository root) that
+    ``bpo-compare --plan`` takes the costs and the seed-to-seed spread from."""
     policy: str = "tabular"
     """``scorer`` | ``tabular`` | ``tabular-prior`` | ``tiny`` | ``smollm2`` | a model name or folder."""
     sft_epochs: int = 0
@@ -113,11 +149,28 @@ class Preset:
     """LLM policies: generate with vLLM (training stays in transformers)."""
     pool_size: int = 4
     """Envs in each run's pool (trees in flight: a quarter of it)."""
-    max_model_len: int | None = None
-    """LLM policies: the longest prompt + answer (None: the model config's)."""
+    max_model_len: int | None | dict[str, int | None] = None
+    """LLM policies: the longest prompt + answer (None: the model config's), or per env."""
     torch_threads: int | None = None
     """CPU threads for torch (None: torch's default). One thread makes small models faster
     (no synchronisation) and their training bit-reproducible."""
+    reasoning: bool = False
+    """LLM policies reply with reasoning in ``<think>...</think>``, then the action
+    (``PromptConfig(reasoning=True)``, docs/paper-setting.md); give the envs room for it
+    (``EnvSetup.max_new_tokens``: verl-agent's 512)."""
+    decision_entropy: str = "exact"
+    """LLM policies' decision entropy: ``exact`` (immediate answers scored at h; a proxy when the
+    policy reasons) or ``probe`` (``probe_samples`` completions, parsed, charged as scoring)."""
+    probe_samples: int = 4
+    """Completions per ``probe`` decision entropy."""
+    reference_offload: bool = False
+    """A full fine-tune's KL reference kept in host memory, streamed to the GPU a module at a time."""
+    eval_temperature: float | None | dict[str, float | None] = None
+    """Sampling temperature of evaluation episodes (None: ``temperature``; 0: greedy), or per env."""
+    gpus: int | None = None
+    """GPUs the preset runs on (None: not a GPU preset); its memory plan must fit them."""
+    gpu_gb: float = 80.0
+    """Memory of each of those GPUs, GB."""
 
     def for_env(self, name: str, env: str) -> Any:
         """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
@@ -132,35 +185,138 @@ class Preset:
         return replace(self.trainer, **self.envs[env].trainer)
 
 
+QWEN_7B_PARAMS = 7_615_616_512
+"""Qwen2.5-7B-Instruct's parameters (its bundled config.json, :mod:`bpo_algos.memory_plan`)."""
+
+GPU_EPISODE_SHAPE: dict[str, dict[str, float]] = {
+    "alfworld": {"steps": 40, "prompt_tokens": 1200, "reply_tokens": 250},
+    "webshop": {"steps": 10, "prompt_tokens": 2000, "reply_tokens": 250},
+    "swebench": {"steps": 40, "prompt_tokens": 6000, "reply_tokens": 400},
+}
+"""Planning figures of one episode of the 7B reasoning policy early in training: steps (of 50,
+15, 50), mean prompt tokens (task, two recent turns, admissible actions), mean reply tokens
+(reasoning + action, of 512). Estimates that size the budget (docs/paper-setting.md); a pilot's
+measured means replace them."""
+
+
+def group_update_flops(params: int, steps: float, prompt_tokens: float, reply_tokens: float, tasks: int = 16, group: int = 8) -> float:
+    """The cost model's flops (:mod:`bpo_algos.compute`: ``2P`` per prefilled and generated
+    token, ``6P`` per trained token) of one update of a group method: ``tasks x group``
+    episodes of ``steps`` steps, each prefilling its prompt, generating its reply and training
+    on both."""
+    per_step = 2 * params * (prompt_tokens + reply_tokens) + 6 * params * (prompt_tokens + reply_tokens)
+    return float(tasks * group * steps * per_step)
+
+
+GPU_UPDATE_FLOPS: dict[str, float] = {
+    env: group_update_flops(QWEN_7B_PARAMS, **shape) for env, shape in GPU_EPISODE_SHAPE.items()
+}
+"""The gpu presets' per-update budget: verl-agent's 16 tasks x 8 rollouts, in flops."""
+
+VERL_AGENT_REWARD = REWARD_SETTINGS["verl-agent"]
+
+
+def gpu_envs() -> dict[str, EnvSetup]:
+    """The gpu presets' envs (a fresh dict: flags edit the env options of one preset only)."""
+    return {
+        "alfworld": EnvSetup(
+            "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", **VERL_AGENT_REWARD}, train_tasks=3553, eval_tasks=134,
+            workers=8, eval_split="valid_unseen", max_new_tokens=512,
+        ),
+        "webshop": EnvSetup(
+            "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train", **VERL_AGENT_REWARD}, train_tasks=2048, eval_tasks=500,
+            eval_split="test", max_new_tokens=512,
+        ),
+        # trained on --swe-train-instances (e.g. SWE-Gym), evaluated on --swe-instances (Verified)
+        "swebench": EnvSetup(
+            "BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=2438, eval_tasks=500, workers=8, eval_split="rows",
+            max_new_tokens=2048,
+        ),
+    }
+
+
+def _gpu_trainer(**changes: Any) -> TrainerConfig:
+    return _trainer(**{
+        "updates": 150, "optimizer": "adamw", "max_grad_norm": 1.0, "precision": "bf16", "micro_batch_tokens": 8192,
+        "gradient_checkpointing": True, **changes,
+    })
+
+
+GPU_COMMON: dict[str, Any] = {
+    "policy": "Qwen/Qwen2.5-7B-Instruct",
+    # the treatment, the comparator, the published group methods, and the positive control
+    # (frozen: RLOO's collection with a zero loss); no handicapped learner (a run costs days)
+    "algorithms": ("bpo", "rloo", "grpo", "gigpo", "frozen"),
+    "competitors": ("rloo", "grpo", "gigpo"),
+    "comparator": "rloo",
+    "handicapped_control": None,
+    "shared": AlgorithmConfig(kl_coef=0.01),
+    "options": {
+        "grpo": GRPOOptions(group_size=8), "rloo": RLOOOptions(group_size=8),
+        "gigpo": GiGPOOptions(group_size=8, step_weight=1.0, gamma=0.95),
+    },
+    "budget_unit": "flops",
+    "budget": GPU_UPDATE_FLOPS,
+    "temperature": 1.0,
+    "eval_temperature": {"alfworld": 0.4, "webshop": 0.4, "swebench": 0.0},
+    "reasoning": True,
+    "decision_entropy": "probe",
+    "probe_samples": 4,
+    "vllm": True,
+    # verl-agent's prompt limits (ALFWorld 2048, WebShop 4096) plus the 512-token response
+    "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
+    # paths decoding at once per process (per rank under torchrun): their KV cache is planned
+    "pool_size": 32,
+    # the power plan (bpo_algos.experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
+    # and evaluation episodes whose detectable effect is <= 4 points on each env
+    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(5)), "swebench": tuple(range(11))},
+    "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},
+    "eval_every": 25,
+    "grad_batches": 4,
+    "grad_seeds": 1,
+}
+
+
 PRESETS: dict[str, Preset] = {
-    # About 35 minutes on a 2-core CPU (seven algorithms): the small text-scoring model (TextScorerPolicy, ~1M
-    # parameters) warm-started by behaviour cloning on the env experts, short horizons, small
-    # task sets, evaluated on the standard splits (WebShop test goals, ALFWorld valid_seen; the
-    # train-task success is in final_train_success: 16 games of demos teach this model little
-    # about new games). WebShop's search candidates are the instruction's phrases (the default
-    # search_actions="instruction": no hidden goal field).
+    # The CPU default (docs/main-job.md, "The CPU default"): the small text-scoring model
+    # (TextScorerPolicy, ~1M parameters) warm-started by behaviour cloning on the env experts,
+    # evaluated every 5 updates on the standard splits (WebShop test goals, ALFWorld valid_seen)
+    # with common random numbers. Designed from pilot runs so that the controls are detected
+    # and the headline's detectable effect is small: the treatment, the comparator (RLOO), the
+    # published group baseline GRPO, the positive control (frozen) and the handicapped learner
+    # (reinforce); gradient probes of 32 batches on WebShop's first seed. WebShop's search
+    # candidates are the instruction's phrases (search_actions="instruction": no hidden goal).
     "cpu": Preset(
         envs={
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test"),
+            "webshop": EnvSetup(
+                "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test",
+            ),
             "alfworld": EnvSetup(
-                "BPO-ALFWorld-v0", {"max_episode_steps": 20, "split": "train"}, train_tasks=16, eval_tasks=16,
-                eval_split="valid_seen", sft_epochs=20, trainer={"updates": 12},
+                "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
+                train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
+                trainer={"updates": 12},
             ),
         },
-        trainer=_trainer(updates=30, learning_rate=1e-3),
+        trainer=_trainer(updates=20, learning_rate=1e-3),
         policy="scorer",
-        # the tree with its own and the state-anchored baseline (pooled with earlier batches: the
-        # form the estimator study found best), the group baselines with and without it, and
-        # the published step-level and tree methods
-        algorithms=("bpo", "bpo-anchored+history", "grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
-        competitors=("grpo", "rloo", "rloo-anchored+history", "gigpo", "tree-grpo"),
+        algorithms=("bpo", "rloo", "grpo", "frozen", "reinforce"),
+        competitors=("rloo", "grpo"),
+        comparator="rloo",
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
-        budget={"webshop": 256, "alfworld": 320},
-        eval_episodes=4,
-        grad_batches={"webshop": 16, "alfworld": 8},
+        budget={"webshop": 256, "alfworld": 800},
+        eval_every={"webshop": 5, "alfworld": 6},
+        eval_episodes={"webshop": 4, "alfworld": 2},
+        grad_batches=32,
+        # probes on WebShop's first seed; on ALFWorld 2 x 32 batches of 800 env steps per
+        # algorithm would cost about as much as the whole comparison there
+        grad_seeds={"webshop": 1, "alfworld": 0},
+        reference_batches=64,
+        # compute_to_threshold: halfway from the warm start to these
+        target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
+        recorded_results="docs/results/compare-cpu/results.json",
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
     "cpu-tabular": Preset(
@@ -202,6 +358,7 @@ PRESETS: dict[str, Preset] = {
         )},
         policy="tiny",
         algorithms=("bpo", "grpo"),
+        comparator="grpo",
         budget={"swebench": 4},
         seeds=(0,),
         trainer=_trainer(updates=2, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
@@ -225,43 +382,54 @@ PRESETS: dict[str, Preset] = {
                 sft_epochs=2, eval_split="test",
             ),
         },
+        algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce"),
         sft_lr=3e-3,
         budget={"treemdp": 128, "webshop": 128},
         seeds=(0, 1),
         trainer=_trainer(updates=4),
+        eval_every=2,
         grad_batches=3,
+        grad_seeds=1,
+        reference_batches=4,
         eval_episodes=1,
+        torch_threads=1,
     ),
-    # The paper's setting: a 7-8B instruct model with vLLM generation, group 8, the common
-    # ALFWorld/WebShop step limits (50 and 15), evaluated where the papers report: ALFWorld's
-    # valid_unseen games (all 134 with the real data) and WebShop's 500 test goals.
+    # The paper's setting, after verl-agent's published GiGPO/GRPO recipes
+    # (examples/gigpo_trainer/run_alfworld.sh, run_webshop.sh; docs/paper-setting.md has the
+    # table with each row's source): Qwen2.5-7B-Instruct fully fine-tuned at lr 1e-6 under FSDP on
+    # 8 x 80 GB, the k3 KL at 0.01 to a frozen reference kept in host memory, reward 10 x success
+    # and -0.1 per invalid action, reasoning replies (think, then the action; 512 tokens),
+    # groups of 8, 150 updates, evaluated at temperature 0.4 (SWE-bench: greedy, one episode on
+    # each of Verified's rows given, 500 by default) on ALFWorld's 134 valid_unseen games and
+    # WebShop's 500 test goals. Every algorithm gets the flops of 16 tasks x 8 rollouts per
+    # update (GPU_UPDATE_FLOPS).
     "gpu": Preset(
-        envs={
-            "alfworld": EnvSetup(
-                "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train"}, train_tasks=512, eval_tasks=134, workers=8,
-                eval_split="valid_unseen",
-            ),
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=2048, eval_tasks=500, eval_split="test"),
-            "swebench": EnvSetup("BPO-SWEBench-v0", {"max_episode_steps": 50}, train_tasks=64, eval_tasks=16, workers=8, max_new_tokens=768),
-        },
-        policy="Qwen/Qwen2.5-7B-Instruct",
-        budget_unit="gen_tokens",
-        budget={"alfworld": 400_000, "webshop": 150_000, "swebench": 600_000},
-        # bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1 --gpu-gb 141 --lora: ~36 GB with
-        # 8k-token micro-batches and 64 decode rows; a full fine-tune needs ~142 GB (FSDP on 8 GPUs)
-        trainer=_trainer(
-            updates=150, learning_rate=1e-5, optimizer="adamw", max_grad_norm=1.0, precision="bf16",
-            micro_batch_tokens=8192, gradient_checkpointing=True,
-        ),
-        temperature=1.0,
+        envs=gpu_envs(),
+        trainer=_gpu_trainer(learning_rate=1e-6, fsdp=True),
+        reference_offload=True,
+        gpus=8,
+        gpu_gb=80.0,
+        **GPU_COMMON,
+    ),
+    # The same recipe on one H200 (141 GB): LoRA (r=8 on every linear map, lr 1e-5; verl-agent
+    # publishes no LoRA recipe) instead of the full fine-tune; the KL reference is the base
+    # model with the adapter off. bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1
+    # --gpu-gb 141 --lora --kl --vllm --decode-rows 32 --seq-len 8192: ~50 GB.
+    "gpu-lora": Preset(
+        envs=gpu_envs(),
+        trainer=_gpu_trainer(learning_rate=1e-5),
         lora=True,
-        vllm=True,
-        max_model_len=16384,
-        pool_size=64,
-        eval_episodes=1,
-        grad_batches=4,
+        gpus=1,
+        gpu_gb=141.0,
+        **GPU_COMMON,
     ),
 }
+
+
+PER_ENV_FIELDS: tuple[str, ...] = (
+    "budget", "seeds", "eval_episodes", "eval_every", "grad_batches", "grad_seeds", "reference_batches", "target_success",
+)
+"""The fields that may be a dict keyed by env name (:meth:`Preset.for_env`)."""
 
 
 def preset_dict(preset: Preset) -> dict[str, Any]:
@@ -269,4 +437,4 @@ def preset_dict(preset: Preset) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(preset), default=str))
 
 
-__all__ = ["EnvSetup", "Preset", "PRESETS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]
+__all__ = ["EnvSetup", "Preset", "PRESETS", "GPU_UPDATE_FLOPS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]

@@ -1,8 +1,12 @@
 """The main job's report: ``results.md`` and the plots.
 
-The plots show what the table says: success over training as the mean over seeds with a shaded
-95% band, the final success on the evaluation tasks per algorithm with its 95% interval, and the
-gradient-norm variance at the initial policy.
+``results.md`` leads with the controls (was the positive control detected on each env, is the
+handicapped learner ranked below the comparator, does the comparator rise above its warm
+start), then the headline (the treatment − the comparator, paired by seed, for the three
+metrics fixed before the run, each with its interval and minimal detectable effect), then per
+env the metrics of every algorithm, the gradient diagnostics and every compute meter. The plots
+show what the tables say: evaluated success against env steps and flops with the warm start
+and 95% bands, final success, and the gradient signal-to-noise with its bootstrap intervals.
 """
 
 from __future__ import annotations
@@ -51,38 +55,156 @@ def data_line(data: dict[str, Any]) -> str:
     return text + (f" ({'; '.join(extras)})." if extras else ".")
 
 
+def _pm(value: float, half: float, digits: int = 3) -> str:
+    return f"{value:+.{digits}f} ± {half:.{digits}f}"
+
+
+def _metric_value(metric: str, value: float) -> str:
+    return f"{value:.3f}" if metric != "compute_to_threshold" else _number(value)
+
+
+_METRIC_NAMES = {
+    "auc": "AUC (evaluated success vs compute, [0, 1])",
+    "final": "final evaluated success",
+    "compute_to_threshold": "compute to the threshold",
+}
+
+
+def _snr_cell(probe: dict[str, Any] | None, key: str = "snr") -> str:
+    if not probe:
+        return "–"
+    values = probe.get(f"{key}_per_seed") or []
+    intervals = probe.get(f"{key}_ci95_per_seed") or []
+    if not values:
+        return "–"
+    if len(values) == 1:
+        lo, hi = intervals[0]
+        return f"{values[0]:.3g} [{lo:.3g}, {hi:.3g}]"
+    return f"{probe[key]:.3g} (mean of {len(values)} seeds; seed {probe['seeds'][0]}: [{intervals[0][0]:.3g}, {intervals[0][1]:.3g}])"
+
+
+def controls_lines(results: dict[str, Any]) -> list[str]:
+    """The report's first lines: whether each env's controls were detected."""
+    lines = []
+    for env, er in results["per_env"].items():
+        metric = er.get("primary_metric", "auc")
+        pc = er.get("positive_control")
+        parts = []
+        if pc:
+            state = "**detected**" if pc["detected_as_worse"] else "**not detected**: every headline of this env is underpowered"
+            parts.append(f"positive control `{pc['algorithm']}` − {er['comparator']}: {_pm(pc['diff'], pc['diff_ci95'])} "
+                         f"(MDE {pc['mde']:.3f}) — {state}")
+        else:
+            parts.append("no positive control ran")
+        hc = er.get("handicapped_control")
+        if hc:
+            ranked = "ranked below" if hc["ranked_below"] else "not ranked below"
+            sure = "significantly" if hc["verdict"] == "worse" else "not significantly"
+            parts.append(f"handicapped `{hc['algorithm']}` − {er['comparator']}: {_pm(hc['diff'], hc['diff_ci95'])} "
+                         f"(MDE {hc['mde']:.3f}): {ranked} {er['comparator']} ({sure})")
+        rise = er.get("comparator_vs_warm_start")
+        if rise:
+            state = "rises above it" if rise["detected"] and rise["diff"] > 0 else "does not rise detectably above it"
+            parts.append(f"{er['comparator']} final − warm start: {_pm(rise['diff'], rise['diff_ci95'])} ({state})")
+        lines.append(f"* **{env}** ({metric}): " + "; ".join(parts) + ".")
+    return lines
+
+
+def headline_lines(results: dict[str, Any]) -> list[str]:
+    """The headline table: the treatment − the comparator, per env and metric."""
+    lines = [
+        "| env | metric | " + f"{results['treatment']} − {results['comparator']}" + " | 95% CI | MDE (80% power) | per seed | verdict |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for env, er in results["per_env"].items():
+        head = er.get("treatment_vs_comparator")
+        if not head:
+            continue
+        for m, d in head["metrics"].items():
+            primary = m == head["metric"]
+            verdict = "detected" if d["detected"] else f"not detected (effects below {d['mde']:.3g} cannot be excluded)"
+            if head.get("underpowered"):
+                verdict += "; **underpowered** (control not detected)"
+            name = f"**{m}** (primary)" if primary else m
+            digits = 3 if m != "compute_to_threshold" else 0
+            lines.append(
+                f"| {env} | {name} | {d['diff']:+.{digits}f} | ± {d['diff_ci95']:.{digits}f} | {d['mde']:.{digits}f} | "
+                + ", ".join(f"{v:+.{digits}f}" for v in d["diff_per_seed"]) + f" | {verdict} |"
+            )
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     unit = results["budget_unit"]
     algorithms = list(results["preset"].get("algorithms", ()))
+    comparator = results.get("comparator", "rloo")
     lines = [
         f"# {' vs '.join(a.upper() for a in algorithms) or 'Comparison'} at matched compute",
         "",
-        f"Budget unit: `{unit}` per update; seeds {results['seeds']}; means with 95% t-intervals over seeds.",
-        "`success`: final policy, sampled, on each env's evaluation tasks (the split named in its heading and data line); "
-        "`grad-norm var`: variance of the gradient norm over "
-        "independent batches at the initial policy (same budget); `noise/signal`: tr Cov(g) / ||E g||^2 there "
-        "(median over seeds; scale-free, so GRPO's std scaling does not count); `updates to target`: updates to reach the best "
-        "baseline's final training success.",
+        f"Budget unit: `{unit}` per update; seeds {results['seeds']}; comparator **{comparator}** and primary metric "
+        f"**{results.get('primary_metric')}**, both fixed before the run; every difference is paired by seed, with its 95% "
+        "t-interval and the minimal detectable effect (MDE: the true difference a two-sided 5% paired t-test over these seeds "
+        "detects with 80% power, from the per-seed spread; docs/main-job.md).",
+        "",
+        "## Controls",
+        "",
+        *controls_lines(results),
+        "",
+        f"## Headline: {results['treatment']} − {comparator}",
+        "",
+        *headline_lines(results),
+        "",
+        "![evaluated success](success.png)",
         "",
     ]
     for env, er in results["per_env"].items():
+        horizon = er.get("horizon")
+        th = er.get("threshold", {})
         lines += [
-            f"## {env} (budget {er['budget']} {unit}/update, target {er['target_success']:.3f}, "
-            f"success on {er.get('eval_split', 'held-out')} tasks, seeds {er.get('seeds')})",
+            f"## {env} (budget {er['budget']} {unit}/update, {horizon:,.0f} {unit} in all; evaluated on {er.get('eval_split')} tasks, "
+            f"{er.get('eval_episodes')} episode(s) each; seeds {er.get('seeds')})",
             "",
-            f"| algorithm | success | {unit}/update | budget used | leaves/update | env steps/update | grad-norm var | tr Cov(g) "
-            "| noise/signal | updates to target |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         if er.get("data", {}).get("train", {}).get("data_source"):
-            lines[-2:-2] = [data_line(er["data"]), ""]
+            lines += [data_line(er["data"]), ""]
+        warm = er.get("warm_start", {})
+        lines += [
+            f"Warm start (update 0, the same policy for every algorithm of a seed): {warm.get('mean', float('nan')):.3f} "
+            f"(per seed {', '.join(f'{v:.3f}' for v in warm.get('per_seed', []))}). Threshold: warm start + "
+            f"{th.get('fraction')} × ({th.get('target_success')} − warm start).",
+            "",
+            f"| algorithm | AUC | final success | {unit} to threshold (not reached) | Δ{er.get('primary_metric')} vs {comparator} (MDE) "
+            "| env steps/update | flops/update | budget used |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for a, r in er["algorithms"].items():
+            m = r["metrics"]
+            vs = er.get("vs_comparator", {}).get(a, {}).get(er.get("primary_metric", "auc"))
+            delta = f"{_pm(vs['diff'], vs['diff_ci95'])} ({vs['mde']:.3f})" if vs else "(comparator)"
+            c2t = m["compute_to_threshold"]
             lines.append(
-                f"| {a} | {r['success']:.3f} ± {r['success_ci95']:.3f} | {r['compute'][unit]:.0f} | {r['budget_used_ratio']:.2f} "
-                f"| {r['compute']['leaves']:.1f} | {r['compute']['env_steps']:.0f} | {r['grad_norm_var']:.3g} "
-                f"| {r['grad_trace_var']:.3g} | {r.get('grad_noise_to_signal', float('nan')):.3g} "
-                f"| {r['updates_to_target'] if r['updates_to_target'] is not None else 'not reached'} |"
+                f"| {a} | {m['auc']['mean']:.3f} ± {m['auc']['ci95']:.3f} | {m['final']['mean']:.3f} ± {m['final']['ci95']:.3f} "
+                f"| {_number(c2t['mean'])} ± {_number(c2t['ci95'])} ({c2t.get('not_reached', 0)}) | {delta} "
+                f"| {r['compute']['env_steps']:.0f} | {r['compute'].get('flops', float('nan')):.3g} | {r['budget_used_ratio']:.2f} |"
             )
+        if any(r.get("gradient_initial") for r in er["algorithms"].values()):
+            first = next(r for r in er["algorithms"].values() if r.get("gradient_initial"))
+            probe = first["gradient_initial"]
+            mid = first.get("gradient_mid") or {}
+            lines += [
+                "",
+                f"Gradient signal-to-noise `ŝ / tr Cov(g)` ({probe['batches']} independent batches at the training budget; "
+                f"[95% bootstrap interval]) at the warm start and at update {mid.get('update', '–')}; cosine of the mean gradient "
+                "to a reference RLOO gradient at the same policy (docs/main-job.md):",
+                "",
+                "| algorithm | SNR, warm start | SNR, mid-training | cosine to RLOO, warm start | cosine to RLOO, mid-training |",
+                "|---|---:|---:|---:|---:|",
+            ]
+            for a, r in er["algorithms"].items():
+                lines.append(
+                    f"| {a} | {_snr_cell(r.get('gradient_initial'))} | {_snr_cell(r.get('gradient_mid'))} "
+                    f"| {_snr_cell(r.get('gradient_initial'), 'cosine')} | {_snr_cell(r.get('gradient_mid'), 'cosine')} |"
+                )
         meters = [k for k in METER_COLUMNS if all(k in r["compute"] for r in er["algorithms"].values())]
         lines += [
             "",
@@ -93,26 +215,21 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         for a, r in er["algorithms"].items():
             lines.append(f"| {a} | " + " | ".join(_number(r["compute"][k]) for k in meters) + " |")
-        paired = er.get("treatment_vs_best_baseline")
-        if paired:
+        best = er.get("treatment_vs_best_baseline")
+        if best:
             lines += [
                 "",
-                f"{paired['treatment'].upper()} − {paired['best_baseline']} (the best baseline), paired by seed: success "
-                f"{paired['success_diff']:+.3f} ± {paired['success_diff_ci95']:.3f}; gradient-norm variance "
-                f"{paired['grad_norm_var_ratio']:.2f}×, tr Cov(g) {paired['grad_trace_var_ratio']:.2f}× the baseline's "
-                "(gradient-norm variance against each baseline: "
-                + ", ".join(f"{b} {v:.2f}×" for b, v in paired["grad_norm_var_ratio_vs"].items())
-                + "; noise/signal: "
-                + ", ".join(f"{b} {v:.2f}×" for b, v in paired["noise_to_signal_ratio_vs"].items())
-                + ").",
+                f"Secondary, chosen after seeing the results (biased against the treatment when nothing differs): "
+                f"{best['treatment']} − {best['best_baseline']} (the baseline with the best mean final success) "
+                f"{_pm(best['success_diff'], best['success_diff_ci95'])} final success (MDE {best['mde']:.3f}).",
             ]
         lines.append("")
     lines += [
-        "![success](success.png)",
-        "",
         "![final success](final_success.png)",
         "",
-        "![gradient-norm variance](grad_norm_variance.png)",
+        "![gradient signal-to-noise](gradient_snr.png)",
+        "",
+        "![training batch success](training_success.png)",
         "",
     ]
     trees = results.get("example_trees") or {}
@@ -129,6 +246,11 @@ def markdown(results: dict[str, Any]) -> str:
             links = " · ".join(f"[{a}]({p})" for a, p in pictures.items())
             lines.append(f"* {env}: {links}")
         lines.append("")
+    timing = results.get("timing")
+    if timing:
+        lines += [f"Wall time: {timing['wall_seconds'] / 60:.1f} min with {timing['jobs']} job(s)"
+                  + (f" on Ray ({timing['ray']})" if timing.get("ray") else "") + (" (resumed)" if timing.get("resumed") else "")
+                  + f"; the runs' own time adds up to {timing['run_seconds_total'] / 60:.1f} min.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -162,8 +284,11 @@ def example_trees(runs: list[dict[str, Any]], out: Path) -> dict[str, dict[str, 
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
-    """``success.png`` (vs updates and vs compute, mean over seeds and 95% band),
-    ``final_success.png`` (evaluation success and interval) and ``grad_norm_variance.png``."""
+    """``success.png``: evaluated success against env steps and against flops (mean over seeds,
+    95% band, the warm start as a dashed line); ``final_success.png``; ``gradient_snr.png``
+    (signal-to-noise at the warm start and mid-training, bootstrap intervals);
+    ``training_success.png`` (the training batches' success, for reference) and
+    ``grad_norm_variance.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,25 +298,46 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     algorithms = list(results["preset"].get("algorithms") or results["algorithms"])
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
     paths = []
-    fig, axes = plt.subplots(2, len(envs), figsize=(5 * len(envs), 7), squeeze=False)
+    fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
     for j, env in enumerate(envs):
+        er = results["per_env"][env]
+        for a, r in er["algorithms"].items():
+            curve = r["eval_curve"]
+            mean = np.asarray(curve["success"])
+            band = np.asarray(curve["success_ci95"])
+            for ax, key in ((axes[0][j], "env_steps_per_seed"), (axes[1][j], "flops_per_seed")):
+                xs = np.mean(np.asarray(curve[key], dtype=float), axis=0)
+                style = "--" if a in (er.get("positive_control") or {}).get("algorithm", "") else "-"
+                ax.plot(xs, mean, style, marker="o", markersize=3, label=a, color=colours[a])
+                ax.fill_between(xs, np.clip(mean - band, 0, 1), np.clip(mean + band, 0, 1), color=colours[a], alpha=0.15, linewidth=0)
+        warm = er.get("warm_start", {}).get("mean")
+        seeds = len(er.get("seeds") or [])
+        for ax, xlabel in ((axes[0][j], "env steps"), (axes[1][j], "flops (2P per policy token + 6P per trained token)")):
+            if warm is not None:
+                ax.axhline(warm, color="grey", linestyle=":", linewidth=1.2, label=f"warm start {warm:.3f}")
+            ax.set(xlabel=xlabel, ylabel=f"evaluated success ({er.get('eval_split')}; mean of {seeds} seeds, 95% band)")
+            ax.legend(fontsize=8)
+        axes[0][j].set_title(f"{env}: evaluated success vs env steps")
+        axes[1][j].set_title(f"{env}: evaluated success vs flops")
+    fig.tight_layout()
+    paths.append(out / "success.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
+    for j, env in enumerate(envs):
+        ax = axes[0][j]
         for a, r in results["per_env"][env]["algorithms"].items():
             mean = np.asarray(r["curve"])
             band = np.asarray(r.get("curve_ci95", np.zeros_like(mean)))
             x = np.arange(1, len(mean) + 1)
-            compute = np.asarray(r["compute_curve"])
-            for ax, xs in ((axes[0][j], x), (axes[1][j], compute)):
-                ax.plot(xs, mean, label=a, color=colours[a])
-                # a success rate lives in [0, 1]; the t-band of few seeds can reach past it
-                ax.fill_between(xs, np.clip(mean - band, 0, 1), np.clip(mean + band, 0, 1), color=colours[a], alpha=0.2, linewidth=0)
-        seeds = len(results["per_env"][env].get("seeds") or [])
-        axes[0][j].set(title=f"{env}: training success", xlabel="update", ylabel=f"batch success (mean of {seeds} seeds, 95% band)")
-        axes[1][j].set(title=f"{env}: success vs compute", xlabel=results["budget_unit"], ylabel="batch success")
-        for ax in (axes[0][j], axes[1][j]):
-            ax.set_ylim(-0.02, 1.02)
-            ax.legend()
+            ax.plot(x, mean, label=a, color=colours[a])
+            ax.fill_between(x, np.clip(mean - band, 0, 1), np.clip(mean + band, 0, 1), color=colours[a], alpha=0.15, linewidth=0)
+        ax.set(title=f"{env}: training batches' success (the tasks drawn that update)", xlabel="update", ylabel="batch success")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    paths.append(out / "success.png")
+    paths.append(out / "training_success.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -210,11 +356,43 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         for k, a in enumerate(names):
             for s in er["algorithms"][a]["success_per_seed"]:
                 ax.plot(k, s, "k.", alpha=0.5, markersize=4)
-        ax.set_xticks(range(len(names)), names)
-        ax.set(title=f"{env}: final success ({er.get('eval_split', 'held-out')} tasks)", ylabel="success (mean, 95% CI; dots: seeds)")
+        warm = er.get("warm_start", {}).get("mean")
+        if warm is not None:
+            ax.axhline(warm, color="grey", linestyle=":", linewidth=1.2, label="warm start")
+            ax.legend(fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=20)
+        ax.set(title=f"{env}: final evaluated success ({er.get('eval_split', 'held-out')})", ylabel="success (mean, 95% CI; dots: seeds)")
         ax.set_ylim(0, 1.08)
     fig.tight_layout()
     paths.append(out / "final_success.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(envs), figsize=(1.5 + 1.3 * len(algorithms) * len(envs), 4), squeeze=False)
+    for j, env in enumerate(envs):
+        er = results["per_env"][env]
+        ax = axes[0][j]
+        names = [a for a in algorithms if a in er["algorithms"]]
+        for offset, (name, marker) in ((-0.15, ("initial", "o")), (0.15, ("mid", "s"))):
+            for k, a in enumerate(names):
+                probe = er["algorithms"][a].get(f"gradient_{name}")
+                if not probe:
+                    continue
+                for v, (lo, hi) in zip(probe["snr_per_seed"], probe["snr_ci95_per_seed"], strict=True):
+                    if v is None or not np.isfinite(v):
+                        if offset < 0:
+                            ax.annotate("no gradient\n(zero loss)", (k, 0), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+                        continue
+                    ax.errorbar(k + offset, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt=marker, color=colours[a], capsize=3,
+                                label=("warm start" if name == "initial" else "mid-training") if k == 0 else None)
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_xticks(range(len(names)), names, rotation=20)
+        ax.set(title=f"{env}: gradient SNR ŝ / tr Cov(g) (o warm start, □ mid)", ylabel="SNR per batch [95% bootstrap]")
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "gradient_snr.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
@@ -222,15 +400,15 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     width = 0.8 / max(1, len(algorithms))
     positive = False
     for i, a in enumerate(algorithms):
-        values = [results["per_env"][e]["algorithms"].get(a, {}).get("grad_norm_var", np.nan) for e in envs]
+        values = [(results["per_env"][e]["algorithms"].get(a, {}).get("gradient_initial") or {}).get("grad_norm_var", np.nan) for e in envs]
         positive = positive or any(np.isfinite(v) and v > 0 for v in values)
         ax.bar(np.arange(len(envs)) + (i - (len(algorithms) - 1) / 2) * width, values, width, label=a, color=colours[a])
     ax.set_xticks(np.arange(len(envs)), envs)
     # a log axis needs a positive value (a policy that never earns a reward has no gradient)
     scale = "log" if positive else "linear"
-    ax.set(title="gradient-norm variance at the initial policy (same budget)", ylabel=f"Var ||g|| ({scale} scale)")
+    ax.set(title="gradient-norm variance at the warm start (same budget)", ylabel=f"Var ||g|| ({scale} scale)")
     ax.set_yscale(scale)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     paths.append(out / "grad_norm_variance.png")
     fig.savefig(paths[-1], dpi=110)

@@ -1,15 +1,24 @@
-"""One run of the main job: the initial policy, the algorithm, training and its measurements.
+"""The jobs of the main job: one initial policy per (env, seed), one run per (env, algorithm, seed).
 
-For every env and seed, one initial policy (warm-started by behaviour cloning on the env's
-expert trajectories where the preset says so) is copied to each algorithm, which then trains
-with :class:`~bpo_algos.Trainer` under the same optimizer, learning rate, task sequence and
-per-update budget. A run measures the gradient variance at the initial policy (the same probe
-for every algorithm), trains, and evaluates the final policy on the evaluation tasks; its
-result is cached in ``run.json`` so an interrupted comparison resumes.
+An *initial job* builds the (env, seed)'s initial policy (warm-started by behaviour cloning on
+the env's expert trajectories where the preset says so), evaluates it (the warm start: update 0
+of every algorithm's evaluated curve, the same for all of them) and, when gradient probes are
+on, collects the pool of RLOO batches whose mean is the reference gradient at the warm start.
+A *run* copies that policy, trains one algorithm with :class:`~bpo_algos.Trainer` under the
+preset's optimizer, task sequence and per-update budget, evaluates the policy every
+``eval_every`` updates on the fixed evaluation tasks with common random numbers, probes its
+gradient's signal-to-noise ratio at the warm start and at mid-training, and caches its result
+in ``run.json`` (evaluations and probes along the way in ``evals.json`` / ``probes.json``, the
+trainer's state in its checkpoint) so an interrupted comparison resumes.
+
+Each job is a function of its arguments only (its seeds, the initial policy's bytes, the
+tasks), so the jobs run in any order, in this process, in worker processes (``--jobs``) or on a
+Ray cluster (``--ray``) with the same results (:mod:`bpo_algos.experiments.parallel`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Callable
@@ -25,9 +34,10 @@ import torch
 import bpo_envs  # noqa: F401 - registers the ids
 from bpo_algos.algorithm import Algorithm, AlgorithmConfig
 from bpo_algos.compute import Budget
-from bpo_algos.diagnostics import gradient_samples, variance_summary
+from bpo_algos.diagnostics import gradient_samples, signal_to_noise, variance_summary
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
 from bpo_algos.policy import TabularPolicy
+from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.rollout import EnvPool, RolloutEngine
@@ -37,16 +47,18 @@ from bpo_algos.trainer import Trainer, TrainerConfig
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
     """The initial policy of one (env, seed): the same object state for every algorithm.
 
-    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy`; ``tabular``
+    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``scorer-memory``:
+    with its ALFWorld episode-memory features, ``memory="alfworld"``); ``tabular``
     starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
     is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder).
     """
     name = setup.policy or preset.policy
-    if name == "scorer":
+    if name in ("scorer", "scorer-memory"):
         from bpo_algos.policy.scorer import TextScorerPolicy
 
-        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed)
+        memory = "alfworld" if name == "scorer-memory" else None
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory)
         return warm_start(policy, preset, setup, tasks, seed)
     if name == "tabular":
         return TabularPolicy(temperature=preset.temperature, seed=seed)
@@ -67,30 +79,65 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
 
         model = str(smollm2_path())
     torch.manual_seed(seed)
-    options: dict[str, Any] = {"max_new_tokens": setup.max_new_tokens}
+    from bpo_algos.policy import PromptConfig
+
+    env_name = _env_name(preset, setup)
+    options: dict[str, Any] = {
+        "max_new_tokens": setup.max_new_tokens,
+        "prompt": PromptConfig(reasoning=preset.reasoning),
+        "decision_entropy": preset.decision_entropy,
+        "probe_samples": preset.probe_samples,
+        "reference_offload": preset.reference_offload and not preset.lora,
+    }
     if preset.trainer.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
+        options["reference_dtype"] = torch.bfloat16
+    max_model_len = preset.for_env("max_model_len", env_name)
     if preset.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(
-            model, temperature=preset.temperature, lora=preset.lora, seed=seed,
-            max_model_len=preset.max_model_len or 4096, **options,
-        )
+        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len or 4096, **options)
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=preset.max_model_len, **options)
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len, **options)
+    policy.eval_temperature = preset.for_env("eval_temperature", env_name)
     return warm_start(policy, preset, setup, tasks, seed)
+
+
+def _env_name(preset: Preset, setup: EnvSetup) -> str:
+    """The preset's name of ``setup``'s env (its key in ``preset.envs``)."""
+    for name, candidate in preset.envs.items():
+        if candidate is setup:
+            return name
+    return next((name for name, candidate in preset.envs.items() if candidate == setup), setup.env_id)
 
 
 def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
     """Behaviour cloning on the env expert's trajectories of ``tasks`` (``sft_epochs``)."""
     epochs = preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs
     if epochs:
-        from bpo_algos.policy.sft import behaviour_cloning, expert_demos
+        from bpo_algos.policy.sft import behaviour_cloning
 
-        demos = expert_demos(env_factory(setup), tasks, seed=seed)
-        behaviour_cloning(policy, demos, epochs=epochs, lr=preset.sft_lr, seed=seed)
+        demos = _expert_demos(setup, tasks, seed)
+        lr = preset.sft_lr if setup.sft_lr is None else setup.sft_lr
+        behaviour_cloning(policy, demos, epochs=epochs, lr=lr, seed=seed)
     return policy
+
+
+_DEMOS: dict[str, Any] = {}
+
+
+def _expert_demos(setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+    """The expert's demos of ``tasks``, kept per process: an expert whose episodes do not
+    depend on the reset seed (ALFWorld's: a task id fixes the game) gives every seed the same
+    demos, so they are collected once."""
+    from bpo_algos.policy.sft import expert_demos
+
+    seedless = setup.env_id == "BPO-ALFWorld-v0"
+    key = repr((setup.env_id, sorted(setup.kwargs.items()), tasks, None if seedless else seed))
+    if key not in _DEMOS:
+        _DEMOS.clear()  # one env's demos at a time
+        _DEMOS[key] = expert_demos(env_factory(setup), tasks, seed=seed)
+    return _DEMOS[key]
 
 
 def algorithm_class(factory: Any) -> type[Algorithm] | None:
@@ -107,7 +154,8 @@ def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
     The seed, ``aggregation`` and ``max_parallel_trees`` (default: a quarter of the env pool)
     and every other shared option the preset changes (:attr:`Preset.shared`); for a built-in
     kind of algorithm its own options (``preset.options[cls.name]``, all but those its variant
-    fixes, e.g. ``bpo-anchored``'s ``baseline``); then ``preset.algorithm_options[name]``.
+    fixes, e.g. ``bpo-anchored``'s ``baseline``; a control that collects as another algorithm,
+    such as ``frozen``, takes that algorithm's); then ``preset.algorithm_options[name]``.
     """
     defaults = AlgorithmConfig().to_dict()
     shared = preset.shared.to_dict()
@@ -115,6 +163,10 @@ def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
                                "max_parallel_trees": shared["max_parallel_trees"] or max(1, preset.pool_size // 4)}
     options.update({k: v for k, v in shared.items() if v != defaults[k] and k not in options})
     factory = algorithm_factory(name)
+    explicit = preset.algorithm_options.get(name, {})
+    options_of = getattr(factory, "options_of", None)
+    if callable(options_of):  # a wrapper (the frozen control): the wrapped algorithm's options
+        factory = algorithm_factory(options_of(explicit))
     cls = algorithm_class(factory)
     own = preset.options.get(cls.name) if cls is not None else None
     if own is not None:
@@ -122,7 +174,7 @@ def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
             raise TypeError(f"preset.options[{cls.name!r}] must be a {cls.Options.__name__}, got {type(own).__name__}")
         fixed = factory.keywords if isinstance(factory, partial) else {}
         options.update({k: v for k, v in own.to_dict().items() if k not in fixed})
-    options.update(preset.algorithm_options.get(name, {}))
+    options.update(explicit)
     return options
 
 
@@ -155,7 +207,9 @@ def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
     if setup.eval_split in ("held-out", "train"):
         return env_factory(setup)
-    kwargs = {**setup.kwargs, "split": setup.eval_split}
+    kwargs = {**setup.kwargs, **setup.eval_kwargs}
+    if setup.eval_split != "rows":
+        kwargs["split"] = setup.eval_split
     return lambda: gym.make(setup.env_id, **kwargs)
 
 
@@ -196,6 +250,20 @@ def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], d
         overlap = set(eval_tasks) & set(train)
         if overlap:
             raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
+    elif setup.eval_split == "rows":
+        # every evaluation row in its source's order (the gpu preset: all of Verified's given)
+        make = eval_env_factory(setup)
+        env = make()
+        try:
+            eval_order = list(env.unwrapped.task_ids())
+            provenance = getattr(env.unwrapped, "provenance", None)
+            eval_prov = provenance() if callable(provenance) else None
+        finally:
+            env.close()
+        eval_tasks = eval_order[: setup.eval_tasks]
+        overlap = sorted(set(map(str, eval_order)) & set(map(str, order)))
+        if overlap:
+            raise ValueError(f"{setup.env_id}: {len(overlap)} evaluation task(s) are also training tasks: {overlap[:10]}")
     else:
         # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
         eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
@@ -225,31 +293,44 @@ class _Episode:
 
 
 def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> float:
+    """See :func:`evaluate_episodes`: the mean success."""
+    wins = evaluate_episodes(policy, pool, tasks, episodes, seed)
+    return float(np.mean(wins)) if wins else 0.0
+
+
+def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> list[float]:
     """Mean success of ``episodes`` sampled rollouts per eval task, on common random numbers.
 
     Episode ``j`` of task ``i`` resets with the same env seed and runs the policy's sampler from
-    the same seed for every algorithm (the policy's own RNG state is put back afterwards), so
-    two algorithms' successes differ by their policies, not by their luck.
+    the same seed for every algorithm and at every evaluation point (the policy's own RNG
+    state is put back afterwards), so two policies' successes differ by the policies, not by
+    their luck. Returns each episode's success (0 or 1), task by task.
     """
     if not tasks:
         raise ValueError("no evaluation tasks")
     state = policy.rng_state() if hasattr(policy, "rng_state") else None
     wins: list[float] = []
     try:
-        for i, task in enumerate(tasks):
-            for j in range(max(episodes, 1)):
-                episode_seed = seed + 1000 * i + j
-                policy.seed(episode_seed)
-                result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
-                wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
+        with evaluation_sampling(policy):  # the preset's evaluation temperature (0: greedy)
+            for i, task in enumerate(tasks):
+                for j in range(max(episodes, 1)):
+                    episode_seed = seed + 1000 * i + j
+                    policy.seed(episode_seed)
+                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
+                    wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
     finally:
         if state is not None:
             policy.set_rng_state(state)
-    return float(np.mean(wins)) if wins else 0.0
+    return wins
 
 
 def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
     return out / "runs" / env / algorithm / f"seed{seed}"
+
+
+def initial_dir(out: Path, env: str, seed: int) -> Path:
+    """Where the (env, seed)'s initial job keeps its result (``initial.json``, ``policy.pt``)."""
+    return out / "runs" / env / "_initial" / f"seed{seed}"
 
 
 def _initial_weights(initial: Any) -> InitialWeights | None:
@@ -264,63 +345,249 @@ def _initial_weights(initial: Any) -> InitialWeights | None:
     return saved
 
 
+def eval_points(preset: Preset, env_name: str) -> list[int]:
+    """The updates after which a run's policy is evaluated: 0 (the warm start), every
+    ``eval_every``, and the last."""
+    updates = preset.trainer_for(env_name).updates
+    every = preset.for_env("eval_every", env_name) or updates
+    return sorted({0, *range(every, updates + 1, every), updates})
+
+
+def probe_points(preset: Preset, env_name: str) -> dict[str, int]:
+    """Where a run probes its gradient: ``{"initial": 0, "mid": updates // 2}``."""
+    return {"initial": 0, "mid": preset.trainer_for(env_name).updates // 2}
+
+
+def probes_on(preset: Preset, env_name: str, seed: int) -> bool:
+    """Whether the (env, seed)'s runs probe their gradients: the first ``grad_seeds`` seeds
+    (all when None), and only with at least 2 batches."""
+    if preset.for_env("grad_batches", env_name) < 2:
+        return False
+    seeds = list(preset.for_env("seeds", env_name))
+    count = preset.for_env("grad_seeds", env_name)
+    return seed in (seeds if count is None else seeds[:count])
+
+
+def _save_policy(policy: Any) -> bytes | None:
+    """The initial policy as bytes another process loads, or None for an LLM policy (rebuilt
+    from its model and warm start in each process: its weights are gigabytes)."""
+    if reusable(policy):
+        return None
+    buffer = io.BytesIO()
+    torch.save(policy, buffer)
+    return buffer.getvalue()
+
+
+def _load_policy(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+class _RNGGuard:
+    """Puts the policy's sampling RNG and torch's global RNG back after a measurement."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+
+    def __enter__(self) -> None:
+        self.policy_state = self.policy.rng_state() if hasattr(self.policy, "rng_state") else None
+        self.torch_state = torch.get_rng_state()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.policy_state is not None:
+            self.policy.set_rng_state(self.policy_state)
+        torch.set_rng_state(self.torch_state)
+
+
+def _gradient_rows(name: str, preset: Preset, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget, n: int) -> Any:
+    """``n`` gradient samples of algorithm ``name`` at ``policy`` (kept: the bootstrap needs
+    their Gram matrix). The probe is the estimator that trains: same settings, its adaptive
+    state (BPO's threshold, the budget's tree-cost estimate) warmed by one discarded batch."""
+    probe = build_algorithm(name, preset, seed)
+    with _RNGGuard(policy):
+        if hasattr(policy, "seed"):
+            policy.seed(seed)
+        probe.collect(policy, pool, tasks, budget)
+        samples = gradient_samples(probe, policy, pool, tasks, n, budget, keep_grads=True)
+    return samples
+
+
+REFERENCE_ALGORITHM = "rloo"
+"""The unbiased estimator whose large pool of batches gives the reference gradient."""
+
+
+def reference_gradient(preset: Preset, env_name: str, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget) -> tuple[torch.Tensor, float]:
+    """``(mean, signal)`` of ``reference_batches`` RLOO batches at ``policy``: the reference the
+    cosine of :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against."""
+    n = preset.for_env("reference_batches", env_name)
+    samples = _gradient_rows(REFERENCE_ALGORITHM, preset, seed + 5000, policy, pool, tasks, budget, n)
+    rows = samples.grads.double()
+    moments = signal_to_noise(rows, resamples=1)
+    return rows.mean(dim=0).float(), float(moments["signal"])
+
+
+def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any], eval_tasks: list[Any]) -> dict[str, Any]:
+    """The (env, seed)'s initial policy, its evaluation (the warm start) and, when probes are on,
+    the warm start's reference gradient. Returns ``{"warm": {...}, "policy": bytes | None,
+    "reference": bytes | None}``."""
+    if preset.torch_threads:
+        torch.set_num_threads(preset.torch_threads)
+    setup = preset.envs[env_name]
+    start = time.perf_counter()
+    policy = make_policy(preset, setup, seed, train_tasks)
+    built = time.perf_counter() - start
+    pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    try:
+        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
+    finally:
+        pool.close()
+    warm = {"success": float(np.mean(wins)), "episodes": len(wins), "seconds_build": built, "seconds_eval": time.perf_counter() - start - built}
+    reference = None
+    if probes_on(preset, env_name, seed):
+        pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+        try:
+            t0 = time.perf_counter()
+            mean, signal = reference_gradient(preset, env_name, seed, policy, pool, train_tasks, Budget(preset.budget_unit, preset.budget[env_name]))
+            warm["seconds_reference"] = time.perf_counter() - t0
+        finally:
+            pool.close()
+        buffer = io.BytesIO()
+        torch.save({"mean": mean, "signal": signal}, buffer)
+        reference = buffer.getvalue()
+    return {"warm": warm, "policy": _save_policy(policy), "reference": reference}
+
+
+_POLICIES: dict[tuple[str, int], Any] = {}
+"""LLM initial policies built in this process, by (env, seed) (their weights restored per run)."""
+
+
+def initial_policy(preset: Preset, env_name: str, seed: int, train_tasks: list[Any], data: bytes | None) -> Any:
+    """The initial policy of a run: loaded from the initial job's bytes, or (an LLM policy)
+    built once per process and restored per run."""
+    if data is not None:
+        return _load_policy(data)
+    key = (env_name, seed)
+    if key not in _POLICIES:
+        _POLICIES.clear()  # one LLM at a time
+        _POLICIES[key] = make_policy(preset, preset.envs[env_name], seed, train_tasks)
+    initial = _POLICIES[key]
+    return fresh_copy(initial, _initial_weights(initial))
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+def _compute_point(total: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in total.to_dict().items()}
+
+
 def run_one(
     out: Path,
     preset: Preset,
     env_name: str,
     algorithm_name: str,
     seed: int,
-    initial: Any,
+    initial: bytes | None,
+    warm: dict[str, Any],
+    reference: bytes | None,
     train_tasks: list[Any],
     eval_tasks: list[Any],
-    progress: bool,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Train one algorithm from ``initial`` and measure it; cached in ``run.json``."""
+    """Train one algorithm from the initial policy and measure it; cached in ``run.json``."""
     folder = run_dir(out, env_name, algorithm_name, seed)
     done = folder / "run.json"
     if done.exists():
         return json.loads(done.read_text())
+    if preset.torch_threads:
+        torch.set_num_threads(preset.torch_threads)
+    folder.mkdir(parents=True, exist_ok=True)
     setup = preset.envs[env_name]
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
     separate_eval = setup.eval_split not in ("held-out", "train")
-    config = trainer_config(
-        preset, env_name, seed, len(train_tasks), out_dir=folder, progress=progress,
-        wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
-        wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
-    )
-    budget = config.budget
-    policy = fresh_copy(initial, _initial_weights(initial))
+    eval_pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers) if separate_eval else pool
+    budget = Budget(preset.budget_unit, preset.budget[env_name])
+    policy = initial_policy(preset, env_name, seed, train_tasks, initial)
+    episodes = preset.for_env("eval_episodes", env_name)
+    points = eval_points(preset, env_name)
+    probing = probes_on(preset, env_name, seed)
+    probe_at = probe_points(preset, env_name)
+    ref0 = torch.load(io.BytesIO(reference), weights_only=False) if reference is not None else None
+    evals: list[dict[str, Any]] = _read_json(folder / "evals.json", [])
+    probes: dict[str, Any] = _read_json(folder / "probes.json", {})
+    timing = _read_json(folder / "timing.json", {"eval": 0.0, "probe": 0.0})
+    algorithm = build_algorithm(algorithm_name, preset, seed)
+    biased = not getattr(algorithm, "unbiased", True)
     start = time.perf_counter()
+
+    def measure(trainer: Trainer) -> None:
+        u = trainer.update
+        if u in points and all(e["update"] != u for e in evals):
+            t0 = time.perf_counter()
+            if u == 0:  # the initial job's evaluation of this very policy
+                success = warm["success"]
+            else:
+                success = float(np.mean(evaluate_episodes(policy, eval_pool, eval_tasks, episodes, seed + 2000)))
+            evals.append({"update": u, "success": success, "compute": _compute_point(trainer.total_compute)})
+            _write_json(folder / "evals.json", evals)
+            timing["eval"] += time.perf_counter() - t0
+            _write_json(folder / "timing.json", timing)
+        for name, at in probe_at.items():
+            if not probing or u != at or name in probes:
+                continue
+            t0 = time.perf_counter()
+            n = preset.for_env("grad_batches", env_name)
+            offset = 1000 if name == "initial" else 3000
+            samples = _gradient_rows(algorithm_name, preset, seed + offset, policy, pool, train_tasks, budget, n)
+            ref = None
+            if name == "initial" and ref0 is not None:
+                ref = (ref0["mean"], ref0["signal"])
+            elif name != "initial" and biased:
+                ref = reference_gradient(preset, env_name, seed + 7000, policy, pool, train_tasks, budget)
+            result = signal_to_noise(samples, ref, seed=seed)
+            result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
+            result["update"] = u
+            probes[name] = result
+            _write_json(folder / "probes.json", probes)
+            timing["probe"] += time.perf_counter() - t0
+            _write_json(folder / "timing.json", timing)
+
     try:
-        # gradient variance at the initial policy, the same measurement for every algorithm
-        # the probe is the estimator that trains: same settings, and its adaptive state (BPO's
-        # threshold, the budget's tree-cost estimate) warmed by one batch that is discarded
-        probe = build_algorithm(algorithm_name, preset, seed + 1000)
-        probe.collect(policy, pool, train_tasks, budget)
-        grads = variance_summary(gradient_samples(probe, policy, pool, train_tasks, preset.for_env("grad_batches", env_name), budget))
-        algorithm = build_algorithm(algorithm_name, preset, seed)
-        history = Trainer(algorithm, policy, pool, train_tasks, config).train()
-        if separate_eval:  # another split: its own envs (task ids are per split)
-            pool.close()
-            pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
-        final_success = evaluate(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
+        config = trainer_config(
+            preset, env_name, seed, len(train_tasks), out_dir=folder, progress=progress,
+            wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
+            wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
+        )
+        history = Trainer(algorithm, policy, pool, train_tasks, config).train(after_update=measure)
     finally:
         pool.close()
+        if separate_eval:
+            eval_pool.close()
     norms = np.array([row["grad_norm"] for row in history])
+    evals.sort(key=lambda e: e["update"])
     result = {
         "env": env_name,
         "algorithm": algorithm_name,
         "seed": seed,
-        "final_success": final_success,
+        "final_success": evals[-1]["success"],
+        "warm_success": warm["success"],
+        "evals": evals,
         "curve": [row["success"] for row in history],
         "returns": [row["return"] for row in history],
         "compute_per_update": {k: float(np.mean([row["compute"][k] for row in history])) for k in history[0]["compute"]},
         "compute_cumulative": [row["compute_total"][preset.budget_unit] for row in history],
-        "grad_norm_var_initial": grads["grad_norm_var"],
-        "grad_trace_var_initial": grads["trace_var"],
-        "grad_noise_to_signal_initial": grads["noise_to_signal"],
+        "compute_total": {k: float(v) for k, v in history[-1]["compute_total"].items()},
+        "probes": probes,
         "grad_norm_var_train": float(norms.var(ddof=1)) if len(norms) > 1 else 0.0,
         "seconds": time.perf_counter() - start,
+        "seconds_eval": timing["eval"],
+        "seconds_probe": timing["probe"],
     }
-    done.write_text(json.dumps(result))
+    _write_json(done, result)
     return result

@@ -1,13 +1,35 @@
-"""Statistics of the main job: intervals over seeds, the per-env summary, paired comparisons.
+"""Statistics of the main job: intervals over seeds, the evaluated-curve metrics, the paired
+comparison with the comparator, its minimal detectable effect, and the per-env summary.
 
-Every interval is a two-sided 95% Student-t interval over seeds (the seeds are the independent
-units: each has its own warm start and task sequence). The treatment (BPO by default) is
-compared with the best baseline *paired by seed*: both start from the same policy and see the
-same tasks, so the seed-to-seed spread cancels in the difference.
+The seeds are the independent units (each has its own warm start and task sequence). Every
+algorithm of a seed starts from the same policy, sees the same tasks and is evaluated on the
+same episodes (common random numbers), so a difference is taken *per seed* and its spread over
+seeds gives the interval (docs/main-job.md, "Statistics"):
+
+* ``diff`` = mean over seeds of ``d_s = m_T(s) - m_C(s)`` for a metric ``m``, treatment ``T``
+  and comparator ``C``; ``diff_ci95`` = ``t_{0.975, n-1} sd(d) / sqrt(n)`` (half-width);
+* ``mde`` = ``(t_{0.975, n-1} + t_{0.80, n-1}) sd(d) / sqrt(n)``: the true difference a
+  two-sided 5% paired t-test over these ``n`` seeds detects with 80% power, given the
+  observed spread (the standard formula with the t quantiles of the test's degrees of
+  freedom). A difference whose interval covers 0 is "not detected", and says which effects it
+  could have detected, never "a tie".
+
+The three metrics of an evaluated curve (success after ``0 = c_0 < c_1 < ... < c_K`` units of
+the budget unit, linear in between) are fixed before the run:
+
+* ``final``: the last evaluated success;
+* ``auc``: ``(1 / H) * integral_0^H success(c) dc`` with ``H`` = updates x the per-update budget
+  (the nominal total; a run that ends earlier keeps its last value), in [0, 1]: high when an
+  algorithm gets high early, which final success on a plateau cannot show;
+* ``compute_to_threshold``: the compute at which the curve first reaches ``w + f (target - w)``
+  (``w`` the seed's warm start, ``f`` = ``Preset.threshold_fraction``, ``target`` =
+  ``Preset.target_success``), interpolated; a run that never reaches it counts as its whole
+  compute (censored: a lower bound; the number of such runs is reported).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -16,20 +38,71 @@ import numpy as np
 
 from bpo_algos.experiments.presets import Preset, preset_dict
 
-# two-sided 95% Student-t quantiles by degrees of freedom
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
+METRICS: tuple[str, ...] = ("auc", "final", "compute_to_threshold")
+"""The three headline metrics, in the report's order."""
+HIGHER_IS_BETTER = {"auc": True, "final": True, "compute_to_threshold": False}
+
+
+def t_cdf(x: float, dof: int) -> float:
+    """Student's t distribution function (the regularised incomplete beta, by its continued
+    fraction)."""
+    if dof < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {dof}")
+    if x == 0:
+        return 0.5
+    z = dof / (dof + x * x)
+    tail = 0.5 * _betainc(dof / 2.0, 0.5, z)
+    return 1.0 - tail if x > 0 else tail
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)`` (Lentz's continued fraction)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2 == 0:
+            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + numerator / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+@functools.lru_cache(maxsize=1024)
+def t_quantile(p: float, dof: int) -> float:
+    """The ``p`` quantile of Student's t with ``dof`` degrees of freedom (bisection on
+    :func:`t_cdf`)."""
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    lo, hi = -1e3, 1e3
+    for _ in range(70):  # 2000 / 2^70: far below a double's resolution of the answer
+        mid = (lo + hi) / 2
+        if t_cdf(mid, dof) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def t975(dof: int) -> float:
-    """The 0.975 quantile of Student's t with ``dof`` degrees of freedom (Cornish-Fisher past 30)."""
-    if dof < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {dof}")
-    if dof <= len(_T975):
-        return _T975[dof - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * dof)
+    """The 0.975 quantile of Student's t with ``dof`` degrees of freedom."""
+    return t_quantile(0.975, dof)
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
@@ -40,8 +113,37 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     return float(x.mean()), float(t975(len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
 
 
+def minimal_detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """``(t_{1 - alpha/2, n-1} + t_{power, n-1}) sd / sqrt(n)``: the true mean difference a
+    two-sided level-``alpha`` paired t-test over ``n`` pairs with spread ``sd`` detects with
+    probability ``power`` (nan for fewer than 2 pairs)."""
+    if n < 2:
+        return float("nan")
+    return float((t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n))
+
+
+def paired_difference(diffs: Sequence[float]) -> dict[str, Any]:
+    """``diff``, ``diff_ci95`` (half-width), ``diff_per_seed``, ``mde``, ``n`` and ``detected``
+    (the 95% interval excludes 0) of per-seed differences."""
+    d = np.asarray(diffs, dtype=float)
+    n = len(d)
+    if n == 0:
+        return {"diff": float("nan"), "diff_ci95": float("nan"), "diff_per_seed": [], "mde": float("nan"), "n": 0, "detected": False}
+    diff, ci = mean_ci(d)
+    sd = float(d.std(ddof=1)) if n > 1 else float("nan")
+    return {
+        "diff": diff,
+        "diff_ci95": ci,
+        "diff_per_seed": d.tolist(),
+        "sd": sd,
+        "mde": minimal_detectable_effect(sd, n),
+        "n": n,
+        "detected": bool(n > 1 and abs(diff) > ci),
+    }
+
+
 def curve_band(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-update mean over seeds and the half-width of its 95% t-interval."""
+    """Per-point mean over seeds and the half-width of its 95% t-interval."""
     c = np.asarray(curves, dtype=float)
     mean = c.mean(axis=0)
     if len(c) < 2:
@@ -49,79 +151,217 @@ def curve_band(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarra
     return mean, t975(len(c) - 1) * c.std(axis=0, ddof=1) / math.sqrt(len(c))
 
 
-def smooth(curve: np.ndarray, window: int = 3) -> np.ndarray:
-    """Trailing moving average (shorter windows at the start)."""
-    out = np.convolve(curve, np.ones(window) / window, mode="full")[: len(curve)]
-    counts = np.minimum(np.arange(1, len(curve) + 1), window)
-    return out * window / counts
+def curve_metrics(compute: Sequence[float], success: Sequence[float], horizon: float, threshold: float) -> dict[str, Any]:
+    """``final``, ``auc`` and ``compute_to_threshold`` of one evaluated curve (module docstring).
+
+    ``compute``: the cumulative compute at each evaluation (starting at 0, the warm start);
+    ``success``: the evaluated success there; ``horizon``: ``H``; ``threshold``: the success
+    ``compute_to_threshold`` waits for."""
+    x = np.asarray(compute, dtype=float)
+    y = np.asarray(success, dtype=float)
+    if len(x) < 1 or x[0] != 0:
+        raise ValueError("an evaluated curve starts at compute 0 (the warm start)")
+    if not horizon > 0:
+        raise ValueError(f"horizon must be > 0, got {horizon}")
+    # up to H: the curve cut at H, or held at its last value to H
+    grid_x = np.append(x[x < horizon], horizon)
+    grid_y = np.interp(grid_x, x, y)  # np.interp holds the last value past the end
+    auc = float(np.sum((grid_x[1:] - grid_x[:-1]) * (grid_y[1:] + grid_y[:-1]) / 2) / horizon)
+    above = np.nonzero(y >= threshold - 1e-12)[0]
+    if above.size:
+        k = int(above[0])
+        if k == 0:
+            reached_at = 0.0
+        else:  # linear between the last evaluation below and the first at or above
+            x0, x1, y0, y1 = x[k - 1], x[k], y[k - 1], y[k]
+            reached_at = float(x0 + (threshold - y0) / (y1 - y0) * (x1 - x0))
+        reached = True
+    else:  # censored: at least the whole run
+        reached_at, reached = float(x[-1]), False
+    return {"final": float(y[-1]), "auc": auc, "compute_to_threshold": reached_at, "reached": reached}
 
 
-def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str]) -> dict[str, Any]:
-    """``results.json``: per env and algorithm, means and intervals over seeds; across envs."""
+def run_metrics(run: dict[str, Any], preset: Preset, unit: str) -> dict[str, Any]:
+    """:func:`curve_metrics` of one run's evaluated curve, in the budget unit ``unit``."""
+    env = run["env"]
+    horizon = preset.trainer_for(env).updates * preset.budget[env]
+    warm = run["evals"][0]["success"]
+    target = preset.for_env("target_success", env)
+    threshold = warm + preset.threshold_fraction * (target - warm)
+    compute = [e["compute"][unit] for e in run["evals"]]
+    metrics = curve_metrics(compute, [e["success"] for e in run["evals"]], horizon, threshold)
+    metrics["threshold"] = threshold
+    return metrics
+
+
+def _by_seed(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {r["seed"]: r for r in rows}
+
+
+def compare_with(rows_a: list[dict[str, Any]], rows_b: list[dict[str, Any]], metrics: dict[tuple[str, int], dict[str, Any]], a: str, b: str) -> dict[str, Any]:
+    """``a - b`` paired by seed for every metric (:func:`paired_difference`)."""
+    seeds = sorted(set(_by_seed(rows_a)) & set(_by_seed(rows_b)))
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        out[m] = paired_difference([metrics[(a, s)][m] - metrics[(b, s)][m] for s in seeds])
+        out[m]["seeds"] = seeds
+        out[m]["higher_is_better"] = HIGHER_IS_BETTER[m]
+    return out
+
+
+def verdict(d: dict[str, Any], metric: str) -> str:
+    """``"better"``, ``"worse"`` (the 95% interval excludes 0, in the metric's good direction)
+    or ``"not detected"``."""
+    if not d["detected"]:
+        return "not detected"
+    up = d["diff"] > 0
+    return "better" if up == HIGHER_IS_BETTER[metric] else "worse"
+
+
+def _probe_summary(rs: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    probes = [r["probes"][name] for r in rs if r.get("probes", {}).get(name)]
+    if not probes:
+        return None
+    snrs = [p["snr"] for p in probes]
+    finite = [v for v in snrs if v is not None and np.isfinite(v)]
+    out: dict[str, Any] = {
+        "seeds": [r["seed"] for r in rs if r.get("probes", {}).get(name)],
+        "batches": probes[0]["batches"],
+        "update": probes[0].get("update"),
+        "snr_per_seed": snrs,
+        "snr_ci95_per_seed": [p["snr_ci95"] for p in probes],
+        "snr": float(np.mean(finite)) if finite else float("nan"),
+        "trace_var": float(np.mean([p["trace_var"] for p in probes])),
+        "signal": float(np.mean([p["signal"] for p in probes])),
+        "grad_norm_var": float(np.mean([p.get("grad_norm_var", float("nan")) for p in probes])),
+    }
+    cos = [p for p in probes if "cosine" in p]
+    if cos:
+        out["cosine_per_seed"] = [p["cosine"] for p in cos]
+        out["cosine_ci95_per_seed"] = [p["cosine_ci95"] for p in cos]
+        values = [p["cosine"] for p in cos if np.isfinite(p["cosine"])]
+        out["cosine"] = float(np.mean(values)) if values else float("nan")
+    return out
+
+
+def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], warm: dict[str, dict[int, dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """``results.json``: per env and algorithm, evaluated curves and metrics with intervals over
+    seeds; per env the treatment and every algorithm against the comparator, the controls, the
+    comparator against its warm start, and the post-hoc best-of-the-others; across envs."""
     unit = preset.budget_unit
     algorithms = list(preset.algorithms)
-    baselines = [a for a in (preset.competitors or algorithms) if a != preset.treatment]
+    comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
     per_env: dict[str, Any] = {}
     for env in envs:
-        rows = {a: [r for r in runs if r["env"] == env and r["algorithm"] == a] for a in algorithms}
-        mean_curves = {a: np.mean([r["curve"] for r in rows[a]], axis=0) for a in algorithms if rows[a]}
-        final_train = {a: float(np.mean(c[-3:])) for a, c in mean_curves.items()}
-        targets = [final_train[b] for b in baselines if b in final_train]
-        target = max(targets) if targets else max(final_train.values())
+        rows = {a: sorted((r for r in runs if r["env"] == env and r["algorithm"] == a), key=lambda r: r["seed"]) for a in algorithms}
+        metrics = {(r["algorithm"], r["seed"]): run_metrics(r, preset, unit) for rs in rows.values() for r in rs}
+        warm_per_seed = {r["seed"]: r["evals"][0]["success"] for rs in rows.values() for r in rs}
         env_result: dict[str, Any] = {
             "budget": preset.budget[env],
-            "target_success": target,
+            "budget_unit": unit,
+            "horizon": preset.trainer_for(env).updates * preset.budget[env],
             "seeds": list(preset.for_env("seeds", env)),
+            "eval_split": preset.envs[env].eval_split,
+            "eval_episodes": preset.for_env("eval_episodes", env),
+            "warm_start": {"per_seed": [warm_per_seed[s] for s in sorted(warm_per_seed)], "mean": float(np.mean(list(warm_per_seed.values())))},
+            "threshold": {"target_success": preset.for_env("target_success", env), "fraction": preset.threshold_fraction},
             "algorithms": {},
         }
         for a, rs in rows.items():
             if not rs:
                 continue
-            reached = np.nonzero(smooth(mean_curves[a]) >= target - 1e-9)[0]
             success, ci = mean_ci([r["final_success"] for r in rs])
             _, band = curve_band([r["curve"] for r in rs])
-            env_result["algorithms"][a] = {
+            updates = [e["update"] for e in rs[0]["evals"]]
+            eval_success = [[e["success"] for e in r["evals"]] for r in rs]
+            eval_mean, eval_band = curve_band(eval_success)
+            summary: dict[str, Any] = {
                 "success": success,
                 "success_ci95": ci,
                 "success_per_seed": [r["final_success"] for r in rs],
-                "final_train_success": final_train[a],
                 "compute": {k: float(np.mean([r["compute_per_update"][k] for r in rs])) for k in rs[0]["compute_per_update"]},
-                "curve": mean_curves[a].tolist(),
+                "compute_total": {k: float(np.mean([r["compute_total"][k] for r in rs])) for k in rs[0]["compute_total"]},
+                "eval_curve": {
+                    "updates": updates,
+                    "success": eval_mean.tolist(),
+                    "success_ci95": eval_band.tolist(),
+                    "success_per_seed": eval_success,
+                    "env_steps_per_seed": [[e["compute"]["env_steps"] for e in r["evals"]] for r in rs],
+                    "flops_per_seed": [[e["compute"]["flops"] for e in r["evals"]] for r in rs],
+                    f"{unit}_per_seed": [[e["compute"][unit] for e in r["evals"]] for r in rs],
+                },
+                "metrics": {},
+                "curve": np.mean([r["curve"] for r in rs], axis=0).tolist(),
                 "curve_ci95": band.tolist(),
                 "compute_curve": np.mean([r["compute_cumulative"] for r in rs], axis=0).tolist(),
-                "grad_norm_var": float(np.mean([r["grad_norm_var_initial"] for r in rs])),
-                "grad_trace_var": float(np.mean([r["grad_trace_var_initial"] for r in rs])),
-                "grad_noise_to_signal": float(np.median([r.get("grad_noise_to_signal_initial", np.nan) for r in rs])),
                 "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
-                "updates_to_target": int(reached[0]) + 1 if len(reached) else None,
                 "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
+                "seconds_per_run": float(np.mean([r["seconds"] for r in rs])),
             }
-        env_result["treatment_vs_best_baseline"] = paired_comparison(rows, env_result["algorithms"], preset.treatment, baselines)
-        # the name of earlier results (and of the README): BPO is the default treatment
-        env_result["bpo_vs_best_baseline"] = env_result["treatment_vs_best_baseline"]
-        env_result["eval_split"] = preset.envs[env].eval_split
+            for m in METRICS:
+                values = [metrics[(a, r["seed"])][m] for r in rs]
+                mean, half = mean_ci(values)
+                summary["metrics"][m] = {"mean": mean, "ci95": half, "per_seed": values}
+            summary["metrics"]["compute_to_threshold"]["not_reached"] = sum(not metrics[(a, r["seed"])]["reached"] for r in rs)
+            for name in ("initial", "mid"):
+                probe = _probe_summary(rs, name)
+                if probe is not None:
+                    summary[f"gradient_{name}"] = probe
+            env_result["algorithms"][a] = summary
+        # every algorithm against the comparator, paired by seed
+        vs: dict[str, Any] = {}
+        if rows.get(comparator):
+            for a, rs in rows.items():
+                if a != comparator and rs:
+                    vs[a] = compare_with(rs, rows[comparator], metrics, a, comparator)
+        env_result["vs_comparator"] = vs
+        env_result["comparator"] = comparator
+        env_result["primary_metric"] = primary
+        control = preset.positive_control if preset.positive_control in vs else None
+        detected = None
+        if control is not None:
+            d = vs[control][primary]
+            detected = verdict(d, primary) == "worse"
+            env_result["positive_control"] = {"algorithm": control, "metric": primary, **d, "detected_as_worse": detected}
+        handicap = preset.handicapped_control if preset.handicapped_control in vs else None
+        if handicap is not None:
+            d = vs[handicap][primary]
+            env_result["handicapped_control"] = {
+                "algorithm": handicap, "metric": primary, **d,
+                "ranked_below": d["diff"] < 0 if HIGHER_IS_BETTER[primary] else d["diff"] > 0,
+                "verdict": verdict(d, primary),
+            }
+        if treatment in vs:
+            head = vs[treatment]
+            env_result["treatment_vs_comparator"] = {
+                "treatment": treatment,
+                "comparator": comparator,
+                "metric": primary,
+                **{k: head[primary][k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
+                "verdict": verdict(head[primary], primary),
+                "underpowered": detected is False,
+                "metrics": head,
+            }
+        if rows.get(comparator):
+            rises = paired_difference([metrics[(comparator, r["seed"])]["final"] - r["evals"][0]["success"] for r in rows[comparator]])
+            env_result["comparator_vs_warm_start"] = {"metric": "final", **rises}
+        env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, preset)
         per_env[env] = env_result
-    # across envs: the mean of the per-env figures (curves resampled to a common progress grid
-    # when the envs ran different numbers of updates)
     overall: dict[str, Any] = {}
     for a in algorithms:
         items = [per_env[e]["algorithms"][a] for e in envs if a in per_env[e]["algorithms"]]
-        if not items:
-            continue
-        length = max(len(i["curve"]) for i in items)
-        grid = np.linspace(0.0, 1.0, length)
-        curves = [np.interp(grid, np.linspace(0.0, 1.0, len(i["curve"])), i["curve"]) for i in items]
-        overall[a] = {
-            "success": float(np.mean([i["success"] for i in items])),
-            "compute": {k: float(np.mean([i["compute"][k] for i in items])) for k in items[0]["compute"]},
-            "curve": np.mean(curves, axis=0).tolist(),
-            "grad_norm_var": float(np.mean([i["grad_norm_var"] for i in items])),
-            "updates_to_target": [i["updates_to_target"] for i in items],
-        }
+        if items:
+            overall[a] = {
+                "success": float(np.mean([i["success"] for i in items])),
+                "compute": {k: float(np.mean([i["compute"][k] for i in items])) for k in items[0]["compute"]},
+                "auc": float(np.mean([i["metrics"]["auc"]["mean"] for i in items])),
+            }
     seeds = sorted({s for e in envs for s in preset.for_env("seeds", e)})
     return {
         "budget_unit": unit,
-        "treatment": preset.treatment,
+        "treatment": treatment,
+        "comparator": comparator,
+        "primary_metric": primary,
         "algorithms": overall,
         "per_env": per_env,
         "envs": envs,
@@ -130,37 +370,25 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str]) -> di
     }
 
 
-def paired_comparison(
-    rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str = "bpo", baselines: Sequence[str] | None = None
-) -> dict[str, Any] | None:
-    """The treatment against the best baseline (highest mean final success), paired by seed.
-
-    ``success_diff``: mean over seeds of ``success_T(s) - success_best(s)`` and its 95%
-    t-interval; ``grad_norm_var_ratio`` / ``grad_trace_var_ratio``: the treatment's over the best
-    baseline's, at the initial policy and the same budget; ``*_vs`` give them against every
-    baseline. RLOO's advantages have BPO's scale (returns minus a baseline), GRPO's are divided
-    by the group's return std, so its gradients are larger by design: ``noise_to_signal`` is the
-    scale-free comparison.
-    """
-    baselines = [b for b in (baselines if baselines is not None else summary) if b in summary and b != treatment]
+def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str, preset: Preset) -> dict[str, Any] | None:
+    """Secondary, chosen after seeing the results: the treatment against the baseline with the
+    highest mean final success, paired by seed (biased against the treatment when nothing
+    differs: it is the maximum of several noisy means)."""
+    controls = {preset.positive_control, preset.handicapped_control}
+    pool = preset.competitors or tuple(summary)
+    baselines = [b for b in pool if b in summary and b != treatment and b not in controls]
     if treatment not in summary or not baselines:
         return None
     best = max(baselines, key=lambda b: summary[b]["success"])
     by_seed = {r["seed"]: r["final_success"] for r in rows[best]}
     diffs = [r["final_success"] - by_seed[r["seed"]] for r in rows[treatment] if r["seed"] in by_seed]
-    diff, ci = mean_ci(diffs) if diffs else (float("nan"), float("nan"))
-
-    def ratio(key: str, baseline: str) -> float:
-        return summary[treatment][key] / summary[baseline][key] if summary[baseline][key] > 0 else float("nan")
-
+    d = paired_difference(diffs)
     return {
         "treatment": treatment,
         "best_baseline": best,
-        "success_diff": diff,
-        "success_diff_ci95": ci,
-        "success_diff_per_seed": diffs,
-        "grad_norm_var_ratio": ratio("grad_norm_var", best),
-        "grad_trace_var_ratio": ratio("grad_trace_var", best),
-        "grad_norm_var_ratio_vs": {b: ratio("grad_norm_var", b) for b in baselines},
-        "noise_to_signal_ratio_vs": {b: ratio("grad_noise_to_signal", b) for b in baselines},
+        "chosen_after_the_results": True,
+        "success_diff": d["diff"],
+        "success_diff_ci95": d["diff_ci95"],
+        "success_diff_per_seed": d["diff_per_seed"],
+        "mde": d["mde"],
     }

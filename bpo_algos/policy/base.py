@@ -9,15 +9,19 @@ sampled text. Every policy (tabular, transformers, vLLM) implements the same thr
   streams) and draw each context's samples from its own, so a tree does not depend on what
   else was in the batch (:mod:`bpo_algos.rollout`);
 * ``decision_entropy(contexts)`` — the entropy of the policy's distribution at each context,
-  computed without sampling (docs/unbiasedness.md, rule 1: exact over the admissible actions, or of the
-  first action token);
+  computed before the backbone's action is sampled (docs/unbiasedness.md, rule 1: exact over the
+  admissible actions, or of the first action token; for a policy that reasons before it acts,
+  the ``"probe"`` estimate of :meth:`PolicyBase.probe_entropy`, docs/paper-setting.md);
 * ``token_logprobs(steps)`` — differentiable per-token log-probs of recorded actions, a
   ``[n_steps, max_action_tokens]`` tensor padded with zeros past each action's length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +29,49 @@ import torch
 
 from bpo_algos.compute import ComputeMeter
 from bpo_envs.prompting import Context, Turn  # noqa: F401  (re-exported: the decision point lives with the chat format)
+
+DECISION_ENTROPY_MODES: tuple[str, ...] = ("exact", "probe")
+"""How an LLM policy computes its decision entropy (docs/paper-setting.md):
+
+* ``"exact"``: the entropy over the admissible answers ``<action>a</action>`` scored at ``h``
+  directly (without reasoning). For a policy that answers at once this is the entropy of its
+  decision; for one that reasons first it is a proxy (the distribution of an immediate answer,
+  not of the answer after reasoning), still a function of ``h`` only, so branching on it keeps
+  the estimator unbiased.
+* ``"probe"``: ``M`` independent completions at ``h`` (reasoning included), parsed into actions,
+  and the plug-in entropy of the parsed actions; the completions are then discarded (they are
+  not the backbone's action nor siblings) and their tokens are metered as ``score_tokens``.
+  It depends on ``h`` and independent randomness only (rule 1).
+"""
+
+
+def check_entropy_mode(mode: str, probe_samples: int) -> None:
+    """Raise on an unknown decision-entropy mode or a probe of fewer than 2 completions."""
+    if mode not in DECISION_ENTROPY_MODES:
+        raise ValueError(f"decision_entropy must be one of {DECISION_ENTROPY_MODES}, got {mode!r}")
+    if isinstance(probe_samples, bool) or not isinstance(probe_samples, int) or probe_samples < 2:
+        raise ValueError(f"probe_samples must be an int >= 2 (an entropy needs several completions), got {probe_samples!r}")
+
+
+def plugin_entropy(labels: Sequence[Hashable]) -> float:
+    """``-sum_a p_hat(a) log p_hat(a)`` of the empirical distribution of ``labels`` (nats)."""
+    if not labels:
+        raise ValueError("plugin_entropy needs at least one label")
+    n = len(labels)
+    return float(-sum(c / n * math.log(c / n) for c in Counter(labels).values()))
+
+
+def evaluation_sampling(policy: Any) -> Any:
+    """A context manager that samples at the policy's ``eval_temperature`` (evaluation episodes;
+    :meth:`~bpo_algos.policy.hf.HFPolicy.sampling_temperature`), or does nothing for a policy
+    without one."""
+    temperature = getattr(policy, "eval_temperature", None)
+    set_temperature = getattr(policy, "sampling_temperature", None)
+    if temperature is None or not callable(set_temperature):
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return set_temperature(temperature)
 
 
 def admissible_of(info: dict[str, Any]) -> tuple[str, ...] | None:
@@ -114,15 +161,58 @@ class PolicyBase:
     Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` (generation) and
     ``score_tokens`` (decision-entropy passes: the prompt and every candidate scored) in
     ``self.meter``; the engine reads the difference around each call and charges it to the
-    trees the call served.
+    trees the call served. :meth:`train_tokens` and :meth:`flops_parameters` are the learner's
+    side of the cost model (:mod:`bpo_algos.compute`).
     """
 
     def __init__(self) -> None:
         self.meter = ComputeMeter()
 
+    def train_tokens(self, step: StepLike) -> int:
+        """Tokens the learner's forward and backward pass over ``step`` covers: its prompt and
+        its action tokens (what :meth:`token_logprobs` runs the model over)."""
+        return len(step.action.prompt_token_ids) + len(step.action.token_ids)
+
+    def flops_parameters(self) -> int:
+        """``P`` of the cost model: the parameters a forward pass multiplies by (a frozen KL
+        reference copy is not counted: it runs only when a KL term is on)."""
+        named = getattr(self, "named_parameters", None)
+        if not callable(named):
+            return 0
+        return int(sum(p.numel() for name, p in named() if not name.startswith("_reference.")))
+
     def seed(self, seed: int) -> None:
         """Seed the policy's sampling randomness."""
         raise NotImplementedError
+
+    @contextmanager
+    def metered_as_scoring(self) -> Iterator[None]:
+        """Count the generation (``gen_tokens``, ``prefill_tokens``) done inside as
+        ``score_tokens``: a pass whose samples are discarded is scoring, not generation."""
+        gen, prefill = self.meter.gen_tokens, self.meter.prefill_tokens
+        try:
+            yield
+        finally:
+            moved = (self.meter.gen_tokens - gen) + (self.meter.prefill_tokens - prefill)
+            self.meter.gen_tokens, self.meter.prefill_tokens = gen, prefill
+            self.meter.score_tokens += moved
+
+    def probe_entropy(
+        self,
+        contexts: Sequence[Context],
+        m: int,
+        generate: Callable[[Sequence[Context], int], list[list[Action]]],
+        parse: Callable[[str], Hashable],
+    ) -> list[float]:
+        """The ``"probe"`` decision entropy (:data:`DECISION_ENTROPY_MODES`): ``m`` completions
+        per context from ``generate``, ``parse``d (an unreadable reply is one outcome, None),
+        the plug-in entropy of the parsed actions; the completions are discarded and their
+        tokens metered as ``score_tokens``."""
+        if not contexts:
+            return []
+        with self.metered_as_scoring():
+            rows = generate(contexts, m)
+        return [plugin_entropy([parse(a.text) for a in row]) for row in rows]
 
     def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
         """Per-token log-probs under the reference policy (for the k3 KL), no gradient."""

@@ -5,9 +5,10 @@
 ``s_theta`` are computed (:meth:`ChoicePolicy.scores`); sampling, the exact decision entropy,
 the differentiable log-probs for the loss, the frozen reference for the k3 KL and the
 behaviour-cloning target are shared. An action is one "token": its index in ``A(h)``, so
-``gen_tokens`` counts sampled actions, ``prefill_tokens`` the contexts sampled at, and a
-decision-entropy pass counts ``1 + |A(h)|`` ``score_tokens`` per context (the context and each
-candidate action it scores).
+``gen_tokens`` counts sampled actions. Every forward pass scores the context and each of its
+candidates, ``1 + |A(h)|`` tokens (the cost model of :mod:`bpo_algos.compute`): a ``sample``
+charges them as ``prefill_tokens``, a decision-entropy pass as ``score_tokens``, and the
+learner's pass over a step as :meth:`ChoicePolicy.train_tokens`.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ class ChoicePolicy(PolicyBase, nn.Module):
             prompt = (context_key(context.observation),)
             out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks])
             self.meter.gen_tokens += n
-            self.meter.prefill_tokens += 1
+            # the forward pass behind the softmax: the context and every candidate, as a scoring pass
+            self.meter.prefill_tokens += 1 + len(actions)
         self.meter.policy_calls += 1
         return out
 
@@ -132,6 +134,11 @@ class ChoicePolicy(PolicyBase, nn.Module):
         self.meter.score_tokens += sum(1 + len(lp) for lp in all_logp)
         self.meter.policy_calls += 1
         return [float(-(lp.double().exp() * lp.double()).sum()) for lp in all_logp]
+
+    def train_tokens(self, step: StepLike) -> int:
+        """``1 + |A(h)|``: the learner's forward and backward score the context and every
+        candidate (the softmax's normaliser needs them all)."""
+        return 1 + len(step.context.admissible_actions or ())
 
     def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
         """``[n_steps, 1]`` differentiable log-probs of the recorded actions (steps or a Batch)."""

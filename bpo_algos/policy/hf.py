@@ -18,13 +18,27 @@ Mechanics:
   ``decision_entropy``, by ``token_logprobs`` (a weight update follows the loss), whenever a
   trainable parameter was modified in place since (:meth:`HFPolicy.weights_version`), and by
   :meth:`HFPolicy.clear_cache`.
-* **Decision entropy** (docs/unbiasedness.md, rule 1): with admissible actions, the exact entropy of
-  ``pi`` restricted to the admissible answers ``<action>a</action><eos>`` and renormalised,
-  every answer scored in one pass that shares the prompt's KV; without, the entropy of the
-  first token after the opening action tag (the first action token).
+* **Decision entropy** (docs/unbiasedness.md, rule 1), ``decision_entropy="exact"`` (default):
+  with admissible actions, the exact entropy of ``pi`` restricted to the admissible answers
+  ``<action>a</action><eos>`` and renormalised, every answer scored in one pass that shares the
+  prompt's KV; without, the entropy of the first token after the opening action tag (the first
+  action token). For a policy that reasons first (``PromptConfig(reasoning=True)``) this is a
+  proxy: the distribution of an immediate answer at ``h``. ``decision_entropy="probe"``:
+  ``probe_samples`` independent completions at ``h`` (reasoning included), parsed, the plug-in
+  entropy of the parsed actions; the completions are discarded and metered as
+  ``score_tokens`` (:data:`~bpo_algos.policy.base.DECISION_ENTROPY_MODES`,
+  docs/paper-setting.md). Both depend on ``h`` and independent randomness only.
+* **Reasoning replies** (``PromptConfig(reasoning=True)``): the model reasons in
+  ``<think>...</think>`` and then states ``<action>...</action>``; a reply without an action
+  after its reasoning reaches the env as raw text (an invalid-action observation). Give it
+  room: ``max_new_tokens`` 512 (verl-agent's response limit; the gpu presets' ``EnvSetup``).
 * **LoRA** (``lora=True``, a dict of ``peft.LoraConfig`` fields or a ``LoraConfig``): only
   the adapters train; reference log-probs come from the same weights with the adapter disabled.
-  Without LoRA the reference is a frozen copy made on first use (:meth:`set_reference`).
+  Without LoRA the reference is a frozen copy made on first use (:meth:`set_reference`); with
+  ``reference_offload=True`` (verl's ``ref.fsdp_config.param_offload``) that copy lives in host
+  memory (pinned when CUDA is there, in ``reference_dtype``) and each of its modules is copied to
+  the policy's device just before it runs and dropped right after, so the device holds at most
+  one module of it (``bpo-memory-plan --reference-offload``).
 * **Scale** (the README's GPU section). Dropout is switched off in the model itself (every
   ``nn.Dropout`` and the config's dropout fields set to 0), so ``train()`` really puts the model in
   training mode and :meth:`HFPolicy.enable_gradient_checkpointing` takes effect (transformers
@@ -42,11 +56,12 @@ Mechanics:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,9 +69,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_steps, pad_token_rows
+from bpo_algos.policy.base import (
+    Action,
+    Context,
+    PolicyBase,
+    StepLike,
+    as_steps,
+    check_entropy_mode,
+    pad_token_rows,
+)
 from bpo_algos.policy.prompt_builder import PromptBuilder
-from bpo_envs.prompting import PromptConfig, env_action, format_action
+from bpo_envs.prompting import PromptConfig, env_action, format_action, parse_action
 from bpo_envs.validation import check_count
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
@@ -90,6 +113,59 @@ def model_max_len(config: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def offloaded_copy(model: nn.Module, device: Any, dtype: torch.dtype | None = None) -> nn.Module:
+    """A frozen copy of ``model`` in host memory whose modules run on ``device()``.
+
+    The copy is built without a second device copy (an empty ``type(model)(model.config)`` on the
+    meta device, then the weights assigned from host tensors). A forward pre-hook on every
+    module that owns parameters or buffers points them at device copies of the host tensors; a
+    forward hook points them back, so the device copy is freed as soon as the module has run.
+    """
+    def host(t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().to("cpu", dtype=dtype if dtype is not None and t.is_floating_point() else None, copy=True)
+        return out.pin_memory() if torch.cuda.is_available() else out
+
+    try:
+        with torch.device("meta"):
+            ref = type(model)(model.config)
+        ref.load_state_dict({k: host(v) for k, v in model.state_dict().items()}, assign=True, strict=True)
+        for name, buf in model.named_buffers():  # non-persistent buffers (rotary frequencies)
+            owner, _, leaf = name.rpartition(".")
+            ref.get_submodule(owner)._buffers[leaf] = host(buf)
+        if getattr(model.config, "tie_word_embeddings", False) and hasattr(ref, "tie_weights"):
+            ref.tie_weights()
+    except (TypeError, AttributeError):  # not a config-constructed model: copy, then move
+        ref = copy.deepcopy(model).to("cpu")
+        if dtype is not None:
+            ref.to(dtype=dtype)
+    ref.requires_grad_(False).eval()
+    disable_dropout(ref)
+    for module in ref.modules():
+        tensors = [*module._parameters.values(), *module._buffers.values()]
+        if not any(t is not None for t in tensors):
+            continue
+        homes = {name: t.data for name, t in module._parameters.items() if t is not None}
+        buffers = {name: t for name, t in module._buffers.items() if t is not None}
+
+        def load(mod: nn.Module, args: Any, homes: dict = homes, buffers: dict = buffers) -> None:
+            target = device()
+            for name, t in homes.items():
+                mod._parameters[name].data = t.to(target, non_blocking=True)
+            for name, t in buffers.items():
+                mod._buffers[name] = t.to(target, non_blocking=True)
+
+        def unload(mod: nn.Module, args: Any, output: Any, homes: dict = homes, buffers: dict = buffers) -> None:
+            for name, t in homes.items():
+                mod._parameters[name].data = t
+            for name, t in buffers.items():
+                mod._buffers[name] = t
+
+        module.register_forward_pre_hook(load)
+        module.register_forward_hook(unload)
+    ref._bpo_offloaded = True
+    return ref
 
 
 @dataclass
@@ -135,6 +211,10 @@ class HFPolicy(PolicyBase, nn.Module):
             ``max_position_embeddings``); longer prompts are shortened (module docstring).
         score_batch_size: (context x answer) rows per entropy-scoring forward.
         decode_batch_size: rows decoded together (None: all the rows of a call).
+        decision_entropy: ``"exact"`` or ``"probe"`` (module docstring).
+        probe_samples: completions per context of a ``"probe"`` entropy (>= 2).
+        reference_offload: keep the frozen KL reference in host memory (module docstring).
+        reference_dtype: the reference copy's dtype (None: the model's).
     """
 
     def __init__(
@@ -156,8 +236,17 @@ class HFPolicy(PolicyBase, nn.Module):
         max_model_len: int | None = None,
         score_batch_size: int = 64,
         decode_batch_size: int | None = None,
+        decision_entropy: str = "exact",
+        probe_samples: int = 8,
+        reference_offload: bool = False,
+        reference_dtype: torch.dtype | None = None,
     ) -> None:
         PolicyBase.__init__(self)
+        check_entropy_mode(decision_entropy, probe_samples)
+        self.decision_entropy_mode = decision_entropy
+        self.probe_samples = int(probe_samples)
+        self.reference_offload = bool(reference_offload)
+        self.reference_dtype = reference_dtype
         nn.Module.__init__(self)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 (the policy's distribution), got {temperature}")
@@ -218,6 +307,7 @@ class HFPolicy(PolicyBase, nn.Module):
         self._generator.manual_seed(seed)
         self._store: dict[tuple[int, ...], _Prefix] = {}
         self._store_version = self.weights_version()
+        self._sample_temperature: float | None = None
 
     # ---- PolicyBase ----------------------------------------------------------------------
     @property
@@ -241,6 +331,20 @@ class HFPolicy(PolicyBase, nn.Module):
         """Changes whenever a trainable parameter is modified in place (an optimizer step)."""
         return sum(p._version for p in self.model.parameters() if p.requires_grad)
 
+    @contextlib.contextmanager
+    def sampling_temperature(self, temperature: float | None) -> Iterator[None]:
+        """Sample at ``temperature`` inside (0: greedy; None: the policy's own) — for evaluation
+        (verl-agent evaluates at 0.4; SWE-bench at 0). Answers sampled inside record the
+        log-probs of the distribution they were drawn from, so they are not for training."""
+        if temperature is not None and not temperature >= 0:
+            raise ValueError(f"an evaluation temperature must be >= 0 or None, got {temperature}")
+        previous = self._sample_temperature
+        self._sample_temperature = None if temperature is None or temperature == self.temperature else float(temperature)
+        try:
+            yield
+        finally:
+            self._sample_temperature = previous
+
     def clear_cache(self) -> None:
         """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
         self._store.clear()
@@ -260,8 +364,17 @@ class HFPolicy(PolicyBase, nn.Module):
         return bool(getattr(model, "is_gradient_checkpointing", False))
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> HFPolicy:
-        """``policy.to(device)``: also move the inputs' device and the sampling generator."""
-        super()._apply(fn, *args, **kwargs)
+        """``policy.to(device)``: also move the inputs' device and the sampling generator (an
+        offloaded reference stays in host memory)."""
+        offloaded = self._modules.get("_reference")
+        if offloaded is not None and getattr(offloaded, "_bpo_offloaded", False):
+            del self._modules["_reference"]
+            try:
+                super()._apply(fn, *args, **kwargs)
+            finally:
+                self._modules["_reference"] = offloaded
+        else:
+            super()._apply(fn, *args, **kwargs)
         device = next(self.model.parameters()).device
         if device != getattr(self, "device", device) and hasattr(self, "_generator"):
             seed = int(torch.randint(2**62, (1,), generator=self._generator))
@@ -370,8 +483,10 @@ class HFPolicy(PolicyBase, nn.Module):
         active = torch.arange(rows)  # batch row -> output row
         logits, mask, positions, cache = batch.logits, batch.mask, batch.lengths.clone(), batch.cache
         stops = torch.tensor(sorted(self.stop_token_ids), device=self.device)
+        override = self._sample_temperature
+        greedy = greedy or override == 0.0
         for step in range(self.max_new_tokens):
-            logp = self._logp(logits)
+            logp = self._logp(logits) if override is None or greedy else torch.log_softmax(logits.float() / override, dim=-1)
             if greedy:
                 picked = logp.argmax(-1)
             elif rngs is not None:
@@ -475,14 +590,16 @@ class HFPolicy(PolicyBase, nn.Module):
 
     def generate(
         self, contexts: Sequence[Context], n: int, *, share_prefix: bool | None = None, greedy: bool = False,
-        rngs: Sequence[np.random.Generator] | None = None,
+        keep_prefix: bool = False, rngs: Sequence[np.random.Generator] | None = None,
     ) -> list[list[Action]]:
         """``n`` answers per context: sampled at the policy temperature, or greedy.
 
         ``share_prefix`` overrides the policy's setting (False: each of the ``n`` rows
         prefills its own copy of the prompt, the baseline prefix sharing is measured against).
-        ``rngs``: one generator per context; each of its ``n`` answers gets a stream of its own
-        drawn from it, so an answer does not depend on how the rows are batched.
+        ``keep_prefix``: keep the prompts' KV for the next call (a probe, then the backbone's
+        sample at the same context). ``rngs``: one generator per context; each of its ``n``
+        answers gets a stream of its own drawn from it, so an answer does not depend on how the
+        rows are batched.
         """
         check_count("n", n)
         if not contexts:
@@ -495,7 +612,7 @@ class HFPolicy(PolicyBase, nn.Module):
         share = self.share_prefix if share_prefix is None else share_prefix
         prompts = [self.prompt_ids(c) for c in contexts]
         if share:
-            prefixes = self._prefixes(prompts, keep=False)
+            prefixes = self._prefixes(prompts, keep=keep_prefix)
             answers: list[tuple[list[int], list[float]]] = []
             for group, counts in self._decode_groups(len(prompts), n):
                 part = None if rows is None else rows[len(answers) : len(answers) + sum(counts)]
@@ -508,8 +625,9 @@ class HFPolicy(PolicyBase, nn.Module):
                 part = copies[start : start + step]
                 streams = None if rows is None else rows[start : start + step]
                 answers += self._decode(self._assemble(self._prefill(part), [1] * len(part)), greedy, streams)
-        for p in prompts:
-            self._store.pop(p, None)
+        if not keep_prefix:
+            for p in prompts:
+                self._store.pop(p, None)
         out: list[list[Action]] = []
         for i, prompt in enumerate(prompts):
             row: list[Action] = []
@@ -553,6 +671,10 @@ class HFPolicy(PolicyBase, nn.Module):
         self._store.clear()
         if not contexts:
             return []
+        if self.decision_entropy_mode == "probe":
+            out = self.probe_entropy(contexts, self.probe_samples, self._probe_generate, lambda text: parse_action(text, self.config))
+            self.meter.policy_calls += 1
+            return out
         prompts = [self.prompt_ids(c) for c in contexts]
         prefixes = self._prefixes(prompts, keep=True, counter="score_tokens")
         open_ids = tuple(self.prompts.encode(self.config.action_open))
@@ -574,6 +696,10 @@ class HFPolicy(PolicyBase, nn.Module):
             out.append(float(-(logp.exp() * logp).sum()))
         self.meter.policy_calls += 1
         return out
+
+    def _probe_generate(self, contexts: Sequence[Context], m: int) -> list[list[Action]]:
+        """The probe's completions (the prompts' KV is kept for the backbone's sample)."""
+        return self.generate(contexts, m, keep_prefix=True)
 
     def _sequence_logprob(self, logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
         target = torch.tensor(list(ids), device=logits.device)
@@ -623,7 +749,12 @@ class HFPolicy(PolicyBase, nn.Module):
         """Freeze the current weights as the reference (LoRA: the base model is the reference)."""
         if self.lora:
             return
+        if self.reference_offload:
+            self._reference = offloaded_copy(self.model, lambda: self.device, self.reference_dtype)
+            return
         self._reference = copy.deepcopy(self.model).requires_grad_(False).eval()
+        if self.reference_dtype is not None:
+            self._reference.to(dtype=self.reference_dtype)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):  # type: ignore[override]
         self._prepare_reference_load(state_dict)

@@ -17,6 +17,13 @@ Inputs for context ``h`` and action ``a``:
   ``a``'s words in the task and in the observation, the share of ``m``'s words in the task, and
   whether ``a`` is one of the last ``history`` actions.
 
+With ``memory="alfworld"`` the features ``f`` also hold what the episode has shown so far
+(:mod:`bpo_algos.policy.episode_memory`: receptacles visited and opened, where the task's objects
+were seen, what is held and whether it was heated / cooled / cleaned, what was placed, how often
+the action was taken), read from the context's observations and actions only: the task,
+the last observation and the last few actions alone cannot tell a searched receptacle from an
+unsearched one.
+
 It has no notion of tokens: an action is one token (its index), so ``gen_tokens`` counts
 actions. With ~1M parameters a forward pass over a context costs well under a millisecond on a
 CPU, which is what lets the CPU comparison train a model warm-started from the env experts.
@@ -35,11 +42,13 @@ from torch import nn
 
 from bpo_algos.policy.base import Context
 from bpo_algos.policy.choice import ChoicePolicy
+from bpo_algos.policy.episode_memory import MEMORY_FEATURES, context_features
 from bpo_envs.validation import check_count
 
 _WORD = re.compile(r"[a-z0-9]+")
 _ARGUMENT = re.compile(r"^\s*[\w ]+\[(.+)\]\s*$", re.DOTALL)
 N_FEATURES = 4
+MEMORIES = (None, "alfworld")
 
 
 @lru_cache(maxsize=1 << 16)
@@ -99,6 +108,8 @@ class TextScorerPolicy(ChoicePolicy):
         mention_chars: the longest mention of an action.
         temperature: sampling temperature (part of the policy's distribution).
         seed: seeds the initial weights and sampling.
+        memory: ``None`` (default) or ``"alfworld"``: also score each action with
+            :data:`~bpo_algos.policy.episode_memory.MEMORY_FEATURES` (see the module docstring).
     """
 
     def __init__(
@@ -112,8 +123,12 @@ class TextScorerPolicy(ChoicePolicy):
         mention_chars: int = 200,
         temperature: float = 1.0,
         seed: int = 0,
+        memory: str | None = None,
     ) -> None:
         super().__init__(temperature=temperature, seed=seed)
+        if memory not in MEMORIES:
+            raise ValueError(f"memory must be one of {MEMORIES}, got {memory!r}")
+        self.memory = memory
         for name, value in (("buckets", buckets), ("dim", dim), ("hidden", hidden), ("max_chars", max_chars), ("mention_chars", mention_chars)):
             check_count(name, value)
         check_count("history", history, 0)
@@ -121,7 +136,8 @@ class TextScorerPolicy(ChoicePolicy):
         self.max_chars, self.mention_chars = max_chars, mention_chars
         generator = torch.Generator().manual_seed(seed)
         self.embedding = nn.EmbeddingBag(buckets, dim, mode="mean")
-        self.hidden = nn.Linear(6 * dim + N_FEATURES, hidden)
+        self.n_features = N_FEATURES + (len(MEMORY_FEATURES) if memory else 0)
+        self.hidden = nn.Linear(6 * dim + self.n_features, hidden)
         self.out = nn.Linear(hidden, 1)
         with torch.no_grad():
             self.embedding.weight.copy_(torch.randn(buckets, dim, generator=generator))
@@ -152,7 +168,8 @@ class TextScorerPolicy(ChoicePolicy):
             recent = [turn.action for turn in c.history[len(c.history) - self.history :]] if self.history else []
             state_texts += [task, c.observation, "\n".join(recent)]
             task_words, obs_words = _words(task[: self.max_chars]), _words(c.observation[: self.max_chars])
-            for action, mention in zip(actions, mentions(c.observation, actions, self.mention_chars), strict=True):
+            memory = context_features(c, actions) if self.memory else [[] for _ in actions]
+            for action, mention, remembered in zip(actions, mentions(c.observation, actions, self.mention_chars), memory, strict=True):
                 action_texts += [action, mention]
                 a_words, m_words = _words(action), _words(mention)
                 features.append([
@@ -160,6 +177,7 @@ class TextScorerPolicy(ChoicePolicy):
                     len(a_words & obs_words) / max(len(a_words), 1),
                     len(m_words & task_words) / max(len(m_words), 1),
                     float(action in recent),
+                    *remembered,
                 ])
             sizes.append(len(actions))
         states = self._bags(state_texts).view(len(contexts), 3, -1)

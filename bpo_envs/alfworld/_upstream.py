@@ -8,22 +8,32 @@
   every load; textworld's text grammar re-parses every template with TatSu and deep-copies its
   derivation context on every step (≈40-70 ms a step). :func:`engine_patches` swaps in, for the
   duration of a block, a translation that keeps ``sys.argv`` and is memoised per (domain,
-  problem) text, memoised template/query parses and shallow context copies. The derived text is
-  the same (the derivation only reads the copied contexts); only the time changes.
+  problem) text, a memoised parse of the game's grammar file, memoised template/query parses
+  and shallow context copies. The derived text is the same (the derivation only reads the
+  copied contexts); only the time changes.
+* The first load of a game in a process still translates its problem and parses its grammar
+  (≈0.2-0.5 s). :func:`load_translation` / :func:`save_translation` keep both on disk, in a
+  file beside the game (:func:`translation_path`), so a new process reads them instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
+import logging
 import os
+import pickle
 import sys
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "BPO-ALFWorld-v0 needs the ALFWorld text engine: pip install 'bpo-gym[alfworld]' and then "
@@ -131,7 +141,6 @@ def _estimated_bytes(result: Any) -> int:
 
 
 def _cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
-    global _translation_bytes
     key = _key(domain, problem, optimize)
     with _LOCK:
         hit = _TRANSLATIONS.get(key)
@@ -143,13 +152,159 @@ def _cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize:
             result = _original_pddl2sas(domain, problem, verbose=verbose, optimize=optimize)
         finally:
             sys.argv[:] = argv
+        _store_translation(key, result)
+        return result
+
+
+def _store_translation(key: tuple[str, bool], result: Any) -> None:
+    global _translation_bytes
+    with _LOCK:
+        if key in _TRANSLATIONS:
+            _translation_bytes -= _TRANSLATIONS.pop(key)[1]
         size = _estimated_bytes(result)
         _TRANSLATIONS[key] = (result, size)
         _translation_bytes += size
         while _translation_bytes > TRANSLATION_CACHE_BYTES and len(_TRANSLATIONS) > 1:
             _, (_, old) = _TRANSLATIONS.popitem(last=False)
             _translation_bytes -= old
-        return result
+
+
+# ---- grammar parses ------------------------------------------------------------------------
+# textworld parses each game's grammar file (its action templates and the goal text) with TatSu
+# on every load (≈0.1-0.4 s). The parse is kept pickled, per text, and unpickled per load (≈1 ms),
+# so no two loads share mutable objects.
+_LOGIC_PARSES: OrderedDict[str, bytes] = OrderedDict()
+LOGIC_PARSES_KEPT = 512
+
+
+def _logic_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    return hashlib.blake2b(repr((args, sorted(kwargs.items()))).encode(), digest_size=20).hexdigest()
+
+
+def _cached_logic_parse(original: Any) -> Any:
+    def parse_and_convert(*args: Any, **kwargs: Any) -> Any:
+        key = _logic_key(args, kwargs)
+        with _LOCK:
+            blob = _LOGIC_PARSES.get(key)
+            if blob is not None:
+                _LOGIC_PARSES.move_to_end(key)
+        if blob is None:
+            result = original(*args, **kwargs)
+            blob = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            with _LOCK:
+                _LOGIC_PARSES[key] = blob
+                while len(_LOGIC_PARSES) > LOGIC_PARSES_KEPT:
+                    _LOGIC_PARSES.popitem(last=False)
+        return pickle.loads(blob)
+
+    return parse_and_convert
+
+
+# ---- the on-disk translation of a game ---------------------------------------------------------
+TRANSLATION_FORMAT = "bpo-alfworld-translation/1"
+TRANSLATION_SUFFIX = ".translated.pkl"
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> tuple[str, ...]:
+    from importlib import metadata
+
+    out = []
+    for name in ("textworld", "fast-downward-textworld"):
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{name}==?")
+    return tuple(out)
+
+
+def _game_digest(game: dict[str, Any]) -> str:
+    digest = hashlib.blake2b(digest_size=20)
+    for part in (game["pddl_domain"], game["grammar"], game["pddl_problem"], *_versions()):
+        digest.update(part.encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def translation_path(game_path: Path) -> Path:
+    """Where the translation of the game at ``game_path`` is kept: beside it
+    (``game.tw-pddl.translated.pkl``)."""
+    return game_path.with_name(game_path.name + TRANSLATION_SUFFIX)
+
+
+def _fallback_path(game: dict[str, Any]) -> Path:
+    return cache_root() / "translations" / f"{_game_digest(game)}{TRANSLATION_SUFFIX}"
+
+
+def has_translation(game: dict[str, Any]) -> bool:
+    """Whether this process holds the game's translations and grammar parse already."""
+    domain, problem = game["pddl_domain"], game["pddl_problem"]
+    with _LOCK:
+        return (
+            _key(domain, problem, False) in _TRANSLATIONS
+            and _key(domain, problem, True) in _TRANSLATIONS
+            and _logic_key((game["grammar"],), {"rule_name": "pddlStart"}) in _LOGIC_PARSES
+        )
+
+
+def load_translation(game_path: Path | None, game: dict[str, Any]) -> bool:
+    """Fill the in-process caches with the game's on-disk translation (the problem's two
+    PDDL -> SAS translations and the grammar's parse), if one is stored for exactly this game
+    text and these engine versions (beside the game, else in this project's cache folder).
+    Returns whether one was. A damaged or stale file is ignored (and later rewritten). A game
+    with no file (``game_path=None``: e.g. a generator's candidate) has none."""
+    if game_path is None:
+        return False
+    digest = _game_digest(game)
+    for path in (translation_path(game_path), _fallback_path(game)):
+        if not path.is_file():
+            continue
+        try:
+            with open(path, "rb") as f:
+                payload = pickle.load(f)  # noqa: S301 - a file this module wrote beside the game
+        except Exception as exc:  # noqa: BLE001 - a damaged cache file is ignored
+            log.info("ALFWorld: ignoring unreadable translation cache %s (%s)", path, exc)
+            continue
+        if not isinstance(payload, dict) or payload.get("format") != TRANSLATION_FORMAT or payload.get("digest") != digest:
+            continue
+        domain, problem = game["pddl_domain"], game["pddl_problem"]
+        with _LOCK:
+            for optimize, result in ((False, payload["plain"]), (True, payload["optimized"])):
+                _store_translation(_key(domain, problem, optimize), result)
+            _LOGIC_PARSES[_logic_key((game["grammar"],), {"rule_name": "pddlStart"})] = payload["logic"]
+        return True
+    return False
+
+
+def save_translation(game_path: Path | None, game: dict[str, Any]) -> Path | None:
+    """Write the game's translation (from the in-process caches, right after it was loaded)
+    beside the game, or in this project's cache folder where that is not writable. Returns
+    the file written (None when the caches no longer hold it, or for ``game_path=None``)."""
+    if game_path is None:
+        return None
+    domain, problem = game["pddl_domain"], game["pddl_problem"]
+    with _LOCK:
+        plain = _TRANSLATIONS.get(_key(domain, problem, False))
+        optimized = _TRANSLATIONS.get(_key(domain, problem, True))
+        logic = _LOGIC_PARSES.get(_logic_key((game["grammar"],), {"rule_name": "pddlStart"}))
+    if plain is None or optimized is None or logic is None:
+        return None
+    payload = {
+        "format": TRANSLATION_FORMAT, "digest": _game_digest(game),
+        "plain": plain[0], "optimized": optimized[0], "logic": logic,
+    }  # fmt: skip
+    blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    for path in (translation_path(game_path), _fallback_path(game)):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-translation-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+            os.replace(tmp, path)
+            return path
+        except OSError as exc:
+            log.info("ALFWorld: cannot write the translation cache %s (%s)", path, exc)
+    return None
 
 
 def translation_cache_bytes() -> int:
@@ -217,6 +372,34 @@ def _fast_textgen(textgen: Any) -> dict[str, Any]:
     }
 
 
+# textworld's PddlEnv builds the game's state (a Fast Downward task load plus ~1k fact parses)
+# in load() and again in reset(); right after load() the second is the same as the first.
+_REUSE = threading.local()
+
+
+def reuse_loaded_state(state: Any) -> None:
+    """Let the next ``PddlState`` this thread builds, if for the same problem, logic and Fast
+    Downward library as ``state`` (a state just built by ``PddlEnv.load`` and not played), be
+    ``state`` itself."""
+    _REUSE.state = state
+
+
+def _pddl_state_factory(original: Any) -> Any:
+    def make(downward_lib: Any, pddl_problem: str, logic: Any) -> Any:
+        pending = getattr(_REUSE, "state", None)
+        _REUSE.state = None
+        if (
+            pending is not None
+            and pending.downward_lib is downward_lib
+            and pending.pddl_problem is pddl_problem
+            and pending._logic is logic
+        ):
+            return pending
+        return original(downward_lib, pddl_problem, logic)
+
+    return make
+
+
 _saved: dict[str, Any] = {}
 
 
@@ -226,6 +409,7 @@ def engine_patches() -> Iterator[None]:
     copies contexts shallowly and keeps ``sys.argv`` (see the module docstring)."""
     global _original_pddl2sas, _patch_depth
     fd = upstream()["fast_downward"]
+    import textworld.envs.pddl.logic as pddl_logic
     import textworld.envs.pddl.textgen as textgen
 
     with _LOCK:
@@ -236,8 +420,14 @@ def engine_patches() -> Iterator[None]:
                 _TEXTGEN_SYMBOL[0] = textgen.Symbol
                 _saved.update({name: getattr(textgen, name) for name in ("_parse_and_convert", "Rule", "copy_context", "deepcopy")})
                 _saved["__fast__"] = _fast_textgen(textgen)
+                _saved["__logic__"] = pddl_logic._parse_and_convert
+                _saved["__fast_logic__"] = _cached_logic_parse(pddl_logic._parse_and_convert)
+                _saved["__state__"] = pddl_logic.PddlState
+                _saved["__fast_state__"] = _pddl_state_factory(pddl_logic.PddlState)
             for name, value in _saved["__fast__"].items():
                 setattr(textgen, name, value)
+            pddl_logic._parse_and_convert = _saved["__fast_logic__"]
+            pddl_logic.PddlState = _saved["__fast_state__"]
         _patch_depth += 1
     try:
         yield
@@ -248,6 +438,9 @@ def engine_patches() -> Iterator[None]:
                 fd.pddl2sas = _original_pddl2sas
                 for name in _saved["__fast__"]:
                     setattr(textgen, name, _saved[name])
+                pddl_logic._parse_and_convert = _saved["__logic__"]
+                pddl_logic.PddlState = _saved["__state__"]
+                _REUSE.state = None
 
 
 def clear_translation_cache() -> None:
@@ -255,4 +448,5 @@ def clear_translation_cache() -> None:
     global _translation_bytes
     with _LOCK:
         _TRANSLATIONS.clear()
+        _LOGIC_PARSES.clear()
         _translation_bytes = 0

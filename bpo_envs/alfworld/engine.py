@@ -18,9 +18,17 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from bpo_envs.alfworld._upstream import engine_patches, upstream
+from bpo_envs.alfworld._upstream import (
+    engine_patches,
+    has_translation,
+    load_translation,
+    reuse_loaded_state,
+    save_translation,
+    upstream,
+)
 
 NOTHING_HAPPENS = "Nothing happens."
 _EPOCHS = itertools.count(1)
@@ -87,6 +95,7 @@ class AlfredEngine:
         self.epoch = 0
         self.problem_key: str | None = None
         self._game: dict[str, Any] | None = None
+        self._game_path: Path | None = None
         self._rooted = False  # the loaded problem is a re-rooted copy of self._game's
         self.predicates: frozenset[str] = frozenset()
         self.names: tuple[tuple[str, str], ...] = ()
@@ -94,12 +103,19 @@ class AlfredEngine:
         self._admissible_set: frozenset[str] = frozenset()
 
     # ---- loading ---------------------------------------------------------------------------
-    def load(self, game: dict[str, Any], problem_key: str) -> str:
-        """Load ``game`` (a ``game.tw-pddl`` dict) and reset it; return the intro text."""
+    def load(self, game: dict[str, Any], problem_key: str, game_path: Path | None = None) -> str:
+        """Load ``game`` (a ``game.tw-pddl`` dict) and reset it; return the intro text.
+
+        The game's translation is read from disk where one is stored (beside ``game_path``, see
+        :func:`~bpo_envs.alfworld._upstream.load_translation`) and stored after a first load."""
+        store = not has_translation(game) and not load_translation(game_path, game)
         with engine_patches():
             self.env.load(game)
+            reuse_loaded_state(self._pddl_env._pddl_state)
             state = self.env.reset()
-        self._game = game
+        if store:
+            save_translation(game_path, game)
+        self._game, self._game_path = game, game_path
         self._rooted = False
         self.problem_key = problem_key
         self._loaded()
@@ -110,7 +126,7 @@ class AlfredEngine:
         if self._game is None:
             raise RuntimeError("no game loaded")
         if self._rooted:
-            return self.load(self._game, str(self.problem_key))
+            return self.load(self._game, str(self.problem_key), self._game_path)
         with engine_patches():
             state = self.env.reset()
         self._new_epoch()
@@ -151,6 +167,10 @@ class AlfredEngine:
             state, _, _ = self.env.step(command)
         self._sync()
         return state.feedback
+
+    def game_state(self) -> Any:
+        """textworld's game state of the current step (feedback, admissible commands, ``_facts``)."""
+        return self._pddl_env.state
 
     def plan(self) -> list[str]:
         """The planner's (Fast Downward) commands from the current state to the goal."""
@@ -211,7 +231,7 @@ class AlfredEngine:
             raise RuntimeError("no game loaded")
         return FactState(self.problem_key, tuple(atoms), self.names)
 
-    def reroot(self, game: dict[str, Any], problem_key: str, state: FactState) -> None:
+    def reroot(self, game: dict[str, Any], problem_key: str, state: FactState, game_path: Path | None = None) -> None:
         """Load ``game`` re-rooted at ``state`` (see the module docstring)."""
         problem = rerooted_problem(game["pddl_problem"], state.facts)
         rooted = dict(game, pddl_problem=problem)
@@ -221,7 +241,7 @@ class AlfredEngine:
             for key, info in self._pddl_env._entity_infos.items():
                 info.name = names.get(key, info.name)
             self._pddl_env.reset()
-        self._game = game
+        self._game, self._game_path = game, game_path
         self._rooted = True
         self.problem_key = problem_key
         self._loaded()

@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from bpo_envs.alfworld.engine import NOTHING_HAPPENS, AlfredEngine, FactState, NativeState
+from bpo_envs.alfworld.expert import (
+    EXPERTS,
+    ExpertState,
+    HandcodedExpert,
+    check_expert,
+    readable_facts,
+)
 from bpo_envs.alfworld.games import DataGames, GeneratedGames
 from bpo_envs.alfworld.generator import GENERATOR_VERSION
 from bpo_envs.alfworld.verify import PLANNER_TIMEOUT_S
@@ -21,7 +28,7 @@ log = logging.getLogger(__name__)
 ENV_ID = "BPO-ALFWorld-v0"
 UPSTREAM_HOME = "~/.cache/alfworld"
 """Where ``alfworld-download`` puts the data when ``$ALFWORLD_DATA`` is unset."""
-__all__ = ["ENV_ID", "REWARD_SETTINGS", "UPSTREAM_HOME", "VERL_AGENT_REWARD", "ALFWorldEnv", "find_data"]
+__all__ = ["ENV_ID", "EXPERTS", "REWARD_SETTINGS", "UPSTREAM_HOME", "VERL_AGENT_REWARD", "ALFWorldEnv", "find_data"]
 
 
 def _has_split(folder: str | os.PathLike, split: str) -> bool:
@@ -63,6 +70,11 @@ class _Saved:
     names: tuple[tuple[str, str], ...]
     predicates: frozenset[str]
     problem_key: str
+    # the handcoded expert: the episode's steps so far (command, feedback, game state), its
+    # intro, and the expert's own state where it was asked during the episode
+    trace: tuple[tuple[str, str, Any], ...] | None = None
+    intro: str = ""
+    expert: ExpertState | None = None
 
     def fact_state(self) -> FactState:
         if self.facts is None:
@@ -108,6 +120,10 @@ class ALFWorldEnv(SnapshotEnv):
             (both modes pay 1 on success here; ``REWARD_SETTINGS["verl-agent"]`` pays 10 and
             -0.1 per invalid command).
         max_episode_steps: the step limit (truncation), default 50.
+        expert: what :meth:`~ALFWorldEnv.expert_actions` answers: ``"planner"`` (default: Fast
+            Downward's plan on the full game state, which walks straight to hidden objects) or
+            ``"handcoded"`` (alfworld's own exploring expert, which acts only on what the
+            agent has observed; one action at a time; see :mod:`.expert`).
 
     Reward ``reward_scale`` when the goal holds (the episode then terminates), else 0, and
     ``-invalid_penalty`` after an invalid command. ``info`` has ``admissible_actions``
@@ -133,8 +149,10 @@ class ALFWorldEnv(SnapshotEnv):
         invalid_penalty: float = 0.0,
         max_episode_steps: int = 50,
         render_mode: str | None = None,
+        expert: str = "planner",
     ) -> None:
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
+        self.expert = check_expert(expert)
         self.rewards = reward_settings(reward_mode, reward_scale, invalid_penalty)
         folder, self.data_source = find_data(data_dir, split)
         if folder is not None:
@@ -154,6 +172,10 @@ class ALFWorldEnv(SnapshotEnv):
         self._ids = self.games.task_ids()
         self._engine = AlfredEngine()
         self._moved = False
+        # handcoded expert: the episode's steps, and the expert once asked (then kept current)
+        self._intro = ""
+        self._trace: list[tuple[str, str, Any]] | None = [] if self.expert == "handcoded" else None
+        self._handcoded: HandcodedExpert | None = None
 
     # ---- tasks ---------------------------------------------------------------------------
     def task_ids(self) -> list[str]:
@@ -183,8 +205,11 @@ class ALFWorldEnv(SnapshotEnv):
         if self._engine.problem_key == key:
             intro = self._engine.reset()
         else:
-            intro = self._engine.load(self.games.game(task_id), key)
+            intro = self._engine.load(self.games.game(task_id), key, self.games.game_path(task_id))
         self._moved = False
+        self._intro = intro
+        if self.expert == "handcoded":
+            self._trace, self._handcoded = [], None
         return intro, self._info(task_id)
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
@@ -192,22 +217,69 @@ class ALFWorldEnv(SnapshotEnv):
         if not self._engine.is_admissible(command):
             info = self._info(self.task_id)
             info["invalid_action"] = True
+            self._record(command, NOTHING_HAPPENS)
             return NOTHING_HAPPENS, self.rewards.invalid, False, info
         feedback = self._engine.step(command)
         self._moved = True
+        self._record(command, feedback)
         info = self._info(self.task_id)
         won = info["won"]
         return feedback, self.rewards.terminal(1.0 if won else 0.0, won), won, info
 
     def expert_actions(self) -> list[str]:
-        """Fast Downward's plan from the current state (alfworld's "planner" expert)."""
+        """The expert's actions from the current state: with ``expert="planner"`` Fast
+        Downward's whole plan; with ``expert="handcoded"`` the handcoded expert's next action
+        (one), or ``[]`` when the task is won or the expert gave up (the reason is logged and
+        in :attr:`expert_failure`)."""
         if not self._started:
             raise RuntimeError("call reset() before expert_actions()")
-        return self._engine.plan()
+        if self.expert == "planner":
+            return self._engine.plan()
+        if self._engine.won:
+            return []
+        expert = self._handcoded_expert()
+        return [expert.next_action] if expert.next_action is not None else []
+
+    @property
+    def expert_failure(self) -> str | None:
+        """Why the handcoded expert has no action in this episode (None while it has one)."""
+        if self.expert != "handcoded" or not self._started:
+            return None
+        return self._handcoded_expert().failure
+
+    # ---- the handcoded expert --------------------------------------------------------------
+    def _record(self, command: str, feedback: str) -> None:
+        if self.expert != "handcoded":
+            return
+        game_state = self._engine.game_state()
+        if self._trace is not None:  # None after a portable restore: the expert's state came instead
+            self._trace.append((command, feedback, game_state))
+        if self._handcoded is not None:
+            self._tell(self._handcoded, command, feedback, game_state, dict(self._engine.names))
+
+    @staticmethod
+    def _tell(expert: HandcodedExpert, command: str, feedback: str, game_state: Any, names: dict[str, str]) -> None:
+        expert.update(
+            command, feedback, list(game_state["admissible_commands"]),
+            readable_facts(game_state["_facts"], names), bool(game_state["won"]),
+        )  # fmt: skip
+
+    def _build_expert(self, task_id: str, intro: str, trace: Any, names: dict[str, str]) -> HandcodedExpert:
+        expert = HandcodedExpert(self.games.game_path(task_id), task_id, intro)
+        for command, feedback, game_state in trace:
+            self._tell(expert, command, feedback, game_state, names)
+        return expert
+
+    def _handcoded_expert(self) -> HandcodedExpert:
+        if self._handcoded is None:
+            if self._trace is None:
+                raise RuntimeError("the handcoded expert's episode history is missing")
+            self._handcoded = self._build_expert(self.task_id, self._intro, self._trace, dict(self._engine.names))
+        return self._handcoded
 
     # ---- snapshots -----------------------------------------------------------------------
     def _snapshot_kind(self) -> Any:
-        return ("ALFWorld", self.games.identity, self.rewards)
+        return ("ALFWorld", self.games.identity, self.rewards, self.expert)
 
     def _get_state(self) -> _Saved:
         engine = self._engine
@@ -219,6 +291,9 @@ class ALFWorldEnv(SnapshotEnv):
             names=engine.names,
             predicates=engine.predicates,
             problem_key=str(engine.problem_key),
+            trace=tuple(self._trace) if self._trace is not None else None,
+            intro=self._intro,
+            expert=self._handcoded.state() if self._handcoded is not None else None,
         )
 
     def _set_state(self, state: _Saved) -> None:
@@ -228,21 +303,40 @@ class ALFWorldEnv(SnapshotEnv):
         elif state.at_start:
             self._reset_task(state.task_id)
         else:
-            engine.reroot(self.games.game(state.task_id), self._key(state.task_id), state.fact_state())
+            engine.reroot(
+                self.games.game(state.task_id), self._key(state.task_id), state.fact_state(), self.games.game_path(state.task_id)
+            )
         self._moved = not state.at_start
+        self._intro = state.intro
+        if self.expert == "handcoded":
+            self._trace = list(state.trace) if state.trace is not None else None
+            self._handcoded = None
+            if state.expert is not None:
+                self._handcoded = HandcodedExpert.from_state(state.task_id, state.expert)
 
     def _portable_task_state(self, inner: _Saved) -> dict[str, Any]:
         facts = inner.fact_state()
-        return {"task_id": inner.task_id, "facts": facts.facts, "names": facts.names, "at_start": inner.at_start}
+        out = {"task_id": inner.task_id, "facts": facts.facts, "names": facts.names, "at_start": inner.at_start, "intro": inner.intro}
+        if self.expert == "handcoded":
+            # the trace holds engine objects; the expert's own state (plain data) travels instead
+            expert = inner.expert
+            if expert is None:
+                expert = self._build_expert(inner.task_id, inner.intro, inner.trace or (), dict(inner.names)).state()
+            out["expert"] = expert
+        return out
 
     def _task_state_from_portable(self, obj: dict[str, Any]) -> _Saved:
         key = self._key(obj["task_id"])
         facts = FactState(key, tuple(obj["facts"]), tuple(map(tuple, obj["names"])))
-        return _Saved(obj["task_id"], None, facts, bool(obj["at_start"]), facts.names, frozenset(), key)
+        return _Saved(
+            obj["task_id"], None, facts, bool(obj["at_start"]), facts.names, frozenset(), key,
+            trace=None, intro=str(obj.get("intro", "")), expert=obj.get("expert"),
+        )  # fmt: skip
 
     def _release_task_state(self, inner: _Saved) -> None:
         # the native state holds copies of every fact set; a released snapshot is never restored
         inner.native = None
+        inner.trace = inner.expert = None
 
     def close(self) -> None:
         self._engine.close()

@@ -182,6 +182,10 @@ class DataGames:
     def task_type(self, task_id: str) -> str:
         return task_id.split("-", 1)[0]
 
+    def game_path(self, task_id: str) -> Path:
+        """The task's ``game.tw-pddl`` (its ``traj_data.json``, where there is one, is beside it)."""
+        return self.root / task_id / GAME_FILE
+
     def game(self, task_id: str) -> dict[str, Any]:
         folder = self.root / task_id
         game = read_game(folder / GAME_FILE)
@@ -254,6 +258,14 @@ class GeneratedGames:
             "task_count": len(self._ids),
             "task_types": list(self.task_types),
         }
+
+    def game_path(self, task_id: str) -> Path:
+        """The task's ``game.tw-pddl`` in the cache (with ``traj_data.json`` beside it), made first
+        if it is not there yet."""
+        path = self.root / task_id / GAME_FILE
+        if not path.is_file():
+            self.game(task_id)
+        return path
 
     def game(self, task_id: str) -> dict[str, Any]:
         path = self.root / task_id / GAME_FILE

@@ -19,7 +19,11 @@ extras={"task_id": 3})`` works, and so does ``SkyRLEnv(env_config, extras)`` dir
   step and returns ``BaseTextEnvStepOutput``: the next observation as a user message (empty
   when done), the step's reward, ``done`` (terminated or truncated) and ``metadata`` with
   ``won``, ``admissible_actions``, ``task_id``, ``invalid_action``, ``terminated``,
-  ``truncated``; ``postprocessed_action`` is the action sent to the env.
+  ``truncated`` and ``action`` (the parsed action sent to the env). ``postprocessed_action`` is
+  always None: SkyRL-train replaces the model's generated tokens with a non-None
+  ``postprocessed_action`` (re-tokenised), which would drop the tags and any reasoning from the
+  trained sequence and misalign its sampling log-probs; with None the model's own tokens are
+  what is trained (token-in, token-out).
 * ``snapshot()`` / ``restore(snap)`` pass through to :func:`bpo_envs.snapshot` /
   :func:`bpo_envs.restore` (docs/snapshots.md); the adapter's turn count and history travel
   with the snapshot.
@@ -145,6 +149,7 @@ class SkyRLEnv(BaseTextEnv):
             "invalid_action": bool(info.get("invalid_action", False)),
             "terminated": bool(terminated),
             "truncated": bool(truncated),
+            "action": command,
         }
         if progress.done:
             metadata["final_observation"] = obs
@@ -153,7 +158,7 @@ class SkyRLEnv(BaseTextEnv):
             reward=float(reward),
             done=progress.done,
             metadata=metadata,
-            postprocessed_action=command,
+            postprocessed_action=None,  # the model's tokens stay what is trained (module docstring)
         )
 
     def close(self) -> None:

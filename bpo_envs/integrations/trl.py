@@ -229,7 +229,7 @@ def environment_factories(
 def system_message(env_class: type[BPOToolEnv] | None = None) -> dict[str, str]:
     """The system message of the prompts (the project's, asking for tool calls)."""
     config = env_class.prompt_config if env_class is not None else BPOToolEnv.prompt_config
-    return {"role": "system", "content": config.system_prompt.format(open=config.action_open, close=config.action_close)}
+    return {"role": "system", "content": config.system_text}
 
 
 def make_dataset(

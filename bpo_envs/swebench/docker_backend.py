@@ -22,13 +22,35 @@ commit) therefore holds the whole state.
 Images: see ``bpo_envs.swebench.images`` (official names, ``images_dir`` tarballs, never a pull).
 
 Limits (``SandboxLimits``): every container gets ``pids_limit`` (max_processes), ``mem_limit``
-with no extra swap (memory_bytes, for the whole container) and an ``RLIMIT_FSIZE`` ulimit
-(max_file_bytes). The disk quota (disk_quota_bytes) bounds the container's writable layer since
+with no extra swap (memory_bytes, for the whole container), an ``RLIMIT_FSIZE`` ulimit
+(max_file_bytes) and a CPU quota of ``cpus`` CPUs (``nano_cpus``: a busy loop in one container
+takes at most that share from the envs beside it). Privileges: ``no-new-privileges`` (no setuid
+binary gains anything) and only the capabilities a test suite run as root uses
+(:data:`CAPABILITIES`: owning, reading and writing any file, signals, switching users); the rest
+of Docker's default set (raw sockets, ``mknod``, ``chroot``, audit, file capabilities, binding
+ports below 1024) is dropped. The disk quota (disk_quota_bytes) bounds the container's writable layer since
 its last reset or restore: with overlay2 its upper directory is measured on the host once a
 second during a step, and a step that exceeds it is killed (its files are kept, the observation
 says so; docker's own ``storage_opt`` needs xfs project quotas). Under another storage driver the
 quota is not enforced (logged once). CPU seconds are not limited per process: the step timeout
 bounds a command.
+
+Ownership: every container (and so every snapshot image committed from one) carries its maker's
+host, pid, start time and run id (``bpo_envs.swebench.owners``); an env's start removes what dead
+processes left, and released snapshots (``release()``, garbage collection, ``close()``) remove
+their images.
+
+Under load and faults: docker calls of all the envs of a process go through one bound
+(:func:`set_max_docker_calls`, default ``$BPO_GYM_DOCKER_CALLS`` or 8 calls in flight; a
+command's output is streamed outside it), so an overloaded daemon queues calls instead of
+timing them out. A call that cannot reach the daemon (it is restarting) is retried for up to
+``daemon_wait_s`` seconds (once a daemon answered this process: a host with no daemon fails at
+once) (:func:`set_daemon_wait`, default ``$BPO_GYM_DOCKER_WAIT`` or 120)
+before it raises. When the daemon restarted (or a container died), the env's container is
+gone: the next step raises :class:`SandboxLostError`, which the rollout engine's recovery
+handles (the env is replaced and the path rebuilt from its nearest snapshot: snapshot images
+survive a daemon restart); a warm container that died before it was used is replaced silently
+(nothing ran in it).
 """
 
 from __future__ import annotations
@@ -42,22 +64,44 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, docker_client, row_image_names
+from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-exported
+    MIN_FREE_DISK_BYTES,
+    DaemonUnavailableError,
+    check_capacity,
+    docker_call,
+    docker_client,
+    max_docker_calls,
+    set_daemon_wait,
+    set_max_docker_calls,
+)
+from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, row_image_names
 from bpo_envs.swebench.local import SandboxLimits, disk_usage
 from bpo_envs.swebench.output import CommandResult, OutputCollector
+from bpo_envs.swebench.owners import (
+    LABEL_KIND,
+    LABEL_PID,
+    SNAPSHOT_REPO,
+    clean_up_now_and_then,
+    owner_labels,
+    run_dir,
+)
 
 log = logging.getLogger(__name__)
-SNAPSHOT_REPO = "bpo-gym/swebench-snapshot"
 BASH_ENV = "/root/.bashrc"
-OWNER_LABEL = "bpo-gym.pid"
+OWNER_LABEL = LABEL_PID
 """Label of every container (and so of every snapshot image) with the pid of the process that
-made it: several processes may share one engine, and each cleans up only its own."""
+made it (beside its host, start time and run id: ``bpo_envs.swebench.owners``)."""
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+"""The capabilities a container keeps (all others are dropped)."""
+KILLED_RC = 199
+"""The wrapper's exit code for a command killed by SIGKILL (reported as 137)."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -85,6 +129,11 @@ REAP = r"""__bpo_reap() {
 """
 
 
+class SandboxLostError(RuntimeError):
+    """The env's container is gone (the daemon restarted, or the container died): the state since
+    the last snapshot is lost. The rollout engine rebuilds the path from its nearest snapshot."""
+
+
 def _tar(files: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -98,18 +147,49 @@ def _tar(files: dict[str, bytes]) -> bytes:
 
 @dataclass(frozen=True)
 class DockerState:
-    """A committed image holding the container's filesystem."""
+    """A committed image holding the container's filesystem (removed when the state is released
+    or garbage collected: a snapshot's image lives exactly as long as the snapshot)."""
 
     image: str
+
+
+_image_finalizers: dict[str, weakref.finalize] = {}
+_pending_images: set[tuple[Any, str]] = set()  # removals that failed (a container still used it)
+_pending_lock = threading.Lock()
+
+
+def _remove_image(client: Any, name: str) -> None:
+    import docker
+
+    _image_finalizers.pop(name, None)
+    try:
+        docker_call(client.images.remove, name, noprune=False)
+    except docker.errors.ImageNotFound:
+        pass
+    except Exception:  # noqa: BLE001 - in use by a container, or no daemon: retried at close()
+        with _pending_lock:
+            _pending_images.add((client, name))
+
+
+def _retry_pending_images() -> None:
+    with _pending_lock:
+        todo = list(_pending_images)
+        _pending_images.clear()
+    for client, name in todo:
+        _remove_image(client, name)
+
+
+def _tracked(client: Any, name: str) -> DockerState:
+    """A state for image ``name`` whose garbage collection (or exit) removes the image."""
+    state = DockerState(name)
+    _image_finalizers[name] = weakref.finalize(state, _remove_image, client, name)
+    return state
 
 
 class DockerBackend:
     """The env's view of the docker backend (same methods as ``LocalBackend``)."""
 
     _build_lock = threading.Lock()
-    # snapshot images of every backend in this process: a fork restored into another env keeps
-    # using an image after its own env closed, so each close() retries all of them
-    _all_snapshots: set[str] = set()
     _warned_quota = False
 
     def __init__(
@@ -118,6 +198,8 @@ class DockerBackend:
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.client = docker_client()
+        clean_up_now_and_then("docker", client=self.client)
+        check_capacity(self.client, 1, self.limits)
         self.store = ImageStore(self.client, images_dir)
         self.grading_network = bool(grading_network)
         self.base_image = image or DEFAULT_IMAGE
@@ -127,6 +209,8 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpo-swe-warm")
         self._images: dict[str, str] = {}
         self._removals: list[threading.Thread] = []
+        self._image: str | None = None  # the image self.container was started from
+        self._fresh = False  # nothing ran in self.container yet
 
     # ---- images ----------------------------------------------------------------------
     def _has_image(self, name: str) -> bool:
@@ -156,7 +240,7 @@ class DockerBackend:
             raise RuntimeError(
                 f"the base image {self.base_image} is missing: run bpo-gym-setup swebench"
             )
-        with tempfile.TemporaryDirectory(prefix="bpo-swe-img-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="img-", dir=run_dir()) as tmp:
             make_testbed(Path(tmp) / "testbed", row["repo_path"], row["base_commit"])
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -183,13 +267,25 @@ class DockerBackend:
 
         lim = self.limits
         fsize = docker.types.Ulimit(name="fsize", soft=lim.max_file_bytes, hard=lim.max_file_bytes)
-        return self.client.containers.run(
-            image, ["sleep", "infinity"], detach=True, init=True,
-            network_mode=None if network else "none",
-            working_dir="/testbed", labels={"bpo-gym": "swebench", OWNER_LABEL: str(os.getpid())},
-            pids_limit=lim.max_processes, mem_limit=lim.memory_bytes,
-            memswap_limit=lim.memory_bytes, ulimits=[fsize],
-        )
+        try:
+            return docker_call(
+                self.client.containers.run,
+                image, ["sleep", "infinity"], detach=True, init=True,
+                network_mode=None if network else "none",
+                working_dir="/testbed", labels={LABEL_KIND: "swebench", **owner_labels()},
+                pids_limit=lim.max_processes, mem_limit=lim.memory_bytes,
+                memswap_limit=lim.memory_bytes, ulimits=[fsize],
+                nano_cpus=int(lim.cpus * 1e9), security_opt=["no-new-privileges"],
+                cap_drop=["ALL"], cap_add=list(CAPABILITIES),
+            )
+        except docker.errors.APIError as exc:
+            text = str(exc).lower()
+            if "no space left" in text:
+                raise RuntimeError(f"the Docker daemon is out of disk: no container starts ({exc}); "
+                                   "bpo-gym-setup clean removes what crashed runs left") from exc
+            if "range of cpus" in text or "nanocpus" in text:
+                raise RuntimeError(f"cpus={lim.cpus} is more than this host's daemon allows ({exc})") from exc
+            raise
 
     # A warm container: started from an image ahead of need, untouched until taken, so taking
     # it is exactly a fresh start. After a snapshot or a restore, one is started in the background
@@ -220,21 +316,28 @@ class DockerBackend:
     def _replace(self, image: str) -> None:
         old, self.container = self.container, None
         self.container = self._take(image)
+        self._image, self._fresh = image, True
         self._warm_up(image)
         if old is not None:
             # removing takes ~150 ms; the new container does not wait for it (close() does)
             self._reap()
-            thread = threading.Thread(target=self._remove, args=(old,), daemon=True)
+            thread = threading.Thread(target=self._remove_then_retry, args=(old,), daemon=True)
             thread.start()
             self._removals.append(thread)
+
+    @classmethod
+    def _remove_then_retry(cls, box: Any) -> None:
+        """Remove ``box``, then the released snapshot images it was still using."""
+        cls._remove(box)
+        _retry_pending_images()
 
     @staticmethod
     def _remove(box: Any) -> None:
         import docker
 
         try:
-            box.remove(force=True)
-        except docker.errors.APIError:
+            docker_call(box.remove, force=True)
+        except (docker.errors.APIError, DaemonUnavailableError):
             pass
 
     def _reap(self, wait: bool = False) -> None:
@@ -265,11 +368,13 @@ class DockerBackend:
         wrapped = (
             f"{REAP}exec 3> >(head -c {cap}) 2>/dev/null; out=$!\n"
             f"{bash_env}timeout -s KILL {timeout:g} bash -c {shlex.quote(script)} </dev/null >&3 2>&3\n"
-            "rc=$?; __bpo_reap $out; exec 3>&-; wait $out; exit $rc"
+            # a command killed by SIGKILL exits 137; the wrapper says so with 199, so that a 137
+            # from the exec means the wrapper itself was killed (the container is dying)
+            f"rc=$?; __bpo_reap $out; exec 3>&-; wait $out; [ $rc = 137 ] && rc={KILLED_RC}; exit $rc"
         )
         api = self.client.api
-        exec_id = api.exec_create(box.id, ["bash", "-c", wrapped], workdir="/testbed",
-                                  environment=dict(AGENT_ENV) if agent else None)["Id"]
+        exec_id = self._exec_create(box, ["bash", "-c", wrapped], workdir="/testbed",
+                                    environment=dict(AGENT_ENV) if agent else None)
         collector = OutputCollector(cap)
         started = time.monotonic()
         upper = self._upper_dir(box) if agent else None
@@ -281,20 +386,34 @@ class DockerBackend:
             while not done.wait(1.0):
                 if disk_usage(upper) > quota:
                     over.set()
-                    api.exec_start(api.exec_create(box.id, ["bash", "-c", REAP + "__bpo_reap"])["Id"])
+                    try:
+                        api.exec_start(api.exec_create(box.id, ["bash", "-c", REAP + "__bpo_reap"])["Id"])
+                    except Exception:  # noqa: BLE001 - the container died meanwhile
+                        log.debug("killing an over-quota command failed", exc_info=True)
                     return
 
         watcher = threading.Thread(target=watch, daemon=True) if upper is not None else None
         if watcher is not None:
             watcher.start()
         try:
-            for chunk in api.exec_start(exec_id, stream=True):
+            for chunk in docker_call(api.exec_start, exec_id, stream=True):
                 collector.feed(chunk)
+            rc = docker_call(api.exec_inspect, exec_id)["ExitCode"]
+        except Exception as exc:  # noqa: BLE001 - sorted by _lost
+            raise self._lost(box, exc) from exc
         finally:
             done.set()
             if watcher is not None:
                 watcher.join()
-        rc = api.exec_inspect(exec_id)["ExitCode"]
+        if rc is None or (rc == 137 and not over.is_set()):
+            # no exit code, or the wrapper itself was killed: the container is dying (the output
+            # is not the command's: raise, so the path is rebuilt instead of seeing a wrong
+            # observation), unless it still runs after a while (the OOM killer chose the wrapper)
+            lost = self._lost(box, RuntimeError(f"the command's shell ended with exit code {rc}"), wait=2.0)
+            if rc is None or isinstance(lost, SandboxLostError):
+                raise lost
+        elif rc == KILLED_RC:
+            rc = 137
         text, elided = collector.result()
         # timeout(1) -s KILL exits 128 + 9 when it fired
         timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5 and not over.is_set()
@@ -310,22 +429,82 @@ class DockerBackend:
                      f"{self.limits.memory_bytes} bytes]")
         return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
 
+    def _exec_create(self, box: Any, cmd: list[str], **kwargs: Any) -> str:
+        import docker
+
+        try:
+            return docker_call(self.client.api.exec_create, box.id, cmd, **kwargs)["Id"]
+        except docker.errors.APIError as exc:
+            raise self._lost(box, exc) from exc
+
+    def _lost(self, box: Any, exc: BaseException, wait: float = 0.0) -> BaseException:
+        """``exc`` as a :class:`SandboxLostError` when ``box`` is no longer running (polled for
+        up to ``wait`` seconds: a killed container is marked exited a little later)."""
+        import docker
+
+        if isinstance(exc, SandboxLostError | DaemonUnavailableError):
+            return exc
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                docker_call(box.reload)
+                running = box.status == "running"
+            except docker.errors.NotFound:
+                running = False
+            except Exception:  # noqa: BLE001 - the daemon is unreachable: the container is lost too
+                running = False
+            if not running or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if running:
+            return exc
+        return SandboxLostError(
+            f"the container {box.short_id} is gone (status {getattr(box, 'status', '?')}: the Docker "
+            f"daemon restarted or the container died); its state since the last snapshot is lost "
+            f"({type(exc).__name__}: {exc})")
+
+    def _retry_if_fresh(self, fn: Any) -> Any:
+        """``fn()``; if it finds the container gone while nothing had run in it yet (a warm
+        container that a daemon restart stopped), start the same image again (exactly the same
+        state) and call ``fn()`` once more."""
+        fresh, self._fresh = self._fresh, False
+        try:
+            return fn()
+        except SandboxLostError:
+            if not fresh or self._image is None:
+                raise
+        log.warning("the container for %s died before use; starting a new one", self._image)
+        self._remove(self.container)
+        self.container = self._start(self._image)
+        return fn()
+
     # ---- the backend interface -------------------------------------------------------
     def reset(self, row: dict[str, Any]) -> None:
         self._replace(self.instance_image(row))
 
     def run(self, command: str, timeout: float, kill_after_bytes: int) -> CommandResult:
-        return self._exec(self.container, command, timeout, kill_after_bytes)
+        return self._retry_if_fresh(
+            lambda: self._exec(self.container, command, timeout, kill_after_bytes))
 
     def capture(self, warm: bool = True) -> DockerState:
         tag = uuid.uuid4().hex[:16]
-        # no pause: between steps no process of the agent's is left (every step is reaped)
-        self.client.api.commit(self.container.id, repository=SNAPSHOT_REPO, tag=tag, pause=False)
+
+        def commit() -> None:
+            # no pause: between steps no process of the agent's is left (every step is reaped)
+            try:
+                docker_call(self.client.api.commit, self.container.id, repository=SNAPSHOT_REPO,
+                            tag=tag, pause=False)
+            except Exception as exc:  # noqa: BLE001 - sorted by _lost
+                raise self._lost(self.container, exc) from exc
+
+        fresh = self._fresh
+        self._retry_if_fresh(commit)
+        self._fresh = fresh  # a snapshot runs nothing in the container
         name = f"{SNAPSHOT_REPO}:{tag}"
-        self._all_snapshots.add(name)
+        state = _tracked(self.client, name)
         if warm:
             self._warm_up(name)
-        return DockerState(name)
+        return state
 
     def apply(self, state: DockerState, row: dict[str, Any] | None) -> None:
         self._replace(state.image)
@@ -333,39 +512,34 @@ class DockerBackend:
     def portable(self, state: DockerState, row: dict[str, Any]) -> bytes:
         box = self._start(state.image)
         try:
-            stream, _ = box.get_archive("/testbed")
+            stream, _ = docker_call(box.get_archive, "/testbed")
             return b"".join(stream)
         finally:
-            box.remove(force=True)
+            self._remove(box)
 
     def from_portable(self, data: bytes, row: dict[str, Any]) -> DockerState:
         box = self._start(self.instance_image(row))
         try:
-            box.exec_run(["rm", "-rf", "/testbed"])
-            box.put_archive("/", data)
+            docker_call(box.exec_run, ["rm", "-rf", "/testbed"])
+            docker_call(box.put_archive, "/", data)
             tag = uuid.uuid4().hex[:16]
-            box.commit(repository=SNAPSHOT_REPO, tag=tag)
-            self._all_snapshots.add(f"{SNAPSHOT_REPO}:{tag}")
-            return DockerState(f"{SNAPSHOT_REPO}:{tag}")
+            docker_call(box.commit, repository=SNAPSHOT_REPO, tag=tag)
+            return _tracked(self.client, f"{SNAPSHOT_REPO}:{tag}")
         finally:
-            box.remove(force=True)
+            self._remove(box)
 
     def release(self, state: DockerState) -> None:
-        import docker
-
         future = self._warm.pop(state.image, None)
         if future is not None:
             try:
                 self._remove(future.result())
             except Exception:  # noqa: BLE001 - it never started: nothing to remove
                 pass
-        try:
-            self.client.images.remove(state.image, noprune=False)
-            self._all_snapshots.discard(state.image)
-        except docker.errors.ImageNotFound:
-            self._all_snapshots.discard(state.image)
-        except docker.errors.APIError:
-            pass  # still used by a container; retried at close()
+        finalizer = _image_finalizers.get(state.image)
+        if finalizer is not None:
+            finalizer()  # removes the image once (a later garbage collection does nothing)
+        else:
+            _remove_image(self.client, state.image)
 
     def model_patch(self, row: dict[str, Any]) -> str:
         """The diff of ``/testbed`` against base_commit (``git add -A`` into a scratch index, so
@@ -384,12 +558,12 @@ class DockerBackend:
 
         box = self._start(self.instance_image(row), network=self.grading_network)
         try:
-            box.put_archive("/", _tar({"bpo_eval/patch.diff": patch.encode(),
-                                       "bpo_eval/eval.sh": script.encode()}))
+            docker_call(box.put_archive, "/", _tar({"bpo_eval/patch.diff": patch.encode(),
+                                                    "bpo_eval/eval.sh": script.encode()}))
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
             result = self._exec(box, runner, timeout, 256 << 20, agent=False)
         finally:
-            box.remove(force=True)
+            self._remove(box)
         log = result.output
         if result.timed_out:
             log += "\n" + harness.timeout_marker() + "\n"
@@ -407,5 +581,4 @@ class DockerBackend:
             self._remove(self.container)
             self.container = None
         self._reap(wait=True)
-        for name in list(self._all_snapshots):
-            self.release(DockerState(name))
+        _retry_pending_images()

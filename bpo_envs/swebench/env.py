@@ -17,6 +17,7 @@ from bpo_envs.swebench import harness
 from bpo_envs.swebench.instances import load_instances
 from bpo_envs.swebench.local import SandboxLimits
 from bpo_envs.swebench.output import CommandResult
+from bpo_envs.swebench.owners import run_dir
 
 SUBMIT = "submit"
 MINI_SWE_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -133,6 +134,8 @@ class SWEBenchEnv(SnapshotEnv):
             (a command leaving it larger is undone) and the size of ``/tmp`` and ``/dev/shm``;
             docker: how much the container may write since its last reset or restore (a command
             going past it is killed).
+        cpus: docker backend: the container's CPU quota, in CPUs (an agent's busy loop takes at
+            most this from the envs beside it; the grading run gets the same).
             See ``bpo_envs.swebench.local`` for where each limit is enforced.
         docker_image: for ``backend="docker"``, the image rows without ``image`` are built on
             (the local image made by ``bpo-gym-setup swebench``) when they carry
@@ -174,6 +177,7 @@ class SWEBenchEnv(SnapshotEnv):
         max_processes: int = 512,
         max_file_bytes: int = 1 << 30,
         disk_quota_bytes: int = 2 << 30,
+        cpus: float = 1.0,
         render_mode: str | None = None,
     ) -> None:
         if backend not in BACKENDS:
@@ -193,7 +197,7 @@ class SWEBenchEnv(SnapshotEnv):
             raise ValueError(f"max_output_bytes must be an int >= 1024, got {max_output_bytes!r}")
         limits = SandboxLimits(cpu_seconds=cpu_seconds, memory_bytes=memory_bytes,
                                max_processes=max_processes, max_file_bytes=max_file_bytes,
-                               disk_quota_bytes=disk_quota_bytes)
+                               disk_quota_bytes=disk_quota_bytes, cpus=cpus)
         super().__init__(max_episode_steps=max_episode_steps, render_mode=render_mode)
         rows = load_instances(instances, split=split, instance_ids=instance_ids)
         self._rows = {row["instance_id"]: row for row in rows}
@@ -293,7 +297,7 @@ class SWEBenchEnv(SnapshotEnv):
         assert row is not None
         patch = self._backend.model_patch(row)
         plan = harness.eval_plan(row)
-        with tempfile.TemporaryDirectory(prefix="bpo-swe-eval-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="eval-", dir=run_dir()) as tmp:
             log_path = Path(tmp) / "test_output.txt"
             log = self._backend.run_eval(row, patch, plan.script, self.eval_timeout)
             log_path.write_text(log, encoding="utf-8")

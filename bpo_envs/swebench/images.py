@@ -29,25 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.swebench.daemon import docker_client
+from bpo_envs.swebench.owners import owner_labels, run_dir
+
 DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
 """The local base image (``bpo-gym-setup swebench`` builds it) of the docker backend."""
-
-
-def docker_client() -> Any:
-    """A docker-py client whose daemon answers; raise with how to get one otherwise."""
-    try:
-        import docker
-    except ImportError as exc:
-        raise RuntimeError("the docker backend needs docker-py: pip install 'bpo-gym[swe]'") from exc
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
-        raise RuntimeError(
-            "the docker backend needs a running Docker daemon: apt-get install docker.io and start "
-            f"dockerd (bpo-gym-setup swebench does both) ({exc})"
-        ) from exc
-    return client
 
 
 ARCH = "x86_64"
@@ -215,7 +201,7 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
     if not store.has(base_image):
         raise RuntimeError(f"the base image {base_image} is missing: run bpo-gym-setup swebench")
     buf = io.BytesIO()
-    with tempfile.TemporaryDirectory(prefix="bpo-swe-img-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="img-", dir=run_dir()) as tmp:
         make_testbed(Path(tmp) / "testbed", row["repo_path"], row["base_commit"])
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(Path(tmp) / "testbed", arcname="testbed")
@@ -224,7 +210,7 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     box = client.containers.run(base_image, ["sleep", "infinity"], detach=True, init=True,
-                                network_mode="none", labels={"bpo-gym": "swebench-build"})
+                                network_mode="none", labels={"bpo-gym": "swebench-build", **owner_labels()})
     try:
         box.exec_run(["rm", "-rf", "/testbed"])
         box.put_archive("/", buf.getvalue())

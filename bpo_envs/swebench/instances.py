@@ -289,3 +289,28 @@ def load_instances(
             raise InstanceError(f"duplicate instance_id {row['instance_id']!r}")
         seen.add(row["instance_id"])
     return rows
+
+
+def check_disjoint(
+    train: Iterable[Mapping[str, Any]], evaluation: Iterable[Mapping[str, Any]], *, disjoint_repos: bool = False, limit: int = 10
+) -> None:
+    """Raise :class:`InstanceError` when training and evaluation rows share an ``instance_id``
+    (or, with ``disjoint_repos``, a ``repo``); the message names the first ``limit`` of them.
+
+    Verified is an evaluation set: papers train on other rows (SWE-Gym, SWE-smith, R2E-Gym) and
+    evaluate on Verified's 500; a row in both would be trained on and then graded."""
+    train, evaluation = list(train), list(evaluation)
+    shared = sorted({r["instance_id"] for r in train} & {r["instance_id"] for r in evaluation})
+    if shared:
+        more = f" and {len(shared) - limit} more" if len(shared) > limit else ""
+        raise InstanceError(
+            f"{len(shared)} instance(s) are both training and evaluation rows: {shared[:limit]}{more}; "
+            "train on rows disjoint from the evaluation set (e.g. SWE-Gym or SWE-smith for Verified)"
+        )
+    if disjoint_repos:
+        repos = sorted({r["repo"] for r in train} & {r["repo"] for r in evaluation})
+        if repos:
+            more = f" and {len(repos) - limit} more" if len(repos) > limit else ""
+            raise InstanceError(
+                f"--swe-disjoint-repos: {len(repos)} repo(s) have both training and evaluation rows: {repos[:limit]}{more}"
+            )

@@ -38,6 +38,10 @@ Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
 
 Not limited: total memory of all processes together (each is under ``RLIMIT_AS``, and there
 are at most ``max_processes`` of them), disk bandwidth, CPU shares.
+
+Ownership: every file of this backend lives in the process's run folder and every cgroup is
+named after its process (``bpo_envs.swebench.owners``); making a sandbox removes what dead
+processes left (folders, cgroups and any process still in them).
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -62,6 +65,12 @@ from typing import Any
 from bpo_envs.swebench._git import git, git_text, require_git
 from bpo_envs.swebench.harness import CONDA_SHIM
 from bpo_envs.swebench.output import CommandResult, OutputCollector
+from bpo_envs.swebench.owners import (
+    CGROUP_PREFIX,
+    clean_up_now_and_then,
+    process_start,
+    scratch_dir,
+)
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -81,6 +90,8 @@ class SandboxLimits:
         max_file_bytes: the largest file a process may write (``RLIMIT_FSIZE``).
         disk_quota_bytes: how much ``/testbed`` may grow over the task's initial checkout, and the
             size of the ``/tmp`` and ``/dev/shm`` tmpfs mounts (local backend only).
+        cpus: docker: the container's CPU quota in CPUs (``nano_cpus``); the local backend does
+            not limit CPU shares (``cpu_seconds`` bounds each process).
     """
 
     cpu_seconds: int | None = None
@@ -88,8 +99,12 @@ class SandboxLimits:
     max_processes: int = 512
     max_file_bytes: int = 1 << 30
     disk_quota_bytes: int = 2 << 30
+    cpus: float = 1.0
 
     def __post_init__(self) -> None:
+        if (not isinstance(self.cpus, int | float) or isinstance(self.cpus, bool)
+                or not 0.01 <= self.cpus <= 1024):
+            raise ValueError(f"cpus must be a number of CPUs in [0.01, 1024], got {self.cpus!r}")
         if self.cpu_seconds is not None and (
             not isinstance(self.cpu_seconds, int) or isinstance(self.cpu_seconds, bool)
             or self.cpu_seconds < 1
@@ -142,7 +157,7 @@ class PidsCgroup:
     @classmethod
     def create(cls, max_pids: int) -> PidsCgroup | None:
         """A new cgroup with ``pids.max``; None when no writable pids hierarchy exists."""
-        name = f"bpo-swe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        name = f"{CGROUP_PREFIX}{os.getpid()}-{process_start(os.getpid())}-{uuid.uuid4().hex[:8]}"
         parents = [Path("/sys/fs/cgroup/pids")]
         try:
             for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -198,9 +213,11 @@ class PidsCgroup:
 def require_bwrap() -> str:
     path = shutil.which("bwrap")
     if path is None:
-        raise RuntimeError(
+        from bpo_envs.system import MissingPartError
+
+        raise MissingPartError(
             "the local SWE-bench backend runs commands under bubblewrap, which is not installed: "
-            "apt-get install bubblewrap (or run bpo-gym-setup swebench)"
+            "apt-get install bubblewrap (or run bpo-gym-setup swebench)", "swebench"
         )
     return path
 
@@ -239,7 +256,8 @@ class BwrapSandbox:
         pkg = str(Path(__file__).resolve().parents[1])
         # hide this package (it holds the test patches of the bundled instances)
         self._hidden = [pkg] if any(pkg.startswith(d + os.sep) for d in self._dirs) else []
-        self._shim = Path(tempfile.mkdtemp(prefix="bpo-swe-shim-"))
+        clean_up_now_and_then("local", docker=False)
+        self._shim = scratch_dir("shim-")
         (self._shim / "bin").mkdir()
         (self._shim / "bin" / "activate").write_text(CONDA_SHIM)
         atexit.register(shutil.rmtree, self._shim, True)
@@ -396,7 +414,7 @@ class ObjectStore:
 
     def __init__(self) -> None:
         require_git()
-        self.path = Path(tempfile.mkdtemp(prefix="bpo-swe-store-"))
+        self.path = scratch_dir("store-")
         git("init", "-q", "--bare", str(self.path))
         self._alternates: list[str] = []
         self.initial: dict[str, TreeState] = {}
@@ -445,7 +463,7 @@ class Workspace:
 
     def __init__(self, store: ObjectStore, root: Path | None = None) -> None:
         self.store = store
-        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="bpo-swe-ws-"))
+        self.root = Path(root) if root else scratch_dir("ws-")
         self.testbed = self.root / "testbed"
         self.testbed.mkdir(parents=True, exist_ok=True)
         self._idx_wt = self.root / "index-worktree"

@@ -12,6 +12,11 @@ The parts are shell scripts shipped as package data beside this module, each ide
 
 ``bpo-gym-setup all`` runs the first three. The scripts install into the Python environment
 that runs this command (``$VENV`` overrides it).
+
+``bpo-gym-setup clean [--dry-run]`` is no set-up part: it removes what SWE-bench sandboxes of
+crashed processes left on this host (containers, snapshot images, the local backend's folders,
+cgroups and processes whose owner process is gone; never anything it did not make:
+``bpo_envs.swebench.owners``) and prints what it removed, as JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ PARTS = ("alfworld", "swebench", "llm", "vllm")
 ALL = ("alfworld", "swebench", "llm")
 SETUP_COMMAND = "bpo-gym-setup"
 """The command every "not installed" error names."""
+
+
+class MissingPartError(RuntimeError):
+    """A system part an env needs is not installed here (``part``: the set-up part that installs
+    it). The one error the test suite may skip for: any other failure of an env is a bug."""
+
+    def __init__(self, message: str, part: str) -> None:
+        super().__init__(message)
+        self.part = part
 
 
 def script(part: str) -> Path:
@@ -48,9 +62,29 @@ def run(parts: list[str], venv: str | None = None) -> None:
         subprocess.run(["bash", str(script(part))], env=env, check=True)
 
 
+def clean(argv: list[str]) -> None:
+    """``bpo-gym-setup clean``: see the module docstring."""
+    import json
+
+    from bpo_envs.swebench.owners import clean_up
+
+    parser = argparse.ArgumentParser(prog=f"{SETUP_COMMAND} clean",
+                                     description="Remove what crashed SWE-bench sandboxes left.")
+    parser.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    parser.add_argument("--no-docker", action="store_true", help="leave the Docker daemon alone")
+    args = parser.parse_args(argv)
+    report = clean_up(docker=not args.no_docker, dry_run=args.dry_run)
+    print(json.dumps({"dry_run": args.dry_run, **report.as_dict()}, indent=2))
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["clean"]:
+        clean(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog=SETUP_COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="+", choices=[*PARTS, "all"], help="what to set up")
+    parser.add_argument("parts", nargs="+", choices=[*PARTS, "all"],
+                        help="what to set up (or `clean`: remove what crashed runs left)")
     parser.add_argument("--venv", help="the venv to install into (default: the one running this command)")
     args = parser.parse_args(argv)
     parts = [p for name in args.parts for p in (ALL if name == "all" else (name,))]

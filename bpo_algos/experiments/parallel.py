@@ -1,0 +1,123 @@
+"""Running the main job's independent jobs: in this process, in worker processes, or on Ray.
+
+A job is a module-level function and its arguments (picklable), and a function of them only
+(:mod:`bpo_algos.experiments.runner`), so where and in which order it runs does not change its
+result: ``--jobs N`` and ``--ray ADDRESS`` give the ``results.json`` of ``--jobs 1``
+(wall-clock fields aside).
+
+* ``jobs == 1``: one after the other, here.
+* ``jobs > 1``: a pool of ``jobs`` *spawned* worker processes (fresh interpreters: no state
+  forked from this one; the modules of ``--import`` are imported in each).
+* ``ray``: each job is a Ray task (one CPU) on the cluster at the address (``"local"`` starts
+  one on this machine). Its nodes need this package (and the modules of ``--import``)
+  importable; results come back to this process, which writes them under ``--out``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import multiprocessing
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any
+
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def _import_modules(modules: Sequence[str]) -> None:
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], modules: Sequence[str]) -> Any:
+    _import_modules(modules)
+    return fn(*args)
+
+
+def check_ray_address(address: str) -> None:
+    """Fail now, before any job starts, when the Ray cluster at ``address`` cannot be used:
+    Ray not installed, or nothing listening at ``host:port`` (``ray://host:port``, or a bare
+    ``host:port``). ``"auto"`` and ``"local"`` are checked when Ray starts."""
+    if importlib.util.find_spec("ray") is None:
+        raise SystemExit("--ray needs Ray: pip install 'ray[default]'")
+    if address in ("auto", "local"):
+        return
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"--ray {address!r}: give HOST:PORT (the head's GCS port, 6379 by default), ray://HOST:PORT, auto or local")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=3.0):
+            pass
+    except OSError as exc:
+        raise SystemExit(f"--ray {address!r}: no Ray cluster reachable there ({exc}); start one with `ray start --head` or fix the address") from None
+
+
+def start_ray(address: str) -> None:
+    """Connect to (or, ``"local"``, start) the Ray cluster; an error now when it fails."""
+    check_ray_address(address)
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        if address == "local":
+            ray.init(include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is the same error to the user
+        raise SystemExit(f"--ray {address!r}: could not connect to the Ray cluster: {exc}") from None
+
+
+def execute(
+    calls: Sequence[Job],
+    jobs: int = 1,
+    ray_address: str | None = None,
+    modules: Sequence[str] = (),
+    on_result: Callable[[int, Any], None] | None = None,
+) -> list[Any]:
+    """Run ``calls`` (``(fn, args)`` each) and return their results in the order of ``calls``;
+    ``on_result(index, result)`` is called as each finishes (in completion order)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    results: list[Any] = [None] * len(calls)
+
+    def done(i: int, value: Any) -> None:
+        results[i] = value
+        if on_result is not None:
+            on_result(i, value)
+
+    if not calls:
+        return results
+    if ray_address is not None:
+        start_ray(ray_address)
+        import ray
+
+        remote = ray.remote(num_cpus=1, max_retries=0)(_call)
+        refs = {remote.remote(fn, args, tuple(modules)): i for i, (fn, args) in enumerate(calls)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                done(refs[ref], ray.get(ref))
+        return results
+    if jobs == 1 or len(calls) == 1:
+        for i, (fn, args) in enumerate(calls):
+            done(i, fn(*args))
+        return results
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=context, initializer=_import_modules, initargs=(tuple(modules),)) as pool:
+        futures = {pool.submit(fn, *args): i for i, (fn, args) in enumerate(calls)}
+        pending = set(futures)
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    done(futures[future], future.result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return results

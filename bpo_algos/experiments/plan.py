@@ -1,0 +1,235 @@
+"""``bpo-compare --plan``: size a comparison before paying for it (no training).
+
+It prints the runs a preset makes, the compute they will use (in the budget unit and in flops)
+and the wall time they will take with ``--jobs N``, and the effect the preset can detect with its
+seeds and evaluation episodes (docs/main-job.md, "Planning"). The figures come from, in order:
+
+* a saved earlier ``results.json`` (``--plan-from``, else the preset's ``recorded_results``):
+  its seconds per run, flops per update and, per metric, the spread over seeds of each
+  algorithm's paired difference with the comparator. The detectable effect at the preset's
+  ``n`` seeds is ``(t_{0.975, n-1} + t_{0.80, n-1}) sd / sqrt(n)`` with that spread ``sd``;
+* a GPU preset (``preset.gpus`` set; no CPU pilot can run its model): the named assumptions of
+  :mod:`bpo_algos.experiments.gpu_plan` (the spread from the CPU pilot plus evaluation noise,
+  flops from the budget, GPU-hours at an assumed share of the peak), GPU-hours and days on one
+  H200 and on 8 x H100 printed beside;
+* else a short pilot: per env, the first seed's initial policy is built and evaluated once, and
+  the comparator trains ``PILOT_UPDATES`` updates; every algorithm is assumed to cost what the
+  comparator costs per update (named so in the output). With no spread measured, the
+  detectable effect printed is the one evaluation noise alone allows: two independent
+  evaluations of ``T`` tasks x ``E`` episodes at the warm start's success ``p`` differ with
+  ``sd = sqrt(2 p (1 - p) / (T E))`` (``p`` shrunk to ``(wins + 1/2) / (T E + 1)``; training adds
+  its own spread, so the real one is larger).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bpo_algos.experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
+from bpo_algos.experiments.presets import Preset
+from bpo_algos.experiments.runner import (
+    build_algorithm,
+    env_factory,
+    eval_env_factory,
+    eval_points,
+    evaluate_episodes,
+    make_policy,
+    probes_on,
+    task_split,
+    trainer_config,
+)
+from bpo_algos.experiments.stats import METRICS, minimal_detectable_effect
+
+PILOT_UPDATES = 3
+"""Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
+timed)."""
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The saved results the plan uses and where they came from (None, None: run a pilot)."""
+    if plan_from is not None:
+        if not plan_from.exists():
+            raise SystemExit(f"--plan-from {plan_from}: no such file")
+        return json.loads(plan_from.read_text()), str(plan_from)
+    if preset.recorded_results:
+        path = REPOSITORY / preset.recorded_results
+        if path.exists():
+            return json.loads(path.read_text()), str(path.relative_to(REPOSITORY))
+    return None, None
+
+
+def _pilot(preset: Preset, env: str) -> dict[str, Any]:
+    """Seconds per update, per evaluation and per initial policy, flops per update and the warm
+    start's success, measured on the first seed."""
+    from bpo_algos.rollout import EnvPool as Pool
+    from bpo_algos.trainer import Trainer
+
+    setup = preset.envs[env]
+    seed = list(preset.for_env("seeds", env))[0]
+    train_tasks, eval_tasks = task_split(setup)
+    t0 = time.perf_counter()
+    policy = make_policy(preset, setup, seed, train_tasks)
+    build = time.perf_counter() - t0
+    pool = Pool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    try:
+        t0 = time.perf_counter()
+        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env), seed + 2000)
+        evaluation = time.perf_counter() - t0
+    finally:
+        pool.close()
+    pool = Pool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    try:
+        algorithm = build_algorithm(preset.comparator, preset, seed)
+        config = replace(trainer_config(preset, env, seed, len(train_tasks)), updates=PILOT_UPDATES, out_dir=None, save_trees_every=0)
+        stamps: list[float] = []
+        history = Trainer(algorithm, policy, pool, train_tasks, config).train(after_update=lambda _: stamps.append(time.perf_counter()))
+        update = (stamps[-1] - stamps[1]) / (PILOT_UPDATES - 1)
+    finally:
+        pool.close()
+    return {
+        "seconds_per_update": update,
+        "seconds_per_eval": evaluation,
+        "seconds_initial": build + evaluation,
+        "flops_per_update": float(np.mean([row["compute"]["flops"] for row in history])),
+        "warm_success": float(np.mean(wins)),
+        "eval_episodes_total": len(wins),
+    }
+
+
+def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Print and return the plan of ``preset`` with ``jobs`` parallel runs (module docstring)."""
+    saved, source = recorded(preset, plan_from)
+    envs: dict[str, Any] = {}
+    total_seconds = 0.0
+    for env, setup in preset.envs.items():
+        seeds = list(preset.for_env("seeds", env))
+        n = len(seeds)
+        updates = preset.trainer_for(env).updates
+        points = eval_points(preset, env)
+        probing = [s for s in seeds if probes_on(preset, env, s)]
+        entry: dict[str, Any] = {
+            "seeds": seeds,
+            "algorithms": list(preset.algorithms),
+            "runs": n * len(preset.algorithms),
+            "updates": updates,
+            "budget_per_update": preset.budget[env],
+            "budget_unit": preset.budget_unit,
+            "evaluations_per_run": len(points),
+            "eval_tasks": setup.eval_tasks,
+            "eval_episodes": preset.for_env("eval_episodes", env),
+            "probe_seeds": probing,
+            "compute_per_run": updates * preset.budget[env],
+        }
+        record = (saved or {}).get("per_env", {}).get(env) if saved else None
+        if record and "vs_comparator" in record:  # (an older results.json has no paired spreads)
+            entry["source"] = f"recorded: {source}"
+            old_updates = (saved.get("preset") or {}).get("updates")
+            old_updates = old_updates.get(env) if isinstance(old_updates, dict) else old_updates
+            scale = updates / old_updates if old_updates else 1.0
+            seconds, flops = {}, {}
+            for a in preset.algorithms:
+                r = record["algorithms"].get(a) or record["algorithms"].get(preset.comparator) or next(iter(record["algorithms"].values()))
+                seconds[a] = r.get("seconds_per_run", 0.0) * scale
+                flops[a] = r["compute"].get("flops", float("nan")) * updates
+            entry["seconds_per_run"] = seconds
+            entry["flops_per_run"] = flops
+            run_seconds = n * sum(seconds.values())
+            timing = saved.get("timing") or {}
+            pairs = max(1, sum(len(v.get("seeds", [])) for v in saved["per_env"].values()))
+            run_seconds += n * timing.get("initial_seconds_total", 0.0) / pairs
+            mde: dict[str, dict[str, float]] = {}
+            for a, vs in record.get("vs_comparator", {}).items():
+                if a not in preset.algorithms:
+                    continue
+                mde[a] = {m: minimal_detectable_effect(vs[m]["sd"], n) for m in METRICS if m in vs and vs[m].get("sd") is not None}
+            entry["mde"] = mde
+            entry["mde_basis"] = f"the per-seed spread of each paired difference in {source}, at {n} seeds"
+        elif preset.gpus and env in ASSUMED_SPREAD:
+            # a GPU preset: no CPU pilot can run its model; sized from named assumptions
+            row = gpu_plan(preset)[env]
+            entry["source"] = (
+                f"assumed (bpo_algos.experiments.gpu_plan): flops from the preset's budget and episode shape, "
+                f"{ASSUMED_MFU:.0%} of {PEAK_BF16_FLOPS['H100'] / 1e12:.0f} TFLOPS per GPU"
+            )
+            seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / preset.gpus  # on the preset's GPUs
+            entry["seconds_per_run"] = {a: seconds_per_run for a in preset.algorithms}
+            entry["flops_per_run"] = {a: row["flops_per_run"]["total"] for a in preset.algorithms}
+            entry["gpu_hours"] = row["gpu_hours"]
+            entry["days_on_1xH200"] = row["days_on_1xH200"]
+            entry["days_on_8xH100"] = row["days_on_8xH100"]
+            run_seconds = row["gpu_hours"] * 3600 / preset.gpus
+            entry["mde"] = {a: {"final": row["mde"]} for a in preset.algorithms if a != preset.comparator}
+            entry["mde_basis"] = f"sd {row['sd_assumed']:.3f} per seed: {row['sd_source']} ({n} seeds)"
+        else:
+            if progress:
+                print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
+            pilot = _pilot(preset, env)
+            entry["source"] = f"pilot: {preset.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
+            entry["pilot"] = pilot
+            probe_batches = 2 * (preset.for_env("grad_batches", env) + 1)
+            per_run = updates * pilot["seconds_per_update"] + (len(points) - 1) * pilot["seconds_per_eval"]
+            probe = probe_batches * pilot["seconds_per_update"]
+            seconds = {a: per_run for a in preset.algorithms}
+            entry["seconds_per_run"] = seconds
+            entry["flops_per_run"] = {a: pilot["flops_per_update"] * updates for a in preset.algorithms}
+            run_seconds = n * sum(seconds.values()) + len(probing) * len(preset.algorithms) * probe + n * pilot["seconds_initial"]
+            episodes = max(pilot["eval_episodes_total"], 1)
+            # (wins + 1/2) / (episodes + 1): a success of exactly 0 or 1 in the pilot still has noise
+            p = (pilot["warm_success"] * episodes + 0.5) / (episodes + 1)
+            sd = math.sqrt(2 * p * (1 - p) / episodes)
+            entry["mde"] = {a: {"final": minimal_detectable_effect(sd, n)} for a in preset.algorithms if a != preset.comparator}
+            entry["mde_basis"] = (
+                f"evaluation noise alone (warm start success {pilot['warm_success']:.3f}, {episodes} episodes per evaluation, {n} seeds): "
+                "a lower bound, training adds its own spread"
+            )
+        entry["seconds_total"] = run_seconds
+        total_seconds += run_seconds
+        envs[env] = entry
+    result = {
+        "preset_algorithms": list(preset.algorithms),
+        "treatment": preset.treatment,
+        "comparator": preset.comparator,
+        "primary_metric": preset.primary_metric,
+        "jobs": jobs,
+        "per_env": envs,
+        "runs": sum(e["runs"] for e in envs.values()),
+        "cpu_seconds": total_seconds,
+        "wall_seconds": total_seconds / jobs,
+    }
+    print(render(result))
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    """The plan as text."""
+    lines = [
+        f"Plan: {result['runs']} runs ({', '.join(result['preset_algorithms'])}); headline {result['treatment']} − "
+        f"{result['comparator']} on {result['primary_metric']}.",
+        f"Expected wall time with --jobs {result['jobs']}: {result['wall_seconds'] / 60:.1f} min "
+        f"({result['cpu_seconds'] / 60:.1f} min of runs in all).",
+    ]
+    for env, e in result["per_env"].items():
+        lines += [
+            "",
+            f"{env}: {len(e['seeds'])} seeds x {len(e['algorithms'])} algorithms = {e['runs']} runs; {e['updates']} updates of "
+            f"{e['budget_per_update']} {e['budget_unit']} ({e['compute_per_run']:,.0f} per run); {e['evaluations_per_run']} evaluations "
+            f"of {e['eval_tasks']} tasks x {e['eval_episodes']} episodes; gradient probes on seeds {e['probe_seeds']}.",
+            f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs",
+        ]
+        if "gpu_hours" in e:
+            lines.append(f"  {e['gpu_hours']:,.0f} GPU-hours: {e['days_on_1xH200']:,.0f} days on one H200, {e['days_on_8xH100']:,.0f} days on 8 x H100")
+        for a in e["algorithms"]:
+            lines.append(f"    {a}: {e['seconds_per_run'][a]:.0f} s and {e['flops_per_run'][a]:.3g} flops per run")
+        lines.append(f"  detectable effect (80% power, two-sided 5%) against {result['comparator']}, from {e['mde_basis']}:")
+        for a, by_metric in e["mde"].items():
+            lines.append(f"    {a}: " + ", ".join(f"{m} {v:.3g}" for m, v in by_metric.items()))
+    return "\n".join(lines)

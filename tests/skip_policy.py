@@ -1,0 +1,81 @@
+"""Which skips the suite allows (a pytest plugin, loaded by ``tests/conftest.py``).
+
+A test may skip only when an optional part is declared absent (its Python package is not
+installed, or a system part the set-up did not install), saying which. Under
+``BPO_REQUIRE_ALL=1`` (``.ci/run``, after the full set-up: ``make setup`` installs every extra
+and the alfworld, swebench and llm system parts) a skip is turned into a failure unless its
+reason matches :data:`ALLOWED_UNDER_FULL_SETUP`: parts that set-up does not install. The
+terminal summary lists every skip reason with its count, allowed or refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+import pytest
+
+ALLOWED_UNDER_FULL_SETUP: tuple[tuple[str, str], ...] = (
+    (r"\bvllm\b", "vLLM is not installed by the set-up (bpo-gym-setup vllm, in its own venv: "
+                  ".ci/run's vLLM stage runs these tests there)"),
+    (r"no writable pids cgroup", "the host has no writable pids cgroup (a kernel setting)"),
+    (r"no VmRSS", "the kernel reports no VmRSS (not Linux)"),
+)
+"""``(pattern, why)``: skip reasons allowed under ``BPO_REQUIRE_ALL=1``."""
+
+REFUSED = "skipped for a part the full set-up installs (BPO_REQUIRE_ALL=1)"
+
+
+def require_all() -> bool:
+    return os.environ.get("BPO_REQUIRE_ALL", "") not in ("", "0")
+
+
+def allowed(reason: str) -> str | None:
+    """Why ``reason`` may skip under the full set-up, or None."""
+    return next((why for pattern, why in ALLOWED_UNDER_FULL_SETUP if re.search(pattern, reason)), None)
+
+
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+_seen: Counter[tuple[str, bool]] = Counter()
+
+
+def _judge(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _reason(report)
+    ok = not require_all() or allowed(reason) is not None
+    _seen[(reason, ok)] += 1
+    if not ok:
+        report.outcome = "failed"
+        report.longrepr = f"{REFUSED}: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    outcome = yield
+    _judge(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> object:
+    outcome = yield
+    _judge(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    if not _seen:
+        return
+    tr = terminalreporter
+    mode = "BPO_REQUIRE_ALL=1" if require_all() else "BPO_REQUIRE_ALL unset: every declared skip allowed"
+    tr.section(f"skip reasons ({mode})")
+    for (reason, ok), n in sorted(_seen.items(), key=lambda kv: (kv[0][1], -kv[1])):
+        why = allowed(reason)
+        tag = ("allowed" + (f" ({why})" if why and require_all() else "")) if ok else "REFUSED"
+        tr.write_line(f"{n:4d} x {tag}: {reason}")

@@ -1,0 +1,136 @@
+"""The main job as a user runs it: --jobs equivalence, --plan, the controls, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import gymnasium as gym
+import pytest
+import torch
+
+import bpo_envs  # noqa: F401
+from bpo_algos import Budget, EnvPool, Trainer, make_algorithm
+from bpo_algos.experiments import compare
+
+SMALL = ["--smoke", "--updates", "2", "--no-progress"]
+
+
+def _strip(value):
+    """results.json without its wall-clock fields (time is the one thing parallel runs change)."""
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if "seconds" not in k and k != "timing"}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def test_jobs_give_the_results_of_one_job_and_resume(tmp_path):
+    one = compare.main([*SMALL, "--out", str(tmp_path / "one"), "--jobs", "1"])
+    # the second comparison first runs one env, then the other joins it on --resume
+    compare.main([*SMALL, "--out", str(tmp_path / "two"), "--jobs", "2", "--envs", "treemdp"])
+    kept = (tmp_path / "two" / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns
+    two = compare.main([*SMALL, "--out", str(tmp_path / "two"), "--jobs", "2", "--resume"])
+    assert (tmp_path / "two" / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns == kept
+    saved = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two")]
+    assert saved[1]["timing"]["jobs"] == 2 and saved[0]["timing"]["jobs"] == 1
+    assert _strip(saved[0]) == _strip(saved[1])
+    assert json.dumps(_strip(one), sort_keys=True) == json.dumps(_strip(two), sort_keys=True)  # (nan != nan in dicts)
+    # --resume with workers: a lost run is redone in a worker, the rest are kept
+    shutil.rmtree(tmp_path / "two" / "runs" / "webshop" / "bpo" / "seed1")
+    (tmp_path / "two" / "results.json").unlink()
+    compare.main([*SMALL, "--out", str(tmp_path / "two"), "--jobs", "2", "--resume"])
+    assert _strip(json.loads((tmp_path / "two" / "results.json").read_text())) == _strip(saved[0])
+
+
+def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, capsys):
+    out = tmp_path / "never"
+    plan = compare.main(["--smoke", "--plan", "--jobs", "2", "--no-progress", "--out", str(out)])
+    assert not out.exists()  # nothing trained, nothing written
+    assert plan["runs"] == 2 * 2 * 5 and plan["wall_seconds"] > 0 and plan["jobs"] == 2
+    webshop = plan["per_env"]["webshop"]
+    assert webshop["source"].startswith("pilot") and webshop["compute_per_run"] == 4 * 128
+    assert set(webshop["mde"]) == {"bpo", "grpo", "frozen", "reinforce"} and webshop["mde"]["bpo"]["final"] > 0
+    text = capsys.readouterr().out
+    assert "Expected wall time with --jobs 2" in text and "detectable effect" in text
+
+
+def test_plan_from_a_saved_run_uses_its_spread(tmp_path, capsys):
+    out = tmp_path / "saved"
+    compare.main(["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)])
+    plan = compare.main(["--smoke", "--envs", "treemdp", "--plan", "--jobs", "1", "--seeds", "0", "1", "2", "3",
+                         "--plan-from", str(out / "results.json")])
+    entry = plan["per_env"]["treemdp"]
+    assert entry["source"] == f"recorded: {out / 'results.json'}"
+    saved = json.loads((out / "results.json").read_text())["per_env"]["treemdp"]["vs_comparator"]["bpo"]["final"]
+    from bpo_algos.experiments.stats import minimal_detectable_effect
+
+    assert entry["mde"]["bpo"]["final"] == pytest.approx(minimal_detectable_effect(saved["sd"], 4))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--comparator", "nope"], "unknown comparator 'nope'"),
+        (["--algorithms", "bpo", "grpo"], "--comparator 'rloo' is not among the algorithms"),
+        (["--comparator", "bpo"], "the treatment and the comparator are both 'bpo'"),
+        (["--ray", "127.0.0.1:1"], "no Ray cluster reachable"),
+        (["--ray", "nowhere"], "give HOST:PORT"),
+    ],
+)
+def test_bad_input_is_a_clear_error_before_any_run(tmp_path, argv, message):
+    out = tmp_path / "x"
+    with pytest.raises(SystemExit, match=message):
+        compare.main(["--smoke", "--out", str(out), "--no-progress", *argv])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_jobs_must_be_a_positive_count(tmp_path, value, capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["--smoke", "--out", str(tmp_path / "x"), "--jobs", value])
+    assert "--jobs" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def _pool():
+    return EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)] * 2)
+
+
+def test_frozen_control_collects_like_its_algorithm_and_never_moves():
+    from bpo_algos.policy.scorer import TextScorerPolicy
+
+    policy = TextScorerPolicy(seed=0)
+    before = [p.detach().clone() for p in policy.parameters()]
+    frozen = make_algorithm("frozen", group_size=4, seed=0)
+    assert frozen.group_size == 4 and frozen.root_branches == 4 and frozen.name == "frozen"
+    Trainer(frozen, policy, _pool(), [0, 1, 2, 3], updates=3, budget=Budget("env_steps", 64), learning_rate=0.1, seed=0).train()
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
+    # the same collection as the algorithm it wraps
+    a = make_algorithm("frozen", of="grpo", group_size=3, seed=5).collect(TextScorerPolicy(seed=1), _pool(), [0, 1])
+    b = make_algorithm("grpo", group_size=3, seed=5).collect(TextScorerPolicy(seed=1), _pool(), [0, 1])
+    assert [t.root.branch_factor for t in a.trees] == [t.root.branch_factor for t in b.trees] == [3, 3]
+    assert a.compute.env_steps == b.compute.env_steps
+    assert all(e.advantage == 0.0 for t in a.trees for e in t.edges())
+    with pytest.raises(ValueError, match="wrap itself"):
+        make_algorithm("frozen", of="frozen")
+
+
+def test_reinforce_control_has_no_baseline():
+    from bpo_algos import TabularPolicy
+
+    batch = make_algorithm("reinforce", group_size=4, seed=0).collect(TabularPolicy(), _pool(), [0])
+    tree = batch.trees[0]
+    for first in tree.root.children:
+        assert first.advantage == pytest.approx(first.q)
+
+
+@pytest.mark.slow
+def test_ray_runs_give_the_results_of_one_job(tmp_path):
+    pytest.importorskip("ray")
+    args = ["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress"]
+    compare.main([*args, "--out", str(tmp_path / "one"), "--jobs", "1"])
+    compare.main([*args, "--out", str(tmp_path / "ray"), "--ray", "local"])
+    saved = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "ray")]
+    assert saved[1]["timing"]["ray"] == "local"
+    assert _strip(saved[0]) == _strip(saved[1])
