@@ -76,8 +76,9 @@ class TreeGRPO(Algorithm):
         self._salt = int(self._rng.integers(2**63 - 1))
 
     # ---- topology ------------------------------------------------------------------------
-    def engine_tasks(self, tasks: Sequence[Any]) -> list[Any]:
-        return [task for task in tasks for _ in range(self.options.m)]
+    @property
+    def trees_per_task(self) -> int:  # type: ignore[override]
+        return self.options.m
 
     def expansions(self, tree: RolloutTree, round: int) -> list[Node]:
         """``n`` nodes drawn uniformly with replacement from the root and the decision points."""

@@ -7,7 +7,7 @@ comparison at matched compute differs only in what the algorithms are meant to d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -253,9 +253,8 @@ class Algorithm:
     def fork_count(self, path: PathState, entropy: float | None) -> int:
         return 1
 
-    def engine_tasks(self, tasks: Sequence[Any]) -> Sequence[Any]:
-        """The task sequence the engine builds one tree for each of (Tree-GRPO: ``M`` per task)."""
-        return tasks
+    trees_per_task: int = 1
+    """Trees the engine builds per task index (Tree-GRPO: ``m``)."""
 
     def finish_trees(self, trees: list[RolloutTree]) -> None:
         """The topology's last step on the collected trees, before the advantages (Tree-GRPO
@@ -286,15 +285,17 @@ class Algorithm:
         budget: Budget | dict[str, Any] | tuple[str, float] | None = None,
         *,
         seed: int | None = None,
+        tree_indices: Iterable[int] | None = None,
         finish: bool = True,
     ) -> Batch:
         """Build one tree per task (tasks cycled while ``budget`` remains) and score the steps.
 
-        ``seed`` fixes the engine's reset seeds for this call (data-parallel training seeds
-        each tree by its index in the update, so the trees do not depend on the rank that
-        builds them); ``finish=False`` skips :meth:`end_batch` (the caller runs it once on the
-        whole, possibly all-gathered, batch)."""
-        budget = Budget.parse(budget)
+        Tree ``i``'s randomness is its own stream keyed by ``(seed, i)`` (:mod:`bpo_algos.rollout`;
+        ``seed`` None: drawn from the algorithm's generator). ``tree_indices`` names the trees
+        to build (a data-parallel rank's share: tree ``i`` on ``tasks[i % len(tasks)]``);
+        ``finish=False`` skips :meth:`end_batch` (the caller runs it once on the whole, possibly
+        all-gathered, batch)."""
+        budget = Budget.parse(budget)  # the one place a budget is read (a Budget passes as is)
         engine_seed = int(self._rng.integers(2**31 - 1)) if seed is None else int(seed)
         pool = env_fns if isinstance(env_fns, EnvPool) else EnvPool(env_fns)
         try:
@@ -304,7 +305,7 @@ class Algorithm:
                 seed=engine_seed,
             )
             prior = self._tree_costs.get(budget.unit) if budget is not None else None
-            result = engine.run(policy, self, self.engine_tasks(tasks), budget, prior_costs=prior)
+            result = engine.run(policy, self, tasks, budget, prior_costs=prior, tree_indices=tree_indices)
         finally:
             if not isinstance(env_fns, EnvPool):
                 pool.close()

@@ -15,7 +15,7 @@ Unbiasedness (docs/unbiasedness.md, rules 1-4):
    ``threshold_window`` batches; ``0`` before the first batch: branch wherever the policy is not
    deterministic) and independent randomness: an entropy *at* an adaptive threshold (a tie,
    common where many decision points share one entropy, e.g. a uniform policy) branches with
-   probability ``p``, drawn from BPO's own generator, with ``p`` set from the same earlier
+   probability ``p``, drawn from the path's own random stream (:mod:`bpo_algos.rollout`), with ``p`` set from the same earlier
    batches so that a fraction ``1 - entropy_quantile`` of their decisions would branch. The
    draw uses nothing of the action sampled at ``h`` or of what follows, so rule 1 holds
    (docs/unbiasedness.md, rules 1 and 6); a strict ``>`` would stop branching altogether where
@@ -130,7 +130,6 @@ class BPO(Algorithm):
         """The threshold in force for the next batch."""
         self.tie_probability = 0.0
         """Probability of branching at an entropy equal to the adaptive threshold (0 when fixed)."""
-        self._tie_rng = np.random.default_rng([self.seed, 0x7E5])
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]
@@ -154,7 +153,7 @@ class BPO(Algorithm):
             return 1
         if _ties(entropy, self.threshold):
             # independent randomness (rule 1): nothing of the action at this decision point
-            branch = self.tie_probability > 0 and self._tie_rng.random() < self.tie_probability
+            branch = self.tie_probability > 0 and path.random.random() < self.tie_probability
         else:
             branch = entropy > self.threshold
         return self.branch_factor if branch else 1
@@ -194,7 +193,6 @@ class BPO(Algorithm):
             "threshold": self.threshold,
             "history": list(self._history),
             "tie_probability": self.tie_probability,
-            "tie_rng": self._tie_rng.bit_generator.state,
             "baseline": self.baseline_choice.state_dict(),
         }
 
@@ -203,8 +201,6 @@ class BPO(Algorithm):
         self.threshold = state["threshold"]
         self._history = deque(state["history"], maxlen=self.options.threshold_window)
         self.tie_probability = state.get("tie_probability", 0.0)
-        if "tie_rng" in state:
-            self._tie_rng.bit_generator.state = state["tie_rng"]
         self.baseline_choice.load_state_dict(state.get("baseline", {}))
 
 

@@ -3,9 +3,10 @@
 Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every rank runs the same
 :class:`~bpo_algos.trainer.Trainer` code; what makes them one training run:
 
-* **Trees split, seeded per tree.** Every rank draws the same tasks (same seed); tree ``i`` of
-  an update is built by rank ``i mod N``, with the policy and the engine seeded by
-  :func:`tree_seed` ``(seed, update, i)``, so a tree is the same whichever rank builds it.
+* **Trees split, each its own random stream.** Every rank draws the same tasks (same seed);
+  tree ``i`` of an update is built by rank ``i mod N`` from the stream keyed by
+  ``(seed, update, i)`` (:mod:`bpo_algos.rollout`), the rule one process follows too, so a
+  tree is the same whichever rank builds it and however many trees are in flight.
 * **One gradient.** Each rank back-propagates its trees' loss divided by the *global*
   normaliser (the sum of every rank's :meth:`~bpo_algos.algorithm.Algorithm.loss_normaliser`),
   then :func:`all_reduce_gradients` sums the gradients: the result is the one-process
@@ -103,9 +104,10 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def tree_seed(seed: int, update: int, index: int) -> int:
-    """The seed of tree ``index`` of update ``update`` (independent of the rank building it)."""
-    return int(np.random.SeedSequence([int(seed), int(update), int(index)]).generate_state(1)[0])
+def update_seed(seed: int, update: int) -> int:
+    """The batch seed of update ``update`` of a run seeded ``seed``: with a tree's index, the key
+    of the tree's random stream (the same whichever rank builds it)."""
+    return int(np.random.SeedSequence([int(seed), int(update)]).generate_state(1)[0])
 
 
 def shard_indices(n: int, rank_: int | None = None, world: int | None = None) -> list[int]:

@@ -155,7 +155,7 @@ class FailureHandler:
                 edge = node.parent
                 node = edge.parent
             if edge is not None:
-                node.children.remove(edge)
+                build.remove_child(node, edge)
                 lost += line_edges(edge)
             node.branch_factor -= 1
             if node.branch_factor > 0:

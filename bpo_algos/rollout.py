@@ -21,6 +21,17 @@ decision entropy and how many actions to sample there given that entropy. The en
    a rebuild (:mod:`bpo_algos.recovery`); the tree is finalized when the hook names no more
    nodes.
 
+**One seeding rule.** Every tree's randomness is its own stream, keyed by the engine's seed and
+the tree's index in the batch (:func:`~bpo_algos.paths.path_stream`): its reset seed, and for
+each of its paths a stream of its own from which the path draws its tie-breaks and its sampled
+actions (``policy.sample(contexts, n, rngs=...)``: one generator per context). Policy calls stay
+batched over every path in flight, yet a tree is the same whether it is built alone, among 16
+others, or on another data-parallel rank (the trainer gives each rank the tree indices it
+builds: ``tree_indices``); its edges are ordered by the paths' keys, not by who stepped first.
+A policy whose ``sample`` takes no ``rngs`` samples from its own generator instead (then the
+trees depend on what was in flight). Tree ``i`` is built on task ``tasks[i % len(tasks)]``; a
+topology with ``trees_per_task = m`` (Tree-GRPO) builds ``m`` trees per index.
+
 Trees in flight at once are bounded by ``max_parallel_trees``. Under a :class:`Budget` a new
 tree starts only while the batch is expected to end closer to the budget with it
 (:func:`~bpo_algos.compute.should_start`), every started tree counted at its expected cost: the
@@ -46,6 +57,7 @@ Env failures are retried, rebuilt or dropped by :class:`~bpo_algos.recovery.Fail
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import time
@@ -59,7 +71,7 @@ import numpy as np
 
 import bpo_envs
 from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters, should_start
-from bpo_algos.paths import PathState, SharedSnapshot, TreeBuild
+from bpo_algos.paths import PathState, SharedSnapshot, TreeBuild, path_stream
 from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.recovery import EnvFailureError, FailureHandler, FailureRecord, ReplayMismatchError
 from bpo_algos.tree import Edge, Node, RolloutTree
@@ -109,9 +121,24 @@ class Topology(Protocol):
 @dataclass
 class EngineResult:
     trees: list[RolloutTree]
+    """The finished trees, by index."""
     compute: ComputeMeter
     entropies: list[float] = field(default_factory=list)
+    """The decision entropies computed, tree by tree (in index order)."""
     failures: list[FailureRecord] = field(default_factory=list)
+
+
+def tree_entropies(tree: RolloutTree) -> list[float]:
+    """The decision entropies computed in ``tree``, in a fixed (depth-first) order."""
+    return [node.entropy for node in tree.nodes() if node.entropy is not None]
+
+
+def takes_rngs(policy: Any) -> bool:
+    """Whether ``policy.sample`` takes ``rngs=`` (one generator per context)."""
+    try:
+        return "rngs" in inspect.signature(policy.sample).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _policy_usage(policy: Policy) -> ComputeMeter:
@@ -131,7 +158,7 @@ class RolloutEngine:
         self.max_parallel_trees = max_parallel_trees or len(pool)
         if self.max_parallel_trees < 1:
             raise ValueError(f"max_parallel_trees must be >= 1, got {max_parallel_trees}")
-        self._rng = np.random.default_rng(seed)
+        self.seed = int(seed)
         self.retries = int(getattr(pool, "retries", 2))
         self.max_failures = int(getattr(pool, "max_failures", 64))
 
@@ -142,8 +169,12 @@ class RolloutEngine:
         tasks: Sequence[Any],
         budget: Budget | None = None,
         prior_costs: Sequence[float] | None = None,
+        *,
+        tree_indices: Iterable[int] | None = None,
     ) -> EngineResult:
-        """Build trees for ``tasks`` (cycled while a budget remains, else one tree each).
+        """Build trees for ``tasks``: tree ``i`` on ``tasks[i % len(tasks)]``, for ``i`` in
+        ``tree_indices`` (default: ``0 .. len(tasks) - 1``, or ``0, 1, 2, ...`` while a budget
+        remains), each with its own random stream (see the module docstring).
 
         ``prior_costs``: the cost, in the budget's unit, of each tree of an earlier batch (the
         start rule's estimate of a tree not yet finished; see the module docstring).
@@ -170,7 +201,12 @@ class RolloutEngine:
         self._prior_costs = [float(c) for c in prior_costs or ()]
         self._static_prior: dict[str, float] | None = None
         self._start = start = time.perf_counter()
-        task_iter: Iterable[Any] = itertools.cycle(tasks) if budget is not None else iter(tasks)
+        if tree_indices is None:
+            tree_indices = itertools.count() if budget is not None else range(len(tasks))
+        per_task = int(getattr(topology, "trees_per_task", 1))
+        # (tree index, task): the m trees of an index j*m .. j*m + m - 1, all on task j
+        task_iter = ((i * per_task + k, tasks[i % len(tasks)]) for i in tree_indices for k in range(per_task))
+        self._sample_rngs = takes_rngs(policy)
         trees: list[RolloutTree] = []
         builds: list[TreeBuild] = []
         entropies: list[float] = []
@@ -189,11 +225,11 @@ class RolloutEngine:
                 and all(self._pinned(p) for p in waiting)
                 and self._budget_allows(budget, builds)
             ):
-                task = next(task_iter, _DONE)
-                if task is _DONE:
+                item = next(task_iter, _DONE)
+                if item is _DONE:
                     tasks_left = False
                     break
-                path = self._start_tree(task, trees, builds)
+                path = self._start_tree(*item, trees, builds)
                 if path is not None:
                     ready.append(path)
                     in_flight += 1
@@ -209,7 +245,8 @@ class RolloutEngine:
             ready = [p for p in ready if p.env is not None]
 
         meter.seconds = time.perf_counter() - start
-        return EngineResult(trees, meter, entropies, self._failures.records)
+        trees.sort(key=lambda t: t.index)
+        return EngineResult(trees, meter, [h for t in trees for h in tree_entropies(t)], self._failures.records)
 
     # ---- the budget's start rule ----------------------------------------------------------
     def _budget_allows(self, budget: Budget | None, builds: list[TreeBuild]) -> bool:
@@ -309,7 +346,13 @@ class RolloutEngine:
                 raise ValueError(f"branch factor must be >= 1, got {n}")
             groups.setdefault(n, []).append(path)
         for n, paths in groups.items():
-            samples = self._call(paths, lambda paths=paths, n=n: self._policy.sample([p.context for p in paths], n))
+            if self._sample_rngs:
+                def call(paths: list[PathState] = paths, n: int = n) -> Any:
+                    return self._policy.sample([p.context for p in paths], n, rngs=[p.random for p in paths])
+            else:
+                def call(paths: list[PathState] = paths, n: int = n) -> Any:
+                    return self._policy.sample([p.context for p in paths], n)
+            samples = self._call(paths, call)
             for path, actions in zip(paths, samples, strict=True):
                 if len(actions) != n:
                     raise RuntimeError(f"policy returned {len(actions)} samples, asked for {n}")
@@ -351,9 +394,10 @@ class RolloutEngine:
             shared = SharedSnapshot(snap, path.env, pending=len(actions) - 1, node=node)
             path.build.snapshots[id(node)] = shared
         sibling_level = path.level if path.is_root else path.level + 1
-        for action in actions[1:]:
+        for j, action in enumerate(actions[1:], start=1):
             waiting.append(
-                PathState(path.build, node, level=sibling_level, snapshot=shared, pending=action, rebuild=shared is None)
+                PathState(path.build, node, level=sibling_level, snapshot=shared, pending=action, rebuild=shared is None,
+                          key=(*path.key, node.depth + 1, j))
             )
         path.build.open_paths += len(actions) - 1
         if not path.is_root:
@@ -373,7 +417,7 @@ class RolloutEngine:
         )
         edge = Edge(node, child, action, float(reward), bool(terminated), bool(truncated), info)
         child.parent = edge
-        node.children.append(edge)
+        path.build.add_child(node, edge, path.key)
         self._charge(path.build, train_tokens=int(self._train_tokens(edge)))
         path.node = child
         path.is_root = False
@@ -441,9 +485,9 @@ class RolloutEngine:
             ready.append(path)
 
     # ---- trees: start and finish --------------------------------------------------------
-    def _start_tree(self, task: Any, trees: list[RolloutTree], builds: list[TreeBuild]) -> PathState | None:
+    def _start_tree(self, index: int, task: Any, trees: list[RolloutTree], builds: list[TreeBuild]) -> PathState | None:
         meter = self._meter
-        seed = int(self._rng.integers(2**31 - 1))
+        seed = int(path_stream(self.seed, index, ()).integers(2**31 - 1))
         for attempt in range(self.retries + 1):
             env = self.pool.acquire()
             if env is None:
@@ -466,11 +510,12 @@ class RolloutEngine:
                 admissible_actions=admissible_of(info),
                 initial_observation=obs,
             )
-            tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info), seed=seed)
+            tree = RolloutTree(task_id=context.task_id, root=Node(context=context, info=info), seed=seed, index=index)
             tree.compute.resets += 1
             tree.compute.seconds += time.perf_counter() - t0
             trees.append(tree)
-            build = TreeBuild(tree, open_paths=1, started=time.perf_counter(), task=task, seed=seed)
+            build = TreeBuild(tree, open_paths=1, started=time.perf_counter(), task=task, seed=seed,
+                              batch_seed=self.seed, index=index)
             builds.append(build)
             return PathState(build, tree.root, env=env, is_root=True)
         return None
@@ -502,10 +547,10 @@ class RolloutEngine:
             return False
         nodes = list(hook(build.tree, build.expansion_round))
         build.expansion_round += 1
-        for node in nodes:
+        for i, node in enumerate(nodes):
             if node.is_leaf:
                 raise ValueError("an expansion node must be a decision point, not a leaf")
             node.branch_factor = max(node.branch_factor, len(node.children)) + 1
-            waiting.append(PathState(build, node, rebuild=True))
+            waiting.append(PathState(build, node, rebuild=True, key=(1, build.expansion_round - 1, i)))
         build.open_paths += len(nodes)
         return bool(nodes)

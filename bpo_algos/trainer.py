@@ -13,8 +13,8 @@ bfloat16 under autocast while the optimizer updates fp32 master weights (an Adam
 on a bf16 weight rounds away); ``micro_batch_tokens`` back-propagates the loss one micro-batch at
 a time with the whole batch's normaliser (the same gradient, memory bounded by a micro-batch);
 ``gradient_checkpointing`` asks the policy to recompute activations. Under ``torchrun`` the same
-code trains data-parallel (:mod:`bpo_algos.data_parallel`): trees split across ranks and seeded
-per tree, one global normaliser, gradients summed, meters all-reduced, files from rank 0;
+code trains data-parallel (:mod:`bpo_algos.data_parallel`): trees split across ranks, each
+with its own random stream as on one process (:meth:`Trainer.collect`), one global normaliser, gradients summed, meters all-reduced, files from rank 0;
 ``fsdp=True`` shards the model with FSDP2 there.
 
 Settings: :class:`~bpo_algos.trainer_config.TrainerConfig`. Logs: :mod:`bpo_algos.run_log`.
@@ -25,6 +25,7 @@ killed at any moment resumes (``resume=True``) losing at most the update in prog
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -36,11 +37,11 @@ import torch
 
 from bpo_algos import checkpoints
 from bpo_algos import data_parallel as dp
-from bpo_algos.algorithm import Algorithm, Batch, merge_batches
+from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters
 from bpo_algos.devices import autocast, policy_device, resolve_device, upcast_trainable
 from bpo_algos.policy.base import Policy
-from bpo_algos.rollout import EnvFn, EnvPool
+from bpo_algos.rollout import EnvFn, EnvPool, tree_entropies
 from bpo_algos.run_log import RunLog
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_algos.tree import save_trees
@@ -98,7 +99,6 @@ class Trainer:
         # this process's part: one process, or one of N ranks (same weights, maybe sharded)
         self.parallel = dp.DataParallel(policy, algorithm, fsdp=cfg.fsdp, precision=cfg.precision, device=self.device)
         self.rank, self.world_size, self.fsdp = self.parallel.rank, self.parallel.world_size, self.parallel.fsdp
-        self.seed_per_tree = cfg.seed_per_tree if cfg.seed_per_tree is not None else self.world_size > 1
         # an empty tensor keeps the optimizer's parameter group non-empty while a tabular
         # policy has no entries yet, and a rebuilt optimizer aligned with a saved one on resume
         # (not under FSDP: there every optimized parameter belongs to the policy's checkpoint)
@@ -190,32 +190,29 @@ class Trainer:
         return [self.tasks[int(i)] for i in idx]
 
     def collect(self, tasks: list[Any]) -> Batch:
-        """This rank's trees of the update (all of them on one process)."""
+        """This rank's trees of the update (all of them on one process).
+
+        One rule for every launch: tree ``i`` of update ``u`` has the random stream
+        ``(seed, u, i)`` (:mod:`bpo_algos.rollout`), rank ``r`` of ``N`` builds the trees
+        ``i = r, r + N, ...`` (all of them on one process) in one collection, policy calls
+        batched over the trees in flight, and the algorithm's budget start rule decides how
+        many start (each rank on its ``1/N`` share of the budget). Without a budget the batch is
+        the same on 1, 2 or 8 ranks; the adaptive state (:meth:`Algorithm.end_batch`) sees every
+        rank's decision entropies in tree order."""
         budget = self.config.budget
         if budget is not None and self.world_size > 1:
             budget = Budget(budget.unit, budget.amount / self.world_size)
-        own = dp.shard_indices(len(tasks), self.rank, self.world_size)
-        if not self.seed_per_tree:
-            return self.algorithm.collect(self.policy, self.pool, [tasks[i] for i in own], budget)
-        parts: list[Batch] = []
-        indices: list[int] = []
-        spent = 0.0
-        index = iter(own) if budget is None else (self.rank + k * self.world_size for k in range(1 << 30))
-        for i in index:
-            if budget is not None and spent >= budget.amount:
-                break
-            seed = dp.tree_seed(self.config.seed, self.update, i)
-            if hasattr(self.policy, "seed"):
-                self.policy.seed(seed)
-            part = self.algorithm.collect(self.policy, self.pool, [tasks[i % len(tasks)]], None, seed=seed, finish=False)
-            parts.append(part)
-            indices.append(i)
-            if budget is not None:
-                spent += part.compute.get(budget.unit)
-        batch = merge_batches(parts)
-        entropies = self.parallel.global_entropies([(i, p.entropies) for i, p in zip(indices, parts, strict=True)])
-        whole = batch if self.world_size == 1 else Batch(batch.algorithm, [], batch.compute, entropies)
-        self.algorithm.end_batch(whole)
+        if budget is None:
+            indices: Any = dp.shard_indices(len(tasks), self.rank, self.world_size)
+        else:
+            indices = itertools.count(self.rank, self.world_size)
+        seed = dp.update_seed(self.config.seed, self.update)
+        batch = self.algorithm.collect(self.policy, self.pool, tasks, budget, seed=seed, tree_indices=indices, finish=False)
+        if self.world_size == 1:
+            self.algorithm.end_batch(batch)
+        else:
+            entropies = self.parallel.global_entropies([(t.index, tree_entropies(t)) for t in batch.trees])
+            self.algorithm.end_batch(Batch(batch.algorithm, batch.trees, batch.compute, entropies))
         return batch
 
     def optimize(self, batch: Batch) -> tuple[float, float]:

@@ -26,7 +26,8 @@ class TrainerConfig:
         weight_decay: optimizer weight decay.
         max_grad_norm: clip the gradient norm to this (None: no clipping; the norm is logged).
         epochs: optimizer steps per collected batch (PPO-style reuse; 1 = on-policy).
-        seed: seeds task sampling, the policy's sampling and torch.
+        seed: seeds task sampling, the trees' random streams (with the update and the tree's
+            index: the same on one process and on N ranks) and torch.
         out_dir: where metrics.jsonl and checkpoint.pt go (None: keep in memory only).
         checkpoint_every: write a checkpoint every this many updates (0: never).
         resume: continue from ``out_dir/checkpoint.pt`` when it exists.
@@ -47,10 +48,6 @@ class TrainerConfig:
             (None: the whole batch in one backward).
         gradient_checkpointing: have the policy recompute activations in the backward pass
             (``policy.enable_gradient_checkpointing()``; an error when the policy has none).
-        seed_per_tree: seed the policy and the engine per tree (by update and tree index)
-            instead of per batch; trees are then collected one by one. None: on exactly when
-            data-parallel, which is what makes N ranks reproduce one process (set it True on
-            the one process to compare).
         fsdp: under a multi-rank launch, shard ``policy.model`` (a transformers model) with
             FSDP2 (:func:`~bpo_algos.data_parallel.shard_model`; bf16 gathered weights when
             ``precision="bf16"``). The full weights are gathered once before collection and
@@ -86,7 +83,6 @@ class TrainerConfig:
     precision: str = "fp32"
     micro_batch_tokens: int | None = None
     gradient_checkpointing: bool = False
-    seed_per_tree: bool | None = None
     fsdp: bool = False
 
     def __post_init__(self) -> None:

@@ -115,6 +115,9 @@ class RolloutTree:
     seed: int | None = None
     """The env seed the tree's root was reset with (set by the engine). An algorithm's own
     per-tree randomness derives from it, so a tree is the same whichever rank builds it."""
+    index: int | None = None
+    """The tree's index in its batch (set by the engine): with the batch's seed, the key of the
+    tree's random stream (:mod:`bpo_algos.rollout`)."""
 
     def edges(self) -> list[Edge]:
         """Every edge, depth-first, children in sampling order."""

@@ -61,6 +61,11 @@ def play(env: Any, task_id: str, max_steps: int) -> dict[str, Any]:
 
 
 def planner_length(env: Any, task_id: str) -> int:
+    """The planner's plan length from the reset state: the game's stored ``walkthrough`` (the
+    generator stores the plan that verified the game), else Fast Downward's plan."""
+    walkthrough = env.games.game(task_id).get("walkthrough")
+    if walkthrough:
+        return len(walkthrough)
     env.reset(options={"task_id": task_id})
     return len(env.expert_actions())
 

@@ -27,7 +27,7 @@ def main(out: str, pool_kind: str) -> None:
     else:
         pool = EnvPool([make, make])
     policy = TextScorerPolicy(buckets=512, dim=8, hidden=16, seed=3)
-    config = TrainerConfig(updates=2, tasks_per_update=4, learning_rate=0.5, optimizer="sgd", seed=11, seed_per_tree=True, device="cpu")
+    config = TrainerConfig(updates=2, tasks_per_update=4, learning_rate=0.5, optimizer="sgd", seed=11, device="cpu")
     trainer = Trainer(BPO(backbones=2, branch_factor=2, entropy_threshold=None), policy, pool, list(range(6)), config)
     history = trainer.train()
     stats = dict(getattr(pool, "stats", {}))

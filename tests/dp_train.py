@@ -61,8 +61,20 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument("--defaults", action="store_true", help="RLOO, TrainerConfig(updates=3) and nothing else set")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.defaults:
+        from baselines import RLOO
+
+        policy = TextScorerPolicy(buckets=512, dim=8, hidden=16, seed=3)
+        if args.dtype == "float64":
+            policy.double()
+        trainer = Trainer(RLOO(), policy, [make], list(range(6)), TrainerConfig(updates=args.updates))
+        history = trainer.train()
+        if trainer.rank == 0:
+            torch.save({"params": {k: v.detach().clone() for k, v in policy.state_dict().items()}, "history": history}, args.out)
+        return
     if args.policy == "scorer":
         policy = TextScorerPolicy(buckets=512, dim=8, hidden=16, seed=3)
         algorithm = BPO(backbones=2, branch_factor=2, entropy_threshold=None, aggregation=args.aggregation)
@@ -84,7 +96,6 @@ def main() -> None:
         learning_rate=lr,
         optimizer=args.optimizer,
         seed=11,
-        seed_per_tree=True,
         micro_batch_tokens=tokens,
         device="cpu",
         fsdp=args.fsdp,

@@ -146,3 +146,36 @@ def test_siblings_wait_for_their_origin_env_when_the_env_prefers_it():
     batch = BPO(backbones=2, branch_factor=3, entropy_threshold=0.0).collect(TabularPolicy(), [factory] * 3, [0, 0, 0])
     assert batch.n_trees == 3 and moved and not any(moved)
     assert all(sum(e.weight for e in t.leaf_edges()) == pytest.approx(1.0) for t in batch.trees)
+
+
+def _signature(tree):
+    """Everything a tree holds that training reads, in the tree's own order."""
+    return [
+        (e.parent.depth, e.action.command, e.action.logprobs, e.reward, e.terminated, round(e.weight, 12), round(e.advantage, 12))
+        for e in tree.edges()
+    ], tree.seed, tree.index
+
+
+@pytest.mark.parametrize("algorithm", [
+    lambda: BPO(backbones=2, branch_factor=3, entropy_quantile=0.5, max_branch_points=2, max_depth=2, seed=3),
+    lambda: RLOO(group_size=4, seed=3),
+])
+def test_a_tree_is_its_own_whatever_else_is_in_flight(algorithm):
+    # one seeding rule: max_parallel_trees 1 vs 16, pools of 1 vs 16 envs, alone or in a batch
+    tasks = list(range(6)) * 2
+    policy = TabularPolicy(seed=0)
+    def env():
+        return gym.make("BPO-TreeMDP-v0", depth=5, n_actions=3, seed=1, n_tasks=6)
+
+    def batch(parallel, envs, indices=None):
+        algo = algorithm()
+        algo.shared = type(algo.shared)(max_parallel_trees=parallel)
+        return algo.collect(policy, EnvPool([env] * envs), tasks, seed=11, tree_indices=indices)
+
+    one, many = batch(1, 1), batch(16, 16)
+    assert len(one.trees) == len(many.trees) == 12
+    assert [_signature(t) for t in one.trees] == [_signature(t) for t in many.trees]
+    assert one.compute.env_steps == many.compute.env_steps and sorted(one.entropies) == sorted(many.entropies)
+    assert len({t.seed for t in one.trees}) == 12  # tasks met twice are two trees of their own
+    alone = batch(4, 4, indices=[7]).trees[0]  # tree 7 built alone, as another rank would
+    assert _signature(alone) == _signature(one.trees[7])

@@ -4,7 +4,10 @@ A *context* is one decision point (history ``h``) as the engine sees it; an :cla
 one sample from the policy there, with the token ids and per-token log-probabilities of the
 sampled text. Every policy (tabular, transformers, vLLM) implements the same three methods:
 
-* ``sample(contexts, n)`` — ``n`` i.i.d. samples per context (never deduplicated);
+* ``sample(contexts, n)`` — ``n`` i.i.d. samples per context (never deduplicated); a policy
+  may take ``rngs=`` (one ``numpy.random.Generator`` per context, the engine's per-path
+  streams) and draw each context's samples from its own, so a tree does not depend on what
+  else was in the batch (:mod:`bpo_algos.rollout`);
 * ``decision_entropy(contexts)`` — the entropy of the policy's distribution at each context,
   computed before the backbone's action is sampled (docs/unbiasedness.md, rule 1: exact over the
   admissible actions, or of the first action token; for a policy that reasons before it acts,

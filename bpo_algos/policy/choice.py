@@ -96,19 +96,25 @@ class ChoicePolicy(PolicyBase, nn.Module):
             return None
         return Action(command, (actions.index(command),), (0.0,), None, (context_key(context.observation),))
 
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
-        """``n`` i.i.d. samples per context; token id = index in the admissible list."""
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+        """``n`` i.i.d. samples per context; token id = index in the admissible list.
+
+        ``rngs``: one generator per context that its samples are drawn from (the engine's
+        per-path streams); None: the policy's own generator."""
         check_count("n", n)
         contexts = [as_context(c) for c in contexts]
         if not contexts:
             return []
+        if rngs is not None and len(rngs) != len(contexts):
+            raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
         with torch.no_grad():
             all_logp = [lp.double().numpy() for lp in self.log_probs_of(contexts)]
         out: list[list[Action]] = []
-        for context, logp in zip(contexts, all_logp, strict=True):
+        for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
             actions = self._admissible(context)
             probs = np.exp(logp)
-            picks = self._rng.choice(len(actions), size=n, p=probs / probs.sum())
+            rng = self._rng if rngs is None else rngs[i]
+            picks = rng.choice(len(actions), size=n, p=probs / probs.sum())
             prompt = (context_key(context.observation),)
             out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks])
             self.meter.gen_tokens += n

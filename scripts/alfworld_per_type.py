@@ -1,0 +1,126 @@
+"""ALFWorld success per task type, beside verl-agent's published Qwen2.5-1.5B numbers.
+
+Evaluates policies of a preset's ALFWorld setting on its evaluation games of ``valid_seen`` and
+``valid_unseen`` (the tasks ``bpo-compare`` draws, common random numbers as there), per task
+type: the warm start (the preset's behaviour-cloned policy, rebuilt here exactly as the main
+job builds it) and, with ``--runs DIR`` (a ``bpo-compare --out`` folder), each algorithm's final
+policy from its run checkpoints. Writes JSON and a markdown table with the published column:
+
+    python scripts/alfworld_per_type.py --preset cpu --seeds 0 --out docs/results/alfworld-per-type/cpu.json
+    python scripts/alfworld_per_type.py --preset cpu --runs docs/results/compare-cpu --out per_type.json
+
+The published numbers (verl-agent, Feng et al. 2025, "Group-in-Group Policy Optimization for LLM
+Agent Training", Table 1, Qwen2.5-1.5B-Instruct) come from a 1.5B-parameter LLM trained on
+ALFWorld's real training games with far more rollouts and updates, and evaluated on ALFWorld's
+own evaluation games (as verl-agent sets them up); the policy here is a ~1M-parameter text scorer trained on 60
+generated games for a few minutes of CPU. They are a reference point, not a like-for-like row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SHORT = {
+    "pick_and_place_simple": "Pick", "look_at_obj_in_light": "Look", "pick_clean_then_place_in_recep": "Clean",
+    "pick_heat_then_place_in_recep": "Heat", "pick_cool_then_place_in_recep": "Cool", "pick_two_obj_and_place": "Pick2",
+}
+PUBLISHED = {
+    "source": "verl-agent (GiGPO paper, Feng et al. 2025, Table 1): Qwen2.5-1.5B-Instruct, ALFWorld's real games",
+    "GRPO": {"all": 72.8},
+    "GiGPO": {"Pick": 96.0, "Look": 76.5, "Clean": 91.8, "Heat": 91.3, "Cool": 71.7, "Pick2": 79.5, "all": 86.1},
+}
+
+
+def per_type(task_ids: list[str], wins: list[float], episodes: int, task_type: Any) -> dict[str, float]:
+    by: dict[str, list[float]] = defaultdict(list)
+    for i, task in enumerate(task_ids):
+        by[SHORT[task_type(task)]] += wins[i * episodes : (i + 1) * episodes]
+    out = {t: float(np.mean(by[t])) for t in SHORT.values() if by[t]}
+    out["all"] = float(np.mean(wins))
+    out["episodes"] = len(wins)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--seeds", nargs="+", type=int, help="default: the preset's ALFWorld seeds")
+    ap.add_argument("--runs", help="a bpo-compare --out folder: also evaluate each algorithm's final checkpoint")
+    ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"])
+    ap.add_argument("--episodes", type=int, help="episodes per game (default: the preset's)")
+    ap.add_argument("--out", default="alfworld_per_type.json")
+    args = ap.parse_args(argv)
+
+    import bpo_envs  # noqa: F401
+    from bpo_algos.experiments.presets import PRESETS
+    from bpo_algos.experiments.runner import env_factory, evaluate_episodes, make_policy, task_split
+    from bpo_algos.rollout import EnvPool
+    from bpo_envs.alfworld import ALFWorldEnv
+
+    preset = PRESETS[args.preset]
+    if preset.torch_threads:
+        torch.set_num_threads(preset.torch_threads)
+    setup = preset.envs["alfworld"]
+    seeds = args.seeds or list(preset.for_env("seeds", "alfworld"))
+    episodes = args.episodes or preset.for_env("eval_episodes", "alfworld")
+    train, _ = task_split(setup)
+    types = ALFWorldEnv(split="train", games_per_type=1).games
+    out: dict[str, Any] = {"preset": args.preset, "episodes_per_game": episodes, "published": PUBLISHED, "policies": {}}
+    for seed in seeds:
+        warm = make_policy(preset, setup, seed, train)
+        policies = {"warm start": warm}
+        if args.runs:
+            for folder in sorted(Path(args.runs, "runs", "alfworld").glob(f"*/seed{seed}/checkpoint.pt")):
+                policy = make_policy(replace(preset, sft_epochs=0), replace(setup, sft_epochs=0), seed, train)
+                policy.load_state_dict(torch.load(folder, weights_only=False)["policy"])
+                policies[folder.parent.parent.name] = policy
+        for split in args.splits:
+            eval_setup = replace(setup, eval_split=split)
+            _, tasks = task_split(eval_setup)
+            pool = EnvPool([lambda split=split: env_factory(replace(setup, kwargs={**setup.kwargs, "split": split}))()] * 2)
+            try:
+                for name, policy in policies.items():
+                    wins = evaluate_episodes(policy, pool, tasks, episodes, seed + 2000)
+                    row = per_type(tasks, wins, episodes, types.task_type)
+                    out["policies"].setdefault(name, {}).setdefault(split, {})[f"seed{seed}"] = row
+                    print(name, split, seed, json.dumps(row), flush=True)
+            finally:
+                pool.close()
+    for splits in out["policies"].values():
+        for rows in splits.values():
+            keys = [k for k in next(iter(rows.values())) if k != "episodes"]
+            rows["mean"] = {k: float(np.mean([r[k] for s, r in rows.items() if s.startswith("seed") and k in r])) for k in keys}
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    path.with_suffix(".md").write_text(table(out))
+    print(table(out))
+    return out
+
+
+def table(out: dict[str, Any]) -> str:
+    cols = [*SHORT.values(), "all"]
+    lines = [
+        "| policy | split | " + " | ".join(cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for name, splits in out["policies"].items():
+        for split, rows in splits.items():
+            m = rows["mean"]
+            lines.append(f"| {name} | {split} | " + " | ".join(f"{100 * m[c]:.0f}" if c in m else "" for c in cols) + " |")
+    for name in ("GRPO", "GiGPO"):
+        pub = out["published"][name]
+        lines.append(f"| verl-agent {name}, Qwen2.5-1.5B (published) | ALFWorld's real games | " + " | ".join(f"{pub[c]:.1f}" if c in pub else "" for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
