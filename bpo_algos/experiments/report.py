@@ -396,7 +396,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(2.5 + 2 * len(envs), 4))
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 2 * len(envs)), 4))
     width = 0.8 / max(1, len(algorithms))
     positive = False
     for i, a in enumerate(algorithms):
