@@ -176,12 +176,6 @@ def test_bad_input_errors_name_the_problem(tmp_path):
         RolloutTree.from_dict({"task_id": 0, "nodes": [{"parent": None}, {"parent": 5, "edge": {}}]})
 
 
-def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ImportError, match=r"bpo-gym\[plots\]"):
-        draw_tree(collect("grpo")[0], tmp_path / "t.png")
-
-
 def test_shorten_action():
     assert shorten_action("click[b0123456]") == "click[b0123456]"
     assert shorten_action("search[a very long query about jeans]", 20) == "search[a very long…]"

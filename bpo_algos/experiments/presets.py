@@ -294,7 +294,7 @@ PRESETS: dict[str, Preset] = {
             "alfworld": EnvSetup(
                 "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
                 train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
-                trainer={"updates": 10, "learning_rate": 3e-3},
+                trainer={"updates": 12},
             ),
         },
         trainer=_trainer(updates=20, learning_rate=1e-3),
@@ -305,12 +305,13 @@ PRESETS: dict[str, Preset] = {
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
-        # ALFWorld: ~10 ms an env step here (textworld derives every admissible command's text),
-        # so 15 runs of 10 updates x ~550 env steps and two evaluations of 48 games fit in about
-        # 15 minutes with --jobs 2 (docs/alfworld.md)
-        budget={"webshop": 256, "alfworld": 400},
-        eval_every={"webshop": 5, "alfworld": 5},
-        eval_episodes={"webshop": 4, "alfworld": 1},
+        # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
+        # textworld derives every admissible command's text), so 15 runs of 12 updates x ~950
+        # env steps and two evaluations of 48 games x 2 episodes fit in about 13 minutes with
+        # --jobs 2 (docs/alfworld.md)
+        budget={"webshop": 256, "alfworld": 800},
+        eval_every={"webshop": 5, "alfworld": 6},
+        eval_episodes={"webshop": 4, "alfworld": 2},
         grad_batches=32,
         # probes on WebShop's first seed; on ALFWorld 2 x 32 batches of 400 env steps per
         # algorithm would cost about as much as the whole comparison there
