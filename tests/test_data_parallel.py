@@ -27,7 +27,7 @@ from bpo_algos import data_parallel as dp
 HERE = Path(__file__).resolve().parent
 
 
-def test_tree_seeds_and_shards_do_not_depend_on_the_rank_count():
+def test_update_seeds_and_shards_do_not_depend_on_the_rank_count():
     assert dp.update_seed(1, 2) == dp.update_seed(1, 2) != dp.update_seed(1, 3)
     assert dp.shard_indices(5, 0, 2) == [0, 2, 4] and dp.shard_indices(5, 1, 2) == [1, 3]
     assert sorted(dp.shard_indices(7, 0, 3) + dp.shard_indices(7, 1, 3) + dp.shard_indices(7, 2, 3)) == list(range(7))
@@ -64,25 +64,27 @@ def test_two_gloo_ranks_give_the_parameters_of_one_process(tmp_path, aggregation
 
 @pytest.mark.slow
 def test_default_settings_give_one_process_and_two_ranks_the_same_parameters(tmp_path):
-    # what a user moving from one GPU to eight does: nothing but launch it differently. In
-    # float64, so that the summation order of the gradients (one batch vs two halves) is no
-    # difference either: in float32 Adam turns that noise into steps where a gradient is zero by
-    # construction (the scorer's output bias: up to ~5e-2 after 3 updates, ~1e-6 elsewhere)
+    # what a user moving from one GPU to eight does: nothing but launch it differently, in the
+    # default float32. The summation order of the gradients (one batch vs two halves) is all that
+    # differs; it stays at float rounding because no parameter has a gradient that is zero by
+    # construction (the scorer has no output bias, which Adam would turn from noise into steps)
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    args = ["--defaults", "--dtype", "float64"]
+    args = ["--defaults"]
     subprocess.run([sys.executable, str(HERE / "dp_train.py"), str(one), *args], check=True, env=env, timeout=300)
     subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", str(HERE / "dp_train.py"), str(two), *args],
                    check=True, env=env, timeout=300)
     a, b = torch.load(one), torch.load(two)
     assert [r["n_trees"] for r in a["history"]] == [r["n_trees"] for r in b["history"]] == [8, 8, 8]
     init = _init()
-    assert max(float((a["params"][k] - init[k].double()).abs().max()) for k in init) > 1e-3
+    assert max(float((a["params"][k] - init[k]).abs().max()) for k in init) > 1e-3
     diff = max(float((a["params"][k] - b["params"][k]).abs().max()) for k in a["params"])
     print(f"max |theta_2ranks - theta_1proc| after 3 updates, default TrainerConfig: {diff:.3g}")
-    assert diff <= 1e-6
+    # float32 rounding through 3 Adam steps: 1.7e-6 measured; another seeding rule or a
+    # zero-gradient parameter shows at 1e-2 (5e-2 with the output bias the scorer had)
+    assert diff <= 1e-5
 
 
 def _make():

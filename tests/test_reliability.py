@@ -225,9 +225,10 @@ def test_dropping_lines_that_fail_independently_of_the_action_keeps_bpo_unbiased
 
 @pytest.mark.slow
 def test_dropping_lines_that_fail_because_of_the_action_is_biased():
-    # 'a0' at the root crashes the sandbox half of the time: its bad outcomes go unseen
+    # 'a0' at depth 1 always crashes the sandbox: its outcomes go unseen, and the dropped paths
+    # bias the gradient. (When it crashed half of the time the bias was about 3 standard errors
+    # at 2000 batches, so whether it was seen depended on the draw; now it is 6-7 there, 3 draws.)
     faults = Faults(seed=13)
-    rng = np.random.default_rng(14)
-    faults.when = lambda step: step[0] == 1 and step[1] == "a0" and rng.random() < 0.5
-    zs = _gradient_z_scores(_unbiased_bpo(15), faults, 2000)
+    faults.when = lambda step: step[0] == 1 and step[1] == "a0"
+    zs = _gradient_z_scores(_unbiased_bpo(15), faults, 3000)
     assert max(abs(z) for z in zs) > 4.0, zs

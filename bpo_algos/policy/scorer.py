@@ -138,13 +138,16 @@ class TextScorerPolicy(ChoicePolicy):
         self.embedding = nn.EmbeddingBag(buckets, dim, mode="mean")
         self.n_features = N_FEATURES + (len(MEMORY_FEATURES) if memory else 0)
         self.hidden = nn.Linear(6 * dim + self.n_features, hidden)
-        self.out = nn.Linear(hidden, 1)
+        # no output bias: it adds the same constant to every action's score, which the softmax
+        # cancels, so its gradient is zero and only float rounding would move it (and Adam
+        # turns that rounding into full-size steps: runs on 1 and N ranks would then differ)
+        self.out = nn.Linear(hidden, 1, bias=False)
         with torch.no_grad():
             self.embedding.weight.copy_(torch.randn(buckets, dim, generator=generator))
             for layer in (self.hidden, self.out):
                 bound = layer.in_features**-0.5
                 layer.weight.uniform_(-bound, bound, generator=generator)
-                layer.bias.zero_()
+            self.hidden.bias.zero_()
 
     def _bags(self, texts: Sequence[str]) -> torch.Tensor:
         """``[len(texts), dim]`` mean embeddings of the texts' n-grams (zeros for none)."""

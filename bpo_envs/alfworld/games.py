@@ -207,7 +207,7 @@ class GeneratedGames:
     """Games from the offline generator, cached on disk in alfworld's layout.
 
     Task ``"<task_type>/<index>"`` is generated the first time it is asked for (the planner
-    checks it: 0.2-15 s) and read from the cache afterwards. Every cached game was solved by
+    checks it: 0.2-15 s, at most about 2 minutes) and read from the cache afterwards. Every cached game was solved by
     Fast Downward and does not hold its goal at the start. The cache folder names the generator
     version and seed, not ``planner_timeout``: the limit is a safety net that the problem-size
     bound keeps from firing (:mod:`.verify`); :attr:`rejected` counts this process's rejected

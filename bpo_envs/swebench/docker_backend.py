@@ -263,13 +263,20 @@ class DockerBackend:
 
     # ---- containers ------------------------------------------------------------------
     def _start(self, image: str, network: bool = False) -> Any:
+        """A running container of ``image``. Created and started in two calls, each retried
+        while the daemon restarts: a create whose answer was lost may still have made the
+        container, so every container has a name of its own and a retried create takes the one
+        it finds under that name (one ``containers.run`` retried as a whole left such
+        containers behind, created and never started); a container that does not start is
+        removed."""
         import docker
 
         lim = self.limits
         fsize = docker.types.Ulimit(name="fsize", soft=lim.max_file_bytes, hard=lim.max_file_bytes)
+        name = f"bpo-gym-swe-{uuid.uuid4().hex[:16]}"
         try:
-            return docker_call(
-                self.client.containers.run,
+            box = docker_call(
+                self._create_or_find, name,
                 image, ["sleep", "infinity"], detach=True, init=True,
                 network_mode=None if network else "none",
                 working_dir="/testbed", labels={LABEL_KIND: "swebench", **owner_labels()},
@@ -278,6 +285,12 @@ class DockerBackend:
                 nano_cpus=int(lim.cpus * 1e9), security_opt=["no-new-privileges"],
                 cap_drop=["ALL"], cap_add=list(CAPABILITIES),
             )
+            try:
+                docker_call(box.start)  # starting a running container again is a no-op (304)
+            except BaseException:
+                self._remove(box)
+                raise
+            return box
         except docker.errors.APIError as exc:
             text = str(exc).lower()
             if "no space left" in text:
@@ -285,6 +298,16 @@ class DockerBackend:
                                    "bpo-gym-setup clean removes what crashed runs left") from exc
             if "range of cpus" in text or "nanocpus" in text:
                 raise RuntimeError(f"cpus={lim.cpus} is more than this host's daemon allows ({exc})") from exc
+            raise
+
+    def _create_or_find(self, name: str, image: str, command: list[str], **kwargs: Any) -> Any:
+        import docker
+
+        try:
+            return self.client.containers.create(image, command, name=name, **kwargs)
+        except docker.errors.APIError as exc:
+            if exc.response is not None and exc.response.status_code == 409:  # the name is taken:
+                return self.client.containers.get(name)  # by the create whose answer was lost
             raise
 
     # A warm container: started from an image ahead of need, untouched until taken, so taking
