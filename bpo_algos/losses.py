@@ -4,7 +4,7 @@ Per token ``t`` of step ``s`` (weight ``w_s`` from rule 3, advantage ``A_s``)::
 
     ratio = exp(logp - old_logp)
     l_t   = -min(ratio * A_s, clip(ratio, 1 - eps_low, 1 + eps_high) * A_s)
-            + kl_coef * k3(logp, ref_logp),   k3 = exp(ref - logp) - (ref - logp) - 1
+            + kl_coef * k3(logp, ref_logp),   k3 = min(exp(r) - r - 1, 10),  r = clip(ref - logp, ±20)
 
 Aggregations (``m`` is the action-token mask, ``T`` the number of trees):
 
@@ -35,10 +35,22 @@ def _scalar(value: torch.Tensor) -> float:
     return float("nan") if value.is_meta else float(value)
 
 
+K3_LOG_RATIO_CLIP = 20.0
+K3_CLIP = 10.0
+"""verl's clamps in its ``low_var_kl`` (``kl_penalty`` in ``verl/trainer/ppo/core_algos.py``):
+the log-ratio to ``[-20, 20]`` before ``exp``, the estimate to ``[-10, 10]`` after."""
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(pi || ref), per token (non-negative, unbiased)."""
-    log_ratio = ref_logp.to(logp.device) - logp
-    return torch.exp(log_ratio) - log_ratio - 1.0
+    """Schulman's k3 estimator of KL(pi || ref), per token: non-negative, unbiased, and clamped
+    as verl's ``low_var_kl`` is (:data:`K3_LOG_RATIO_CLIP`, :data:`K3_CLIP`).
+
+    The clamps only act where k3 > 10: where the reference gives the token over e^2.6 ~ 14x the
+    policy's probability, or the policy over e^11 x the reference's; there the penalty stops
+    growing and gives no gradient, as in verl.
+    """
+    log_ratio = (ref_logp.to(logp.device) - logp).clamp(-K3_LOG_RATIO_CLIP, K3_LOG_RATIO_CLIP)
+    return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-K3_CLIP, K3_CLIP)
 
 
 def clipped_surrogate(

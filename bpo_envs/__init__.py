@@ -14,6 +14,7 @@ from bpo_envs.core import (
     SnapshotKindError,
     SnapshotReleasedError,
     SnapshotSupport,
+    check_step_limit,
     restore,
     snapshot,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "SnapshotReleasedError",
     "SnapshotReport",
     "SnapshotSupport",
+    "check_step_limit",
     "TEXT_CHARSET",
     "TreeMDPEnv",
     "check_snapshot",

@@ -399,6 +399,31 @@ def _layers(env: gym.Env) -> tuple[list[Any], SnapshotSupport]:
         )
 
 
+def check_step_limit(env: gym.Env) -> None:
+    """Raise when a ``TimeLimit`` above ``env``'s own layer allows more steps than the env does.
+
+    ``gym.make(id, max_episode_steps=N)`` keeps ``N`` for Gymnasium's ``TimeLimit`` wrapper and
+    does not pass it to the env, whose own limit (its default) then truncates first when it is
+    lower: the episode would silently end before the ``N`` steps asked for. A lower ``N`` works
+    (the wrapper truncates first) and passes.
+    """
+    current: Any = env
+    limits: list[int] = []
+    while isinstance(current, gym.Wrapper):
+        if isinstance(current, gym.wrappers.TimeLimit):
+            limits.append(int(current._max_episode_steps))
+        current = current.env
+    own = getattr(current, "max_episode_steps", None)
+    if limits and isinstance(own, int) and min(limits) > own:
+        name = current.spec.id if getattr(current, "spec", None) is not None else type(current).__name__
+        raise ValueError(
+            f"max_episode_steps={min(limits)} was asked for, but {name} truncates at its own limit, "
+            f"{own} steps: gym.make keeps max_episode_steps for Gymnasium's TimeLimit wrapper and "
+            f"does not pass it to the env. Ask for at most {own} steps, or make the env with a "
+            f"higher limit of its own: {type(current).__name__}(max_episode_steps={min(limits)}, ...)"
+        )
+
+
 def _snapshot_owner(env: gym.Env) -> SnapshotSupport:
     return _layers(env)[1]
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from bpo_envs.core import check_step_limit
 from bpo_envs.validation import check_count
 
 EnvFn = Callable[[], gym.Env]
@@ -79,6 +80,7 @@ class EnvPool:
         env = self._envs[slot]
         if env is None:
             env = self._fns[slot]()
+            check_step_limit(env)
             self._envs[slot] = env
             self._index[id(env)] = slot
         return env

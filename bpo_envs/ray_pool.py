@@ -44,7 +44,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from bpo_envs.core import Snapshot, SnapshotError, SnapshotReleasedError, decode_portable
+from bpo_envs.core import (
+    Snapshot,
+    SnapshotError,
+    SnapshotReleasedError,
+    check_step_limit,
+    decode_portable,
+)
 from bpo_envs.pool import EnvPool, StepResult
 
 try:
@@ -78,6 +84,7 @@ class EnvHost:
         env = self._envs.get(slot)
         if env is None:
             env = self._envs[slot] = self._fns[slot]()
+            check_step_limit(env)
         return env
 
     def _snap(self, sid: int) -> Snapshot:

@@ -51,7 +51,7 @@ def main() -> None:
             pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
             try:
                 config = trainer_config(preset, env_name, args.seed, len(train_tasks), updates=args.updates)
-                trainer = Trainer(build_algorithm(name, preset, args.seed), policy, pool, train_tasks, config)
+                trainer = Trainer(build_algorithm(name, preset, args.seed, env_name), policy, pool, train_tasks, config)
                 t0 = time.perf_counter()
                 cpu = []
                 for _ in range(args.updates):

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from alfworld_support import private_cache
 
 pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
 pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
@@ -28,14 +29,8 @@ GAME = {t: f"{t}/0001" for t in TASK_TYPES}
 
 @pytest.fixture(scope="session", autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = tmp_path_factory.mktemp("alfworld-cache")
-    old = os.environ.get("BPO_ALFWORLD_CACHE")
-    os.environ["BPO_ALFWORLD_CACHE"] = str(path)
-    yield
-    if old is None:
-        os.environ.pop("BPO_ALFWORLD_CACHE", None)
-    else:
-        os.environ["BPO_ALFWORLD_CACHE"] = old
+    with private_cache(tmp_path_factory, "alfworld-cache"):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from alfworld_support import private_cache
 
 pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
 pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
@@ -32,14 +32,8 @@ NAME = re.compile(r"\b([a-z]+ \d+)\b")
 
 @pytest.fixture(scope="module", autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = tmp_path_factory.mktemp("alfworld-expert-cache")
-    old = os.environ.get("BPO_ALFWORLD_CACHE")
-    os.environ["BPO_ALFWORLD_CACHE"] = str(path)
-    yield
-    if old is None:
-        os.environ.pop("BPO_ALFWORLD_CACHE", None)
-    else:
-        os.environ["BPO_ALFWORLD_CACHE"] = old
+    with private_cache(tmp_path_factory, "alfworld-expert-cache"):
+        yield
 
 
 @pytest.fixture(scope="module")

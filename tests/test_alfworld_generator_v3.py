@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 
 import pytest
+from alfworld_support import private_cache
 
 pytest.importorskip("textworld")
 pytest.importorskip("fast_downward")
@@ -35,13 +35,8 @@ from bpo_envs.alfworld.verify import PlannerWorker, Verdict  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    old = os.environ.get("BPO_ALFWORLD_CACHE")
-    os.environ["BPO_ALFWORLD_CACHE"] = str(tmp_path_factory.mktemp("alfworld-v3-cache"))
-    yield
-    if old is None:
-        os.environ.pop("BPO_ALFWORLD_CACHE", None)
-    else:
-        os.environ["BPO_ALFWORLD_CACHE"] = old
+    with private_cache(tmp_path_factory, "alfworld-v3-cache"):
+        yield
 
 
 def _declared(problem: str, kind: str) -> list[str]:

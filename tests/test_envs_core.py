@@ -261,6 +261,23 @@ def test_gym_make_max_episode_steps_time_limit_is_part_of_the_snapshot():
     check_snapshot(env, seed=0, steps=6)
 
 
+def test_gym_make_asking_for_more_steps_than_the_env_allows_is_an_error_not_a_shorter_episode():
+    """``gym.make(id, max_episode_steps=N)`` does not pass N to the env: above the env's own
+    limit the episode would end early without a word, so the pools refuse such an env."""
+    from bpo_algos import EnvPool
+
+    longer = gym.make("BPO-TreeMDP-v0", depth=3, max_episode_steps=10)  # the env's own limit: 6
+    with pytest.raises(ValueError, match=r"max_episode_steps=10 .* its own limit, 6 steps.*TreeMDPEnv\(max_episode_steps=10"):
+        bpo_envs.check_step_limit(longer)
+    with pytest.raises(ValueError, match="its own limit"):
+        EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=3, max_episode_steps=10)]).acquire()
+    for ok in (gym.make("BPO-TreeMDP-v0", depth=3, max_episode_steps=4), gym.make("BPO-TreeMDP-v0", depth=3),
+               bpo_envs.TreeMDPEnv(depth=3, max_episode_steps=10)):
+        bpo_envs.check_step_limit(ok)
+    env = EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=3, max_episode_steps=4)]).acquire()
+    assert env.unwrapped.max_episode_steps == 6 and env._max_episode_steps == 4
+
+
 def test_state_observations_merge_routine_detours():
     env = make_tree(depth=4, n_actions=2, decisive_levels=(2,), observe="state").unwrapped
     assert env.observation_of(0, (0, 1)) == env.observation_of(0, (1, 0))

@@ -52,6 +52,15 @@ def test_clipping_stops_the_gradient_outside_the_trust_region():
     assert logp2.grad.abs().sum() > 0
 
 
+def test_k3_kl_is_clamped_as_verls_low_var_kl():
+    logp = torch.tensor([-1.0, -1.0, -1.0, -30.0], requires_grad=True)
+    ref = torch.tensor([-1.0, 1.0, -13.0, -1.0])  # r = ref - logp: 0, 2 (k3 4.39), -12 (k3 11), 29 (clipped to 20)
+    kl = k3_kl(logp, ref)
+    assert torch.allclose(kl.detach(), torch.tensor([0.0, float(torch.exp(torch.tensor(2.0))) - 3.0, 10.0, 10.0]))
+    kl.sum().backward()
+    assert logp.grad[1] != 0 and logp.grad[2] == 0 and logp.grad[3] == 0  # no gradient where clamped
+
+
 def test_k3_kl_is_zero_at_equality_and_positive_otherwise():
     a = torch.tensor([-1.0, -2.0, -0.3])
     assert torch.allclose(k3_kl(a, a), torch.zeros(3))

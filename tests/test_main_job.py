@@ -93,6 +93,50 @@ def test_jobs_must_be_a_positive_count(tmp_path, value, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_jobs_workers_end_when_the_main_process_is_killed(tmp_path):
+    # a run left going would keep writing into the folder that a resumed run then uses too
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import time\nfrom bpo_algos.experiments import parallel\n"
+              "parallel.execute([(time.sleep, (120,))] * 2, jobs=2)\n")
+    main = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(main.pid)) < 3 and time.monotonic() < deadline:  # 2 workers + the resource tracker
+            time.sleep(0.2)
+        workers = _children(main.pid)
+        assert len(workers) >= 2, "the workers never started"
+        time.sleep(2.0)  # the workers are inside time.sleep(120)
+    finally:
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+    deadline = time.monotonic() + 15
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "workers outlived the main process"
+
+
 def _pool():
     return EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)] * 2)
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from alfworld_support import private_cache
 
 from bpo_algos.policy.base import Context
 from bpo_algos.policy.episode_memory import MEMORY_FEATURES, context_features, episode_memory
@@ -79,14 +79,8 @@ TASK = "pick_and_place_simple/0001"
 
 @pytest.fixture(scope="module", autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    path = tmp_path_factory.mktemp("alfworld-memory-cache")
-    old = os.environ.get("BPO_ALFWORLD_CACHE")
-    os.environ["BPO_ALFWORLD_CACHE"] = str(path)
-    yield
-    if old is None:
-        os.environ.pop("BPO_ALFWORLD_CACHE", None)
-    else:
-        os.environ["BPO_ALFWORLD_CACHE"] = old
+    with private_cache(tmp_path_factory, "alfworld-memory-cache"):
+        yield
 
 
 def _contexts(env: ALFWorldEnv, task_id: str, actions: list[str]) -> list[Context]:

@@ -13,7 +13,7 @@ import pytest
 from baselines import RLOO
 from bpo_algos import BPO, make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.experiments import compare
-from bpo_algos.experiments.presets import PRESETS
+from bpo_algos.experiments.presets import PRESETS, EnvSetup
 from bpo_algos.experiments.runner import algorithm_options
 from bpo_algos.registry import _ALGORITHMS
 
@@ -54,6 +54,21 @@ def test_an_algorithms_options_go_only_to_its_own_kind(clean_registry):
     assert "group_size" not in algorithm_options("rloo-4", preset, 0)  # a bare **options factory
     assert "backbones" not in algorithm_options("grpo", preset, 0)
     assert make_algorithm("rloo-4", **algorithm_options("rloo-4", preset, 0)).group_size == 4
+
+
+def test_an_envs_own_options_replace_the_presets_for_that_env_only():
+    # verl-agent's GiGPO: mean_std_norm on ALFWorld, mean_norm on WebShop
+    import dataclasses
+
+    preset = PRESETS["gpu"]
+    assert algorithm_options("gigpo", preset, 0, "alfworld")["scale"] == "group"
+    assert algorithm_options("gigpo", preset, 0, "webshop")["scale"] == "none"
+    assert algorithm_options("gigpo", preset, 0)["scale"] == "none"
+    assert algorithm_options("gigpo", preset, 0, "alfworld")["gamma"] == 0.95  # the rest as the preset's
+    explicit = dataclasses.replace(preset, algorithm_options={"gigpo": {"scale": "none"}})
+    assert algorithm_options("gigpo", explicit, 0, "alfworld")["scale"] == "none"  # --gigpo.scale wins
+    with pytest.raises(TypeError, match="option dataclasses"):
+        EnvSetup("BPO-TreeMDP-v0", options={"gigpo": {"scale": "group"}})
 
 
 def test_users_algorithm_joins_the_comparison(tmp_path, clean_registry, monkeypatch):

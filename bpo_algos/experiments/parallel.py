@@ -18,10 +18,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import multiprocessing
+import os
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
+
+from bpo_envs.processes import exit_with_parent
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
 
@@ -29,6 +32,13 @@ Job = tuple[Callable[..., Any], tuple[Any, ...]]
 def _import_modules(modules: Sequence[str]) -> None:
     for module in modules:
         importlib.import_module(module)
+
+
+def _start_worker(main_pid: int, modules: Sequence[str]) -> None:
+    """A ``--jobs`` worker: ends with the main process (killed or not, a run left going would
+    keep writing into the folder a resumed run uses), then imports ``--import``'s modules."""
+    exit_with_parent(main_pid)
+    _import_modules(modules)
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], modules: Sequence[str]) -> Any:
@@ -108,7 +118,7 @@ def execute(
             done(i, fn(*args))
         return results
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=context, initializer=_import_modules, initargs=(tuple(modules),)) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=context, initializer=_start_worker, initargs=(os.getpid(), tuple(modules))) as pool:
         futures = {pool.submit(fn, *args): i for i, (fn, args) in enumerate(calls)}
         pending = set(futures)
         try:
@@ -116,8 +126,15 @@ def execute(
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     done(futures[future], future.result())
-        except BaseException:
-            for future in pending:
+        except Exception:
+            for future in pending:  # a job failed: the runs under way finish, no new one starts
                 future.cancel()
+            raise
+        except BaseException:
+            # Ctrl-C: stop the runs under way now rather than when they end (what they did is
+            # on disk up to their last checkpoint, where --resume continues)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():
+                worker.terminate()
             raise
     return results

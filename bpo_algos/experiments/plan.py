@@ -88,7 +88,7 @@ def _pilot(preset: Preset, env: str) -> dict[str, Any]:
         pool.close()
     pool = Pool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
     try:
-        algorithm = build_algorithm(preset.comparator, preset, seed)
+        algorithm = build_algorithm(preset.comparator, preset, seed, env)
         config = replace(trainer_config(preset, env, seed, len(train_tasks)), updates=PILOT_UPDATES, out_dir=None, save_trees_every=0)
         stamps: list[float] = []
         history = Trainer(algorithm, policy, pool, train_tasks, config).train(after_update=lambda _: stamps.append(time.perf_counter()))

@@ -53,11 +53,19 @@ class EnvSetup:
     trainer: dict[str, Any] = field(default_factory=dict)
     """:class:`~bpo_algos.trainer_config.TrainerConfig` fields for this env only (e.g.
     ``{"updates": 12}``), over the preset's ``trainer``."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Algorithm options for this env only, in place of the preset's ``options`` of that kind of
+    algorithm (e.g. ``{"gigpo": GiGPOOptions(scale="group")}``: verl-agent's GiGPO normalises
+    by the group's standard deviation on ALFWorld, not on WebShop); ``--ALGORITHM.KEY`` flags
+    still win."""
 
     def __post_init__(self) -> None:
         unknown = set(self.trainer) - set(TrainerConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"EnvSetup.trainer: {sorted(unknown)} are not TrainerConfig fields")
+        wrong = sorted(k for k, v in self.options.items() if not isinstance(v, Options))
+        if wrong:
+            raise TypeError(f"EnvSetup.options: {wrong} must be algorithm option dataclasses (e.g. GiGPOOptions)")
 
 
 RUN_FIELDS = ("tasks_per_update", "budget", "seed", "out_dir", "resume", "progress", "wandb_name", "wandb_config", "save_trees_every")
@@ -216,12 +224,18 @@ GPU_UPDATE_FLOPS: dict[str, float] = {
 VERL_AGENT_REWARD = REWARD_SETTINGS["verl-agent"]
 
 
+GPU_GIGPO_OPTIONS = GiGPOOptions(group_size=8, step_weight=1.0, gamma=0.95)
+"""verl-agent's GiGPO (``step_advantage_w=1.0``, ``gamma=0.95``, ``mean_norm``: no std scaling)."""
+
+
 def gpu_envs() -> dict[str, EnvSetup]:
     """The gpu presets' envs (a fresh dict: flags edit the env options of one preset only)."""
     return {
         "alfworld": EnvSetup(
             "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", **VERL_AGENT_REWARD}, train_tasks=3553, eval_tasks=134,
             workers=8, eval_split="valid_unseen", max_new_tokens=512,
+            # run_alfworld.sh's gigpo.mode=mean_std_norm (run_webshop.sh: mean_norm, the preset's)
+            options={"gigpo": replace(GPU_GIGPO_OPTIONS, scale="group")},
         ),
         "webshop": EnvSetup(
             "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train", **VERL_AGENT_REWARD}, train_tasks=2048, eval_tasks=500,
@@ -253,7 +267,7 @@ GPU_COMMON: dict[str, Any] = {
     "shared": AlgorithmConfig(kl_coef=0.01),
     "options": {
         "grpo": GRPOOptions(group_size=8), "rloo": RLOOOptions(group_size=8),
-        "gigpo": GiGPOOptions(group_size=8, step_weight=1.0, gamma=0.95),
+        "gigpo": GPU_GIGPO_OPTIONS,
     },
     "budget_unit": "flops",
     "budget": GPU_UPDATE_FLOPS,

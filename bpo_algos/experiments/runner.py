@@ -148,14 +148,15 @@ def algorithm_class(factory: Any) -> type[Algorithm] | None:
     return factory if isinstance(factory, type) and issubclass(factory, Algorithm) else None
 
 
-def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
+def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = None) -> dict[str, Any]:
     """The options the main job builds algorithm ``name`` with.
 
     The seed, ``aggregation`` and ``max_parallel_trees`` (default: a quarter of the env pool)
     and every other shared option the preset changes (:attr:`Preset.shared`); for a built-in
     kind of algorithm its own options (``preset.options[cls.name]``, all but those its variant
     fixes, e.g. ``bpo-anchored``'s ``baseline``; a control that collects as another algorithm,
-    such as ``frozen``, takes that algorithm's); then ``preset.algorithm_options[name]``.
+    such as ``frozen``, takes that algorithm's; ``env``'s own, ``EnvSetup.options``, in place of
+    the preset's); then ``preset.algorithm_options[name]``.
     """
     defaults = AlgorithmConfig().to_dict()
     shared = preset.shared.to_dict()
@@ -168,19 +169,21 @@ def algorithm_options(name: str, preset: Preset, seed: int) -> dict[str, Any]:
     if callable(options_of):  # a wrapper (the frozen control): the wrapped algorithm's options
         factory = algorithm_factory(options_of(explicit))
     cls = algorithm_class(factory)
-    own = preset.options.get(cls.name) if cls is not None else None
+    per_env = preset.envs[env].options if env is not None and env in preset.envs else {}
+    own = (per_env.get(cls.name) or preset.options.get(cls.name)) if cls is not None else None
     if own is not None:
         if not isinstance(own, cls.Options):
-            raise TypeError(f"preset.options[{cls.name!r}] must be a {cls.Options.__name__}, got {type(own).__name__}")
+            where = f"envs[{env!r}].options" if cls.name in per_env else "options"
+            raise TypeError(f"preset.{where}[{cls.name!r}] must be a {cls.Options.__name__}, got {type(own).__name__}")
         fixed = factory.keywords if isinstance(factory, partial) else {}
         options.update({k: v for k, v in own.to_dict().items() if k not in fixed})
     options.update(explicit)
     return options
 
 
-def build_algorithm(name: str, preset: Preset, seed: int) -> Algorithm:
-    """Algorithm ``name`` from the registry, with :func:`algorithm_options`."""
-    return make_algorithm(name, **algorithm_options(name, preset, seed))
+def build_algorithm(name: str, preset: Preset, seed: int, env: str | None = None) -> Algorithm:
+    """Algorithm ``name`` from the registry, with :func:`algorithm_options` (for ``env``)."""
+    return make_algorithm(name, **algorithm_options(name, preset, seed, env))
 
 
 def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: int, **run: Any) -> TrainerConfig:
@@ -398,11 +401,11 @@ class _RNGGuard:
         torch.set_rng_state(self.torch_state)
 
 
-def _gradient_rows(name: str, preset: Preset, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget, n: int) -> Any:
+def _gradient_rows(name: str, preset: Preset, env: str, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget, n: int) -> Any:
     """``n`` gradient samples of algorithm ``name`` at ``policy`` (kept: the bootstrap needs
     their Gram matrix). The probe is the estimator that trains: same settings, its adaptive
     state (BPO's threshold, the budget's tree-cost estimate) warmed by one discarded batch."""
-    probe = build_algorithm(name, preset, seed)
+    probe = build_algorithm(name, preset, seed, env)
     with _RNGGuard(policy):
         if hasattr(policy, "seed"):
             policy.seed(seed)
@@ -419,7 +422,7 @@ def reference_gradient(preset: Preset, env_name: str, seed: int, policy: Any, po
     """``(mean, signal)`` of ``reference_batches`` RLOO batches at ``policy``: the reference the
     cosine of :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against."""
     n = preset.for_env("reference_batches", env_name)
-    samples = _gradient_rows(REFERENCE_ALGORITHM, preset, seed + 5000, policy, pool, tasks, budget, n)
+    samples = _gradient_rows(REFERENCE_ALGORITHM, preset, env_name, seed + 5000, policy, pool, tasks, budget, n)
     rows = samples.grads.double()
     moments = signal_to_noise(rows, resamples=1)
     return rows.mean(dim=0).float(), float(moments["signal"])
@@ -522,7 +525,7 @@ def run_one(
     evals: list[dict[str, Any]] = _read_json(folder / "evals.json", [])
     probes: dict[str, Any] = _read_json(folder / "probes.json", {})
     timing = _read_json(folder / "timing.json", {"eval": 0.0, "probe": 0.0})
-    algorithm = build_algorithm(algorithm_name, preset, seed)
+    algorithm = build_algorithm(algorithm_name, preset, seed, env_name)
     biased = not getattr(algorithm, "unbiased", True)
     start = time.perf_counter()
 
@@ -544,7 +547,7 @@ def run_one(
             t0 = time.perf_counter()
             n = preset.for_env("grad_batches", env_name)
             offset = 1000 if name == "initial" else 3000
-            samples = _gradient_rows(algorithm_name, preset, seed + offset, policy, pool, train_tasks, budget, n)
+            samples = _gradient_rows(algorithm_name, preset, env_name, seed + offset, policy, pool, train_tasks, budget, n)
             ref = None
             if name == "initial" and ref0 is not None:
                 ref = (ref0["mean"], ref0["signal"])

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from bpo_algos.compute import ComputeMeter
@@ -181,9 +182,11 @@ class PolicyBase:
             return 0
         return int(sum(p.numel() for name, p in named() if not name.startswith("_reference.")))
 
+    # The sampling RNG: a numpy Generator in ``self._rng`` unless a subclass keeps another
+    # (HFPolicy: a torch Generator) and overrides these three.
     def seed(self, seed: int) -> None:
         """Seed the policy's sampling randomness."""
-        raise NotImplementedError
+        self._rng = np.random.default_rng(seed)
 
     @contextmanager
     def metered_as_scoring(self) -> Iterator[None]:
@@ -230,10 +233,10 @@ class PolicyBase:
 
     def rng_state(self) -> Any:
         """The sampling RNG state, for checkpoints."""
-        raise NotImplementedError
+        return self._rng.bit_generator.state
 
     def set_rng_state(self, state: Any) -> None:
-        raise NotImplementedError
+        self._rng.bit_generator.state = state
 
 
 def pad_token_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -78,15 +78,6 @@ class ChoicePolicy(PolicyBase, nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def seed(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def rng_state(self) -> Any:
-        return self._rng.bit_generator.state
-
-    def set_rng_state(self, state: Any) -> None:
-        self._rng.bit_generator.state = state
-
     def recorded_action(self, context: Context, command: str) -> Action | None:
         """The :class:`Action` that chooses ``command`` at ``context`` (behaviour cloning), or
         None when ``command`` is not one of the admissible actions there."""

@@ -110,15 +110,6 @@ class ReasoningTabularPolicy(PolicyBase, nn.Module):
         return torch.logsumexp(lr[:, None] + la, 0)
 
     # ---- Policy --------------------------------------------------------------------------
-    def seed(self, seed: int) -> None:
-        self._rng = np.random.default_rng(seed)
-
-    def rng_state(self) -> Any:
-        return self._rng.bit_generator.state
-
-    def set_rng_state(self, state: Any) -> None:
-        self._rng.bit_generator.state = state
-
     def _reply(self, context: Context, reason: int | None) -> Action:
         actions = context.admissible_actions or ()
         lr, la, _ = self._split_np(context.observation, len(actions))

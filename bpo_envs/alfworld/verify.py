@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.processes import exit_with_parent
+
 log = logging.getLogger(__name__)
 
 PLANNER_TIMEOUT_S = 600.0
@@ -76,14 +78,7 @@ def _check(engine: Any, game: dict[str, Any], key: str) -> tuple[str, list[str]]
 def _serve() -> None:
     """The worker: one JSON request per line on stdin, one answer per line on the original stdout
     (whatever the engine prints goes to stderr)."""
-    parent = os.getppid()
-
-    def orphaned() -> None:  # a killed parent cannot kill a worker busy in the planner's C code
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=orphaned, daemon=True).start()
+    exit_with_parent()  # a killed parent cannot kill a worker busy in the planner's C code
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -41,6 +41,7 @@ from typing import Any
 import gymnasium as gym
 
 import bpo_envs
+from bpo_envs.core import check_step_limit
 from bpo_envs.integrations import require
 from bpo_envs.prompting import Context, PromptConfig, build_messages, env_action
 
@@ -100,6 +101,7 @@ class SkyRLEnv(BaseTextEnv):
         self.prompt_config = prompt if isinstance(prompt, PromptConfig) else PromptConfig(**_as_dict(prompt, "prompt_config"))
         self.env_id = str(env_id)
         self.env = gym.make(self.env_id, **config)
+        check_step_limit(self.env)
         limits = [getattr(self.env.unwrapped, "max_episode_steps", None), getattr(self.env.spec, "max_episode_steps", None)]
         limits = [int(n) for n in limits if n]  # gym.make's max_episode_steps= adds a TimeLimit
         self.max_turns = min(limits) if limits else self.max_turns

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import bpo_envs
-from bpo_envs.core import SnapshotError, decode_portable
+from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
 from bpo_envs.integrations import require
 from bpo_envs.prompting import Context, PromptConfig, build_messages
 
@@ -101,6 +101,7 @@ class BPOToolEnv:
         if not self.env_id:
             raise TypeError("make the env class with environment_factory(env_id, ...), not BPOToolEnv()")
         self._env = gym.make(self.env_id, **self.env_kwargs)
+        check_step_limit(self._env)
         self._episode: Episode | None = None
 
     @property
