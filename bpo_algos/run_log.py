@@ -3,7 +3,10 @@ scalars to TensorBoard and W&B when asked for (and installed)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +100,26 @@ class RunLog:
                     resume="allow",
                 )
             )
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The code this process runs, for the record of every result it writes: ``bpo-gym
+    VERSION``, and where the package is a git checkout its commit (``+modified`` when its
+    sources differ from it). A folder resumed after the code changed then shows two versions."""
+    try:
+        version = importlib.metadata.version("bpo-gym")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return f"bpo-gym {version}"
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+
+        commit = git("rev-parse", "--short=12", "HEAD")
+        modified = bool(git("status", "--porcelain", "--untracked-files=no", "--", "bpo_algos", "bpo_envs", "baselines"))
+    except (OSError, subprocess.SubprocessError):
+        return f"bpo-gym {version}"
+    return f"bpo-gym {version} (git {commit}{'+modified' if modified else ''})"

@@ -34,6 +34,9 @@ def test_jobs_give_the_results_of_one_job_and_resume(tmp_path):
     assert (tmp_path / "two" / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns == kept
     saved = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two")]
     assert saved[1]["timing"]["jobs"] == 2 and saved[0]["timing"]["jobs"] == 1
+    from bpo_algos.run_log import code_version
+
+    assert saved[0]["code_versions"] == saved[1]["code_versions"] == [code_version()]
     assert _strip(saved[0]) == _strip(saved[1])
     assert json.dumps(_strip(one), sort_keys=True) == json.dumps(_strip(two), sort_keys=True)  # (nan != nan in dicts)
     # --resume with workers: a lost run is redone in a worker, the rest are kept
@@ -41,6 +44,22 @@ def test_jobs_give_the_results_of_one_job_and_resume(tmp_path):
     (tmp_path / "two" / "results.json").unlink()
     compare.main([*SMALL, "--out", str(tmp_path / "two"), "--jobs", "2", "--resume"])
     assert _strip(json.loads((tmp_path / "two" / "results.json").read_text())) == _strip(saved[0])
+
+
+def test_results_of_several_code_versions_are_named_in_the_report(tmp_path, capsys):
+    # a folder resumed after the code changed: its warm start and its runs come from two versions
+    out = tmp_path / "mixed"
+    compare.main(["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)])
+    for path in (out / "runs" / "treemdp").glob("bpo/seed*/run.json"):
+        run = json.loads(path.read_text())
+        path.write_text(json.dumps({**run, "code": "bpo-gym 0.0.9 (git 0123456789ab)"}))
+    (out / "results.json").unlink()
+    capsys.readouterr()
+    results = compare.main(["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out), "--resume"])
+    assert len(results["code_versions"]) == 2 and "bpo-gym 0.0.9 (git 0123456789ab)" in results["code_versions"]
+    captured = capsys.readouterr()
+    assert "holds results of 2 code versions" in captured.err
+    assert "**Made by 2 code versions**" in (out / "results.md").read_text()
 
 
 def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, capsys):

@@ -482,6 +482,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["example_trees"] = example_trees(ordered, out)
     for env_name in preset.envs:
         results["per_env"][env_name]["data"] = data[env_name]
+    results["code_versions"] = code_versions(initials.values(), ordered)
+    if len(results["code_versions"]) > 1:
+        print(f"warning: {out} holds results of {len(results['code_versions'])} code versions (a folder resumed after "
+              f"the code changed): {'; '.join(results['code_versions'])}. For results of one version, run into a new --out.",
+              file=sys.stderr)
     results["timing"] = {
         "wall_seconds": time.perf_counter() - started,
         "jobs": workers,
@@ -498,6 +503,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
     return results
+
+
+def code_versions(initials: Any, runs: Any) -> list[str]:
+    """The code versions (:func:`~bpo_algos.run_log.code_version`) that made the initial jobs and
+    runs of a comparison, sorted; ``"unrecorded"`` for results written before versions were."""
+    made = {i["warm"].get("code", "unrecorded") for i in initials} | {r.get("code", "unrecorded") for r in runs}
+    return sorted(made)
 
 
 def _expected_cost(preset: Preset, env: str, algorithm: str, seed: int) -> float:

@@ -246,6 +246,13 @@ def markdown(results: dict[str, Any]) -> str:
             links = " · ".join(f"[{a}]({p})" for a, p in pictures.items())
             lines.append(f"* {env}: {links}")
         lines.append("")
+    versions = results.get("code_versions") or []
+    if len(versions) > 1:
+        lines += [f"**Made by {len(versions)} code versions** (a folder resumed after the code changed): "
+                  + "; ".join(versions) + ". Numbers from different versions may not be comparable; run into a new "
+                  "`--out` for one version.", ""]
+    elif versions:
+        lines += [f"Code: {versions[0]}.", ""]
     timing = results.get("timing")
     if timing:
         lines += [f"Wall time: {timing['wall_seconds'] / 60:.1f} min with {timing['jobs']} job(s)"

@@ -41,6 +41,7 @@ from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.rollout import EnvPool, RolloutEngine
+from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer, TrainerConfig
 
 
@@ -443,7 +444,8 @@ def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any]
         wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
     finally:
         pool.close()
-    warm = {"success": float(np.mean(wins)), "episodes": len(wins), "seconds_build": built, "seconds_eval": time.perf_counter() - start - built}
+    warm = {"success": float(np.mean(wins)), "episodes": len(wins), "seconds_build": built, "seconds_eval": time.perf_counter() - start - built,
+            "code": code_version()}
     reference = None
     if probes_on(preset, env_name, seed):
         pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
@@ -591,6 +593,7 @@ def run_one(
         "seconds": time.perf_counter() - start,
         "seconds_eval": timing["eval"],
         "seconds_probe": timing["probe"],
+        "code": code_version(),
     }
     _write_json(done, result)
     return result
