@@ -12,6 +12,7 @@ normaliser, the zero passes or the reduce would show at ~1e-3), also across a re
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import socket
@@ -85,6 +86,43 @@ def test_default_settings_give_one_process_and_two_ranks_the_same_parameters(tmp
     # float32 rounding through 3 Adam steps: 1.7e-6 measured; another seeding rule or a
     # zero-gradient parameter shows at 1e-2 (5e-2 with the output bias the scorer had)
     assert diff <= 1e-5
+
+
+@pytest.mark.slow
+def test_evaluation_split_over_two_ranks_gives_the_episodes_of_one_process(tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    subprocess.run([sys.executable, str(HERE / "dp_eval.py"), str(one)], check=True, env=env, timeout=300)
+    subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", str(HERE / "dp_eval.py"), str(two)], check=True, env=env, timeout=300)
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert (a["world"], b["world"]) == (1, 2)
+    assert a["wins"] == b["wins"] and len(a["wins"]) == 7 * 3 and 0 < sum(a["wins"]) < 21  # episode by episode
+
+
+@pytest.mark.slow
+def test_the_main_job_runs_under_torchrun_with_rank_0_writing(tmp_path):
+    # every rank trains every run together; evaluations are split over the ranks; rank 0 writes
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    out = tmp_path / "two"
+    args = ["-m", "bpo_algos.experiments.compare", "--smoke", "--envs", "webshop", "--updates", "2", "--no-progress", "--out", str(out)]
+    subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", *args], check=True, env=env, timeout=600)
+    results = json.loads((out / "results.json").read_text())
+    assert results["timing"]["ranks"] == 2 and results["timing"]["jobs"] == 1
+    algorithms = results["per_env"]["webshop"]["algorithms"]
+    assert set(algorithms) == {"bpo", "grpo", "rloo", "frozen", "reinforce"}
+    for name, row in algorithms.items():
+        # the budget is split over the ranks, each starting trees while its half lasts
+        assert 0.7 <= row["budget_used_ratio"] <= 1.1, (name, row["budget_used_ratio"])
+    assert all(not p.name.endswith(".tmp") for p in out.rglob("*"))
+    run = out / "runs" / "webshop" / "rloo" / "seed0"
+    assert json.loads((run / "run.json").read_text())["evals"][0]["update"] == 0 and (run / "checkpoint.pt").exists()
+    bad = subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", *args[:-1], str(tmp_path / "x"), "--jobs", "2"],
+                         env=env, timeout=300, capture_output=True, text=True)
+    assert bad.returncode != 0 and "leave --jobs at 1" in bad.stderr + bad.stdout
 
 
 def _make():

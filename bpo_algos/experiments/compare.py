@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.compute import Budget
 from bpo_algos.experiments.flags import add_flags, given
@@ -254,17 +255,17 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
 
 
 def check_launch_fits(preset: Preset, name: str) -> None:
-    """Before training on GPUs: the launch must have the GPUs the preset is planned for. The main
-    job trains each run in one process, so a preset planned for several GPUs (the full
-    fine-tune of ``--preset gpu``, FSDP over 8) does not fit one: say so, with the way out."""
+    """Before training on GPUs: the launch must have the GPUs the preset is planned for. A preset
+    planned for several GPUs (the full fine-tune of ``--preset gpu``, FSDP over 8) runs under
+    ``torchrun`` with one rank per GPU; say so, with the way out, when it is launched otherwise."""
     if not preset.gpus or not torch.cuda.is_available():
         return
     have = torch.cuda.get_device_properties(0).total_memory / 1e9
-    if preset.gpus > 1:
+    if preset.gpus > 1 and dp.world_size() != preset.gpus:
         raise SystemExit(
-            f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}); bpo-compare "
-            "trains each run in one process: run --preset gpu-lora on one GPU, or train the preset's runs with the "
-            "Trainer under torchrun (README, data-parallel and FSDP)"
+            f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}) and this "
+            f"launch has {dp.world_size()} rank(s): run torchrun --nproc_per_node={preset.gpus} -m "
+            f"bpo_algos.experiments.compare --preset {name} ..., or --preset gpu-lora on one GPU"
         )
     if have < preset.gpu_gb - 1:
         try:
@@ -362,7 +363,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("\n".join(registered_algorithms()))
         return {}
     preset = build_preset(args, holders)
-    jobs = args.jobs or os.cpu_count() or 1
+    # under torchrun every rank runs every run together (data-parallel or FSDP training,
+    # evaluations split over the ranks); rank 0 writes the files
+    ranks = dp.world_size() if dp.init_from_env() else 1
+    if ranks > 1 and ((args.jobs or 1) != 1 or args.ray is not None):
+        raise SystemExit(f"under torchrun ({ranks} ranks) every rank takes part in every run: leave --jobs at 1 and --ray unset")
+    jobs = 1 if ranks > 1 else (args.jobs or os.cpu_count() or 1)
     if args.ray is not None:
         check_ray_address(args.ray)  # before any run starts
     if args.plan:
@@ -373,6 +379,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
+    dp.barrier()  # every rank has looked at --out before rank 0 writes into it
+    writer = dp.rank() == 0
     out.mkdir(parents=True, exist_ok=True)
     previous_preset = out / "preset.json"
     saved_preset = json.loads(previous_preset.read_text()) if previous_preset.exists() else None
@@ -416,11 +424,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         moved = sorted(e for e in data if e in saved_data and _data_identity(saved_data[e]) != _data_identity(data[e]))
         if moved:
             raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous_data}); choose another --out")
-    (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
-    for env_name, setting in settings.items():
-        (out / "runs" / env_name).mkdir(parents=True, exist_ok=True)
-        (out / "runs" / env_name / "setting.json").write_text(json.dumps(setting, indent=2))
-    previous_data.write_text(json.dumps({**(json.loads(previous_data.read_text()) if previous_data.exists() else {}), **data}, indent=2))
+    if writer:
+        (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
+        for env_name, setting in settings.items():
+            (out / "runs" / env_name).mkdir(parents=True, exist_ok=True)
+            (out / "runs" / env_name / "setting.json").write_text(json.dumps(setting, indent=2))
+        previous_data.write_text(json.dumps({**(json.loads(previous_data.read_text()) if previous_data.exists() else {}), **data}, indent=2))
 
     from tqdm.auto import tqdm
 
@@ -442,7 +451,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def initial_done(i: int, value: dict[str, Any]) -> None:
         key = todo[i][0]
-        _save_initial(initial_dir(out, *key), value)
+        if writer:
+            _save_initial(initial_dir(out, *key), value)
         initials[key] = value
         bar.update(1)
 
@@ -468,7 +478,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def run_done(i: int, value: dict[str, Any]) -> None:
         key = calls[i][0]
         done = run_dir(out, *key) / "run.json"
-        if not done.exists():  # a run on another machine (Ray): its result comes back here
+        if writer and not done.exists():  # a run on another machine (Ray): its result comes back here
             done.parent.mkdir(parents=True, exist_ok=True)
             done.write_text(json.dumps(value))
         runs[key] = value
@@ -479,6 +489,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bar.close()
     ordered = [runs[k] for k in keys]
     results = aggregate(ordered, preset, list(preset.envs))
+    if not writer:  # rank 0 reports
+        return results
     results["example_trees"] = example_trees(ordered, out)
     for env_name in preset.envs:
         results["per_env"][env_name]["data"] = data[env_name]
@@ -490,6 +502,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["timing"] = {
         "wall_seconds": time.perf_counter() - started,
         "jobs": workers,
+        "ranks": ranks,
         "ray": args.ray,
         "cpu_count": os.cpu_count(),
         "resumed": bool(args.resume),

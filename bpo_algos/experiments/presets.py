@@ -427,7 +427,8 @@ PRESETS: dict[str, Preset] = {
         reference_offload=True,
         gpus=8,
         gpu_gb=80.0,
-        **GPU_COMMON,
+        # no gradient probes: they need the whole policy on one process, not FSDP shards
+        **{**GPU_COMMON, "grad_seeds": 0},
     ),
     # The same recipe on one H200 (141 GB): LoRA (r=8 on every linear map, lr 1e-5; verl-agent
     # publishes no LoRA recipe) instead of the full fine-tune; the KL reference is the base

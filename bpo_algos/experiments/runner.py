@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
+from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import Algorithm, AlgorithmConfig
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, signal_to_noise, variance_summary
@@ -313,19 +314,25 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     if not tasks:
         raise ValueError("no evaluation tasks")
     state = policy.rng_state() if hasattr(policy, "rng_state") else None
-    wins: list[float] = []
+    per_task: dict[int, list[float]] = {}
     try:
         with evaluation_sampling(policy):  # the preset's evaluation temperature (0: greedy)
-            for i, task in enumerate(tasks):
+            # under torchrun each rank plays every world-size-th task (an episode depends only on
+            # its seeds, so which rank plays it changes nothing), then the ranks share them
+            for i in dp.shard_indices(len(tasks)):
+                per_task[i] = []
                 for j in range(max(episodes, 1)):
                     episode_seed = seed + 1000 * i + j
                     policy.seed(episode_seed)
-                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [task])
-                    wins += [float(e.won) for t in result.trees for e in t.leaf_edges()]
+                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [tasks[i]])
+                    per_task[i] += [float(e.won) for t in result.trees for e in t.leaf_edges()]
     finally:
         if state is not None:
             policy.set_rng_state(state)
-    return wins
+    if dp.is_distributed():
+        for part in dp.all_gather_objects(per_task):
+            per_task.update(part)
+    return [w for i in range(len(tasks)) for w in per_task[i]]
 
 
 def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
@@ -483,6 +490,9 @@ def _read_json(path: Path, default: Any) -> Any:
 
 
 def _write_json(path: Path, value: Any) -> None:
+    """Write ``value`` atomically; rank 0 only under torchrun (every rank holds the same value)."""
+    if dp.rank() != 0:
+        return
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(value))
     tmp.replace(path)
@@ -538,7 +548,11 @@ def run_one(
             if u == 0:  # the initial job's evaluation of this very policy
                 success = warm["success"]
             else:
-                success = float(np.mean(evaluate_episodes(policy, eval_pool, eval_tasks, episodes, seed + 2000)))
+                trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
+                try:
+                    success = float(np.mean(evaluate_episodes(policy, eval_pool, eval_tasks, episodes, seed + 2000)))
+                finally:
+                    trainer.parallel.shard_weights()
             evals.append({"update": u, "success": success, "compute": _compute_point(trainer.total_compute)})
             _write_json(folder / "evals.json", evals)
             timing["eval"] += time.perf_counter() - t0
