@@ -62,6 +62,21 @@ def test_results_of_several_code_versions_are_named_in_the_report(tmp_path, caps
     assert "**Made by 2 code versions**" in (out / "results.md").read_text()
 
 
+def test_a_folder_from_before_an_env_setup_field_existed_resumes_and_a_changed_one_is_refused(tmp_path):
+    out = tmp_path / "old"
+    args = ["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)]
+    compare.main(args)
+    for path in (out / "preset.json", out / "runs" / "treemdp" / "setting.json"):
+        saved = json.loads(path.read_text())
+        setup = saved["envs"]["treemdp"] if "treemdp" in saved["envs"] else saved["envs"]
+        del setup["options"]  # written by a version whose EnvSetup had no options field
+        path.write_text(json.dumps(saved))
+    (out / "results.json").unlink()
+    compare.main([*args, "--resume"])  # the missing field counts at its default
+    with pytest.raises(SystemExit, match="another setting for treemdp"):
+        compare.main([*args, "--resume", "--learning-rate", "0.5"])
+
+
 def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, capsys):
     out = tmp_path / "never"
     plan = compare.main(["--smoke", "--plan", "--jobs", "2", "--no-progress", "--out", str(out)])

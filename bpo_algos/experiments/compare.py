@@ -59,7 +59,14 @@ from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.compute import Budget
 from bpo_algos.experiments.flags import add_flags, given
 from bpo_algos.experiments.parallel import check_ray_address, execute
-from bpo_algos.experiments.presets import PER_ENV_FIELDS, PRESETS, RUN_FIELDS, Preset, preset_dict
+from bpo_algos.experiments.presets import (
+    PER_ENV_FIELDS,
+    PRESETS,
+    RUN_FIELDS,
+    EnvSetup,
+    Preset,
+    preset_dict,
+)
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
     algorithm_class,
@@ -398,6 +405,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
         if saved_setting is None:
             continue
+        if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
+            saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
         defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
         changed = sorted(
             k for k in set(saved_setting) | set(setting)
@@ -559,6 +568,14 @@ def _setting(preset: dict[str, Any]) -> dict[str, Any]:
     out.update({f"shared.{k}": v for k, v in preset.get("shared", {}).items()})
     return out
 
+def _env_setup_defaults() -> dict[str, Any]:
+    """:class:`EnvSetup`'s defaults as :func:`preset_dict` writes them."""
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(EnvSetup)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return json.loads(json.dumps(defaults, default=str))
+
+
 def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
     """What of a preset (as :func:`preset_dict` data) env ``env``'s runs depend on: its own
     ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'
@@ -566,7 +583,9 @@ def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in _setting(saved).items():
         if key == "envs":
-            out[key] = value.get(env)
+            setup = value.get(env)
+            # a field EnvSetup gained since the folder was written counts at its default
+            out[key] = None if setup is None else {**_env_setup_defaults(), **setup}
         elif key in PER_ENV_FIELDS and isinstance(value, dict):
             default = Preset.__dataclass_fields__[key].default
             out[key] = value.get(env, None if key == "budget" else default)
