@@ -205,17 +205,23 @@ def test_stats_table_sets_published_numbers_beside_generated_ones_and_invents_no
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", SPLITS)
-def test_v3_games_never_need_the_time_limit(split: str) -> None:
+def test_v3_games_never_need_the_time_limit_and_their_plans_win_in_the_env(split: str) -> None:
     # the size bound, not the clock, decides which games exist: 8 games per type and split
-    # (a few minutes on 2 cores) are kept without one planner timeout
+    # (a few minutes on 2 cores) are kept without one planner timeout; each game's plan,
+    # played through the env, wins it with reward 1
     import json
 
     env = ALFWorldEnv(split=split, games_per_type=8)
     try:
         for task_id in env.task_ids():
-            env.games.game(task_id)
+            game = env.games.game(task_id)
             traj = json.loads((env.games.root / task_id / "traj_data.json").read_text())
             assert "timeout" not in traj["generator"]["rejected"], (task_id, traj["generator"])
+            obs, info = env.reset(options={"task_id": task_id})
+            assert not info["won"] and "Your task is to: " in obs
+            for action in game["walkthrough"]:
+                obs, reward, terminated, truncated, info = env.step(action)
+            assert terminated and info["won"] and reward == 1.0, (task_id, game["walkthrough"])
         assert env.provenance()["planner_timeouts"] == 0
     finally:
         env.close()

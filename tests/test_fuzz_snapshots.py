@@ -28,10 +28,10 @@ from bpo_envs.tree_mdp import TreeMDPEnv
 
 # examples per env (default, slow): the heavier envs get fewer programs
 PROFILES = {
-    "treemdp": (400, 4000),
-    "webshop": (200, 2000),
-    "alfworld": (5, 80),
-    "swebench": (4, 40),
+    "treemdp": (400, 2000),
+    "webshop": (200, 1000),
+    "alfworld": (5, 40),
+    "swebench": (4, 20),
 }
 STEPS = (40, 80)
 

@@ -383,6 +383,7 @@ PRESETS: dict[str, Preset] = {
         options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=2)},
         sft_epochs=1,
         grad_batches=2,
+        reference_batches=2,  # (the default 64 RLOO batches of the tiny LLM in sandboxes: ~10 min)
         eval_episodes=1,
         pool_size=4,
     ),
