@@ -326,7 +326,48 @@ def _jobs(value: str) -> int:
     return n
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Each env's setting (:func:`env_setting`), after checking it against the one ``out`` was
+    made with: cached runs are only valid for the setting that made them, per env (an env added
+    to a comparison later joins it; a changed one is refused, naming what differs)."""
+    current = preset_dict(preset)
+    settings = {e: env_setting(current, e) for e in preset.envs}
+    for env_name, setting in settings.items():
+        path = out / "runs" / env_name / "setting.json"
+        saved_setting = json.loads(path.read_text()) if path.exists() else None
+        if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
+            saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
+        if saved_setting is None:
+            continue
+        if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
+            saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
+        defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
+        changed = sorted(
+            k for k in set(saved_setting) | set(setting)
+            if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
+        )
+        if changed:
+            raise SystemExit(
+                f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
+            )
+    return settings
+
+
+def check_same_data(out: Path, data: dict[str, Any]) -> None:
+    """The same preset on other data (a new generator version, other files) is another setting:
+    refuse a folder whose ``data.json`` names other data for an env."""
+    previous = out / "data.json"
+    if not previous.exists():
+        return
+    saved = json.loads(previous.read_text())
+    moved = sorted(e for e in data if e in saved and _data_identity(saved[e]) != _data_identity(data[e]))
+    if moved:
+        raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous}); choose another --out")
+
+
+def command_parser() -> argparse.ArgumentParser:
+    """``bpo-compare``'s own flags (the config dataclasses' flags are added to it by
+    :func:`add_config_flags`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/compare", help="output folder")
     parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
@@ -359,6 +400,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json "
                         "(default: the preset's recorded results, else a short pilot)")
     parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = command_parser()
     # modules named by --import register algorithms (and so flags of their options) first
     imports = argparse.ArgumentParser(add_help=False)
     imports.add_argument("--import", dest="import_modules", nargs="+", default=())
@@ -394,28 +440,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if saved_preset is not None:
         wandb_group = preset.trainer.wandb_group or saved_preset.get("trainer", {}).get("wandb_group")
         preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
-    # cached runs are only valid for the setting that made them: per env (an env added to a
-    # comparison later joins it; a changed one is refused)
-    current = preset_dict(preset)
-    settings = {e: env_setting(current, e) for e in preset.envs}
-    for env_name, setting in settings.items():
-        path = out / "runs" / env_name / "setting.json"
-        saved_setting = json.loads(path.read_text()) if path.exists() else None
-        if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
-            saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
-        if saved_setting is None:
-            continue
-        if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
-            saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
-        defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
-        changed = sorted(
-            k for k in set(saved_setting) | set(setting)
-            if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
-        )
-        if changed:
-            raise SystemExit(
-                f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
-            )
+    settings = check_same_settings(out, preset, saved_preset)
     if preset.trainer.wandb_project and preset.trainer.wandb_group is None:
         # one W&B group per comparison, kept when it resumes
         preset.trainer = replace(preset.trainer, wandb_group=f"{out.resolve().name}-{uuid.uuid4().hex[:8]}")
@@ -427,12 +452,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     splits = {env_name: task_split_with_provenance(setup) for env_name, setup in preset.envs.items()}
     data = {env_name: split[2] for env_name, split in splits.items()}
     previous_data = out / "data.json"
-    if previous_data.exists():
-        # the same preset on other data (a new generator version, other files) is another setting
-        saved_data = json.loads(previous_data.read_text())
-        moved = sorted(e for e in data if e in saved_data and _data_identity(saved_data[e]) != _data_identity(data[e]))
-        if moved:
-            raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous_data}); choose another --out")
+    check_same_data(out, data)
     if writer:
         (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
         for env_name, setting in settings.items():
@@ -503,11 +523,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["example_trees"] = example_trees(ordered, out)
     for env_name in preset.envs:
         results["per_env"][env_name]["data"] = data[env_name]
-    results["code_versions"] = code_versions(initials.values(), ordered)
-    if len(results["code_versions"]) > 1:
-        print(f"warning: {out} holds results of {len(results['code_versions'])} code versions (a folder resumed after "
-              f"the code changed): {'; '.join(results['code_versions'])}. For results of one version, run into a new --out.",
-              file=sys.stderr)
+    results["code_versions"] = code_versions(initials.values(), ordered, out)
     results["timing"] = {
         "wall_seconds": time.perf_counter() - started,
         "jobs": workers,
@@ -519,19 +535,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "initial_seconds_total": float(sum(i["warm"].get("seconds_build", 0.0) + i["warm"].get("seconds_eval", 0.0)
                                            + i["warm"].get("seconds_reference", 0.0) for i in initials.values())),
     }
+    write_report(results, out)
+    return results
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    """``results.json``, ``results.md`` and the plots into ``out``; the Markdown is printed too."""
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
-    return results
 
 
-def code_versions(initials: Any, runs: Any) -> list[str]:
+def code_versions(initials: Any, runs: Any, out: Path) -> list[str]:
     """The code versions (:func:`~bpo_algos.run_log.code_version`) that made the initial jobs and
-    runs of a comparison, sorted; ``"unrecorded"`` for results written before versions were."""
-    made = {i["warm"].get("code", "unrecorded") for i in initials} | {r.get("code", "unrecorded") for r in runs}
-    return sorted(made)
+    runs of the comparison in ``out``, sorted (``"unrecorded"`` for results written before
+    versions were); a warning when there are several (a folder resumed after the code changed)."""
+    made = sorted({i["warm"].get("code", "unrecorded") for i in initials} | {r.get("code", "unrecorded") for r in runs})
+    if len(made) > 1:
+        print(f"warning: {out} holds results of {len(made)} code versions (a folder resumed after the code changed): "
+              f"{'; '.join(made)}. For results of one version, run into a new --out.", file=sys.stderr)
+    return made
 
 
 def _expected_cost(preset: Preset, env: str, algorithm: str, seed: int) -> float:
