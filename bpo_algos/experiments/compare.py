@@ -608,9 +608,7 @@ def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in _setting(saved).items():
         if key == "envs":
-            setup = value.get(env)
-            # a field EnvSetup gained since the folder was written counts at its default
-            out[key] = None if setup is None else {**_env_setup_defaults(), **setup}
+            out[key] = value.get(env)
         elif key in PER_ENV_FIELDS and isinstance(value, dict):
             default = Preset.__dataclass_fields__[key].default
             out[key] = value.get(env, None if key == "budget" else default)
