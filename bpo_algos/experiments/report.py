@@ -322,7 +322,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         for ax, xlabel in ((axes[0][j], "env steps"), (axes[1][j], "flops (2P per policy token + 6P per trained token)")):
             if warm is not None:
                 ax.axhline(warm, color="grey", linestyle=":", linewidth=1.2, label=f"warm start {warm:.3f}")
-            ax.set(xlabel=xlabel, ylabel=f"evaluated success ({er.get('eval_split')}; mean of {seeds} seeds, 95% band)")
+            ax.set(xlabel=xlabel, ylabel=f"evaluated success ({er.get('eval_split')})\nmean of {seeds} seeds, 95% band")
             ax.legend(fontsize=8)
         axes[0][j].set_title(f"{env}: evaluated success vs env steps")
         axes[1][j].set_title(f"{env}: evaluated success vs flops")
