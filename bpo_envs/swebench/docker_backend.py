@@ -12,8 +12,9 @@ with ``remove(force=True)`` (a plain stop waits for the grace period).
 Grading applies the diff of ``/testbed`` against ``base_commit`` (taken in a fork of the final
 state) to a fresh container of the instance image with swebench's fallbacks and runs the
 swebench eval script there as the harness does (``bash eval.sh``, no ``BASH_ENV``: the script
-activates the env itself), on Docker's default network unless ``grading_network=False`` (eval
-scripts may ``pip install -e .``). ``portable()`` carries ``/testbed`` only (a tar), rebuilt on
+activates the env itself), with no network unless ``grading_network=True`` (an opt-in for eval
+scripts that ``pip install``: the agent's patch runs during grading and could then reach the
+host's services and the internet). ``portable()`` carries ``/testbed`` only (a tar), rebuilt on
 the instance image by the receiver. As in the local backend, nothing outlives its step: when a
 command ends, every process but the container's init and main process is killed (with bash
 builtins only, so it works under a fork bomb at ``pids_limit``); a snapshot (a filesystem
@@ -226,7 +227,7 @@ class DockerBackend:
 
     def __init__(
         self, kind: Hashable, image: str | None = None, limits: SandboxLimits | None = None,
-        *, images_dir: str | Path | None = None, grading_network: bool = True,
+        *, images_dir: str | Path | None = None, grading_network: bool = False,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.client = docker_client()
