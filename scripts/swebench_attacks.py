@@ -41,9 +41,10 @@ CHILD = r'''
 import json, sys, time
 import gymnasium as gym
 import bpo_envs
+from bpo_envs.swebench import bundled_instances
 backend, attack = sys.argv[1], json.loads(sys.argv[2])
 env = gym.make("BPO-SWEBench-v0", backend=backend, step_timeout=5, eval_timeout=5,
-               instances=[r for r in bpo_envs.swebench.bundled_instances()
+               instances=[r for r in bundled_instances()
                           if r["instance_id"] == "bpo-gym__textkit-1"])
 env.reset(options={"task_id": "bpo-gym__textkit-1"})
 env.step("echo kept > kept.txt")
@@ -63,8 +64,11 @@ out["seconds"] = round(time.monotonic() - t0, 2)
 if out["answer"] == "observation" and action == "submit":
     out["next_step_ok"] = None
 elif out["answer"] == "observation":
-    nxt = env.step("cat kept.txt")[0]
-    out["next_step_ok"] = "kept" in nxt
+    try:
+        out["next_step_ok"] = "kept" in env.step("cat kept.txt")[0]
+    except Exception as exc:
+        out["next_step_ok"] = False
+        out["next_step_error"] = f"{type(exc).__name__}: {exc}"[:400]
 print(json.dumps(out), flush=True)
 env.close()
 '''
@@ -76,15 +80,18 @@ def run_one(backend: str, attack: str | tuple[str, str], code: str, cap: float) 
     proc = subprocess.Popen([sys.executable, "-c", CHILD, backend, json.dumps(attack)], cwd=code,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
+    hung = False
     try:
         stdout, stderr = proc.communicate(timeout=cap + 30)  # + making the env
     except subprocess.TimeoutExpired:
+        hung = True
         os.killpg(proc.pid, 9)
         stdout, stderr = proc.communicate()
     lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     result = lines[-1] if lines and "answer" in lines[-1] else None
     if result is None:
-        return {"answer": f"none within {cap:g} s" if lines else "the env did not start",
+        answer = f"none within {cap:g} s" if hung else "the child failed" if lines else "the env did not start"
+        return {"answer": answer,
                 "seconds": None, "stderr_tail": stderr[-300:], "wall_s": round(time.monotonic() - t0, 1)}
     return result
 
