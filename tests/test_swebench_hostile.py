@@ -71,7 +71,6 @@ def test_sigstop_of_every_process_is_answered_and_the_next_step_works(env):
 @pytest.mark.parametrize("action", [
     ":(){ :|:& };:",                                        # a fork bomb
     "kill -STOP -1; :(){ :|:& };:; sleep 999",              # a fork bomb with the timeout frozen
-    "while :; do :(){ :|:& };: ; done",                     # a fork bomb kept up until killed
 ])
 def test_fork_bombs_are_answered_and_the_next_step_works(env, action):
     _attack(env, action)
@@ -79,8 +78,7 @@ def test_fork_bombs_are_answered_and_the_next_step_works(env, action):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("action", [
-    "trap '' TERM INT HUP; sleep 999",
-    "bash -c \"trap '' TERM INT HUP; while :; do sleep 1; done\" & disown; sleep 999",
+    "bash -c \"trap '' TERM INT HUP; while :; do sleep 1; done\" & disown; trap '' TERM; sleep 999",
 ])
 def test_processes_ignoring_sigterm_are_killed(env, action):
     obs, info, _ = _attack(env, action)
