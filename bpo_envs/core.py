@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
@@ -41,6 +43,38 @@ class SnapshotKindError(SnapshotError):
 
 class ResetNeeded(RuntimeError):
     """``step()`` was called before ``reset()`` or after the episode ended."""
+
+
+class ConcurrentUseError(RuntimeError):
+    """A second thread called into an env while another thread's call was still running in it.
+
+    An env is one sandbox with one state: two threads stepping it interleave their effects (and
+    a backend's clean-up after one command can hit the other's processes). Give each thread an
+    env of its own (an env pool lends one env to one caller at a time)."""
+
+
+_IN_USE: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_IN_USE_GUARD = threading.Lock()
+
+
+@contextmanager
+def exclusive(env: Any, what: str) -> Iterator[None]:
+    """Run a call of ``env`` (``what``: its name) as the only thread inside ``env``: raises
+    :class:`ConcurrentUseError` at once when another thread is inside it (the same thread may
+    re-enter, e.g. a restore that resets)."""
+    lock = _IN_USE.get(env)
+    if lock is None:
+        with _IN_USE_GUARD:
+            lock = _IN_USE.setdefault(env, threading.RLock())
+    if not lock.acquire(blocking=False):
+        raise ConcurrentUseError(
+            f"{what}() called on {type(env).__name__} from thread {threading.current_thread().name!r} while "
+            "another thread is inside it: one env serves one thread at a time (give each thread its own env)"
+        )
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Snapshot:
@@ -155,10 +189,15 @@ class SnapshotSupport:
 
     def snapshot(self) -> Snapshot:
         """Save the full current state (see the module docstring for the contract)."""
-        return Snapshot(self, self._snapshot_kind(), self._capture())
+        with exclusive(self, "snapshot"):
+            return Snapshot(self, self._snapshot_kind(), self._capture())
 
     def restore(self, snapshot: Snapshot | bytes) -> None:
         """Return to the state saved in ``snapshot`` (a :class:`Snapshot` or ``portable()`` bytes)."""
+        with exclusive(self, "restore"):
+            self._restore(snapshot)
+
+    def _restore(self, snapshot: Snapshot | bytes) -> None:
         if isinstance(snapshot, (bytes, bytearray, memoryview)):
             payload = decode_portable(snapshot)
             self._check_kind(payload["kind"])
@@ -261,6 +300,10 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode: ``options={"task_id": t}`` picks the task, else ``seed`` does."""
+        with exclusive(self, "reset"):
+            return self._reset(seed, options)
+
+    def _reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         options = options or {}
         unknown = set(options) - {"task_id"}
@@ -282,6 +325,10 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         return self._last_obs, self._finish_info(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        with exclusive(self, "step"):
+            return self._guarded_step(action)
+
+    def _guarded_step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._started:
             raise ResetNeeded("call reset() before step()")
         if self._done:

@@ -81,6 +81,13 @@ from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import algorithm_factory, registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
+from bpo_envs.files import (
+    FolderLock,
+    FolderLockedError,
+    atomic_write,
+    read_json_or_redo,
+    write_json,
+)
 
 PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment")
 """Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
@@ -334,7 +341,7 @@ def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] 
     settings = {e: env_setting(current, e) for e in preset.envs}
     for env_name, setting in settings.items():
         path = out / "runs" / env_name / "setting.json"
-        saved_setting = json.loads(path.read_text()) if path.exists() else None
+        saved_setting = read_json_or_redo(path)
         if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
             saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
         if saved_setting is None:
@@ -357,9 +364,9 @@ def check_same_data(out: Path, data: dict[str, Any]) -> None:
     """The same preset on other data (a new generator version, other files) is another setting:
     refuse a folder whose ``data.json`` names other data for an env."""
     previous = out / "data.json"
-    if not previous.exists():
+    saved = read_json_or_redo(previous)
+    if saved is None:
         return
-    saved = json.loads(previous.read_text())
     moved = sorted(e for e in data if e in saved and _data_identity(saved[e]) != _data_identity(data[e]))
     if moved:
         raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous}); choose another --out")
@@ -404,6 +411,28 @@ def command_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run ``bpo-compare`` holding the lock on ``--out`` (``--out/.lock``): a second comparison
+    into the same folder refuses at once, naming the holder's pid (docs/main-job.md)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--out", default=command_parser().get_default("out"))
+    for flag in ("--plan", "--list-algorithms", "-h", "--help"):
+        early.add_argument(flag, action="store_true")
+    known = early.parse_known_args(argv)[0]
+    reads_only = known.plan or known.list_algorithms or known.h or known.help
+    if reads_only or int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds it
+        return _main(argv)
+    try:
+        lock = FolderLock(known.out, "another bpo-compare")
+        lock.acquire()
+    except FolderLockedError as exc:
+        raise SystemExit(str(exc)) from None
+    try:
+        return _main(argv)
+    finally:
+        lock.release()
+
+
+def _main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = command_parser()
     # modules named by --import register algorithms (and so flags of their options) first
     imports = argparse.ArgumentParser(add_help=False)
@@ -430,13 +459,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
     check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.resume:
+    if out.exists() and any(p.name != FolderLock.NAME for p in out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
     dp.barrier()  # every rank has looked at --out before rank 0 writes into it
     writer = dp.rank() == 0
     out.mkdir(parents=True, exist_ok=True)
     previous_preset = out / "preset.json"
-    saved_preset = json.loads(previous_preset.read_text()) if previous_preset.exists() else None
+    saved_preset = read_json_or_redo(previous_preset)
     if saved_preset is not None:
         wandb_group = preset.trainer.wandb_group or saved_preset.get("trainer", {}).get("wandb_group")
         preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
@@ -454,11 +483,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     previous_data = out / "data.json"
     check_same_data(out, data)
     if writer:
-        (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
+        write_json(out / "preset.json", preset_dict(preset), indent=2)
         for env_name, setting in settings.items():
             (out / "runs" / env_name).mkdir(parents=True, exist_ok=True)
-            (out / "runs" / env_name / "setting.json").write_text(json.dumps(setting, indent=2))
-        previous_data.write_text(json.dumps({**(json.loads(previous_data.read_text()) if previous_data.exists() else {}), **data}, indent=2))
+            write_json(out / "runs" / env_name / "setting.json", setting, indent=2)
+        write_json(previous_data, {**read_json_or_redo(previous_data, {}), **data}, indent=2)
 
     from tqdm.auto import tqdm
 
@@ -471,8 +500,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     todo = []
     for env_name, seed in pairs:
         folder = initial_dir(out, env_name, seed)
-        if (folder / "initial.json").exists():
-            initials[(env_name, seed)] = _load_initial(folder)
+        loaded = _load_initial(folder)
+        if loaded is not None:
+            initials[(env_name, seed)] = loaded
         else:
             train_tasks, eval_tasks, _ = splits[env_name]
             todo.append(((env_name, seed), (initial_job, (preset, env_name, seed, train_tasks, eval_tasks))))
@@ -492,9 +522,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs: dict[tuple[str, str, int], dict[str, Any]] = {}
     calls = []
     for env_name, algorithm, seed in keys:
-        done = run_dir(out, env_name, algorithm, seed) / "run.json"
-        if done.exists():
-            runs[(env_name, algorithm, seed)] = json.loads(done.read_text())
+        saved_run = read_json_or_redo(run_dir(out, env_name, algorithm, seed) / "run.json")
+        if saved_run is not None:
+            runs[(env_name, algorithm, seed)] = saved_run
             continue
         train_tasks, eval_tasks, _ = splits[env_name]
         init = initials[(env_name, seed)]
@@ -509,7 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         done = run_dir(out, *key) / "run.json"
         if writer and not done.exists():  # a run on another machine (Ray): its result comes back here
             done.parent.mkdir(parents=True, exist_ok=True)
-            done.write_text(json.dumps(value))
+            write_json(done, value)
         runs[key] = value
         bar.set_postfix(env=key[0], algorithm=key[1], seed=key[2])
         bar.update(1)
@@ -541,8 +571,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def write_report(results: dict[str, Any], out: Path) -> None:
     """``results.json``, ``results.md`` and the plots into ``out``; the Markdown is printed too."""
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(markdown(results))
+    write_json(out / "results.json", results, indent=2)
+    atomic_write(out / "results.md", markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
@@ -569,16 +599,21 @@ def _save_initial(folder: Path, value: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("policy", "reference"):
         if value[name] is not None:
-            (folder / f"{name}.pt").write_bytes(value[name])
-    (folder / "initial.json").write_text(json.dumps(value["warm"]))
+            atomic_write(folder / f"{name}.pt", value[name])
+    write_json(folder / "initial.json", value["warm"])  # last: it marks the job done
 
 
-def _load_initial(folder: Path) -> dict[str, Any]:
+def _load_initial(folder: Path) -> dict[str, Any] | None:
+    """The saved initial job in ``folder``; None when it is to be (re)done."""
+    warm = read_json_or_redo(folder / "initial.json")
+    if warm is None:
+        return None
+
     def read(name: str) -> bytes | None:
         path = folder / f"{name}.pt"
         return path.read_bytes() if path.exists() else None
 
-    return {"warm": json.loads((folder / "initial.json").read_text()), "policy": read("policy"), "reference": read("reference")}
+    return {"warm": warm, "policy": read("policy"), "reference": read("reference")}
 
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")

@@ -19,7 +19,6 @@ Ray cluster (``--ray``) with the same results (:mod:`bpo_algos.experiments.paral
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -44,6 +43,7 @@ from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.rollout import EnvPool, RolloutEngine
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer, TrainerConfig
+from bpo_envs.files import read_json_or_redo, write_json
 
 
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
@@ -486,16 +486,14 @@ def initial_policy(preset: Preset, env_name: str, seed: int, train_tasks: list[A
 
 
 def _read_json(path: Path, default: Any) -> Any:
-    return json.loads(path.read_text()) if path.exists() else default
+    return read_json_or_redo(path, default)
 
 
 def _write_json(path: Path, value: Any) -> None:
     """Write ``value`` atomically; rank 0 only under torchrun (every rank holds the same value)."""
     if dp.rank() != 0:
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
+    write_json(path, value)
 
 
 def _compute_point(total: Any) -> dict[str, float]:
@@ -518,8 +516,9 @@ def run_one(
     """Train one algorithm from the initial policy and measure it; cached in ``run.json``."""
     folder = run_dir(out, env_name, algorithm_name, seed)
     done = folder / "run.json"
-    if done.exists():
-        return json.loads(done.read_text())
+    saved = _read_json(done, None)
+    if saved is not None:
+        return saved
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
     folder.mkdir(parents=True, exist_ok=True)
