@@ -14,7 +14,6 @@ env of its pool is free.
 from __future__ import annotations
 
 import copy
-import pickle
 import threading
 import weakref
 from collections.abc import Hashable, Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from bpo_envs import portable as _portable
 from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space, to_observation
 
 PORTABLE_FORMAT = "bpo-snapshot/1"
@@ -126,17 +126,20 @@ class Snapshot:
         self._state = None
 
     def portable(self) -> bytes:
-        """Bytes that ``restore`` accepts in another process (pickle: trust only your own)."""
+        """Bytes that ``restore`` accepts in another process: plain data in the format of
+        :mod:`bpo_envs.portable`, whose decoding never runs code (docs/snapshots.md#trust)."""
         owner = self._owner()
         if owner is None:
             raise SnapshotError("the env that took this snapshot is gone; portable() needs it")
         payload = {
-            "format": PORTABLE_FORMAT,
-            "kind": self._kind,
+            "kind": repr(self._kind),
             "state": owner._portable_state(self.state),
             "wrappers": self.wrapper_states,
         }
-        return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            return _portable.dumps(PORTABLE_FORMAT, payload)
+        except _portable.PortableFormatError as exc:
+            raise SnapshotError(f"portable(): {exc}") from None
 
     def __del__(self) -> None:
         try:
@@ -149,15 +152,28 @@ class Snapshot:
         return f"Snapshot(kind={self._kind!r}, {status})"
 
 
-def decode_portable(blob: bytes | bytearray | memoryview, format: str = PORTABLE_FORMAT, what: str = "a portable snapshot") -> dict[str, Any]:
-    """The payload of pickled bytes tagged ``{"format": format, ...}``: by default
-    ``Snapshot.portable()`` bytes. Raises ``SnapshotError`` naming ``what`` on anything else."""
+def decode_portable(
+    blob: bytes | bytearray | memoryview,
+    format: str = PORTABLE_FORMAT,
+    what: str = "a portable snapshot",
+    fields: dict[str, type | tuple[type, ...]] | None = None,
+) -> dict[str, Any]:
+    """The payload of :mod:`bpo_envs.portable` bytes tagged ``format`` (by default
+    ``Snapshot.portable()`` bytes, whose fields are checked), each of ``fields`` present with
+    its type. Raises ``SnapshotError`` naming ``what`` on anything else; never runs code."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise SnapshotError(f"{what} must be bytes, not {type(blob).__name__}")
     try:
-        payload = pickle.loads(bytes(blob))
-    except Exception as exc:
-        raise SnapshotError(f"not {what}: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != format:
-        raise SnapshotError(f"not {what} (unknown format)")
+        payload = _portable.loads(blob, format, what)
+    except _portable.PortableFormatError as exc:
+        raise SnapshotError(str(exc)) from None
+    if fields is None and format == PORTABLE_FORMAT:
+        fields = {"kind": str, "state": object, "wrappers": tuple}
+    for name, kind in (fields or {}).items():
+        if name not in payload:
+            raise SnapshotError(f"{what}: field {name!r} is missing")
+        if not isinstance(payload[name], kind):
+            raise SnapshotError(f"{what}: field {name!r} is a {type(payload[name]).__name__}")
     return payload
 
 
@@ -200,7 +216,7 @@ class SnapshotSupport:
     def _restore(self, snapshot: Snapshot | bytes) -> None:
         if isinstance(snapshot, (bytes, bytearray, memoryview)):
             payload = decode_portable(snapshot)
-            self._check_kind(payload["kind"])
+            self._check_kind_text(payload["kind"])
             self._apply(self._from_portable(payload["state"]))
             return
         if not isinstance(snapshot, Snapshot):
@@ -209,6 +225,10 @@ class SnapshotSupport:
             )
         self._check_kind(snapshot.kind)
         self._apply(snapshot.state)
+
+    def _check_kind_text(self, kind: str) -> None:
+        if kind != repr(self._snapshot_kind()):
+            raise SnapshotKindError(f"snapshot of kind {kind} cannot be restored into {self._snapshot_kind()!r}")
 
     def _check_kind(self, kind: Hashable) -> None:
         if kind != self._snapshot_kind():
@@ -378,7 +398,13 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         return (*base, self._portable_task_state(inner))
 
     def _from_portable(self, obj: Any) -> Any:
+        if not (isinstance(obj, tuple) and len(obj) == 6):
+            raise SnapshotError("portable bytes: the env state is not a 6-tuple")
         *base, inner = obj
+        _, elapsed, done, last_obs, rng_state, _ = obj
+        if isinstance(elapsed, bool) or not isinstance(elapsed, int) or not isinstance(done, bool) \
+                or not isinstance(last_obs, str) or not isinstance(rng_state, dict):
+            raise SnapshotError("portable bytes: the env state's step count, flags or observation have the wrong types")
         return (*base, self._task_state_from_portable(inner))
 
     def _release_state(self, state: Any) -> None:
@@ -494,7 +520,8 @@ def _apply_wrappers(layers: list[Any], owner: Any, states: tuple[tuple[str, dict
         saved = pending.get(type(layer).__qualname__)
         if saved:
             for attr, value in saved.pop(0).items():
-                setattr(layer, attr, copy.deepcopy(value))
+                if attr in _WRAPPER_ATTRS[type(layer)]:  # never another attribute (bytes may come from elsewhere)
+                    setattr(layer, attr, copy.deepcopy(value))
         elif isinstance(layer, gym.wrappers.TimeLimit) and isinstance(owner, SnapshotEnv):
             layer._elapsed_steps = owner.elapsed_steps  # a snapshot taken below this wrapper
         elif isinstance(layer, gym.wrappers.OrderEnforcing):

@@ -97,6 +97,14 @@ class ReplaySnapshot(SnapshotSupport, gym.Wrapper, gym.utils.RecordConstructorAr
             raise SnapshotError("call reset() before snapshot()")
         return ReplayState(self._reset_kwargs, tuple(self._actions), self._digest.hexdigest())
 
+    def _portable_state(self, state: ReplayState) -> tuple[Any, ...]:
+        return (state.reset_kwargs, state.actions, state.digest)
+
+    def _from_portable(self, obj: Any) -> ReplayState:
+        if not (isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[2], str)):
+            raise SnapshotError("portable bytes: not a replay state")
+        return ReplayState(tuple(obj[0]), tuple(obj[1]), obj[2])
+
     def _apply(self, state: ReplayState) -> None:
         kwargs = dict(state.reset_kwargs)
         obs, _ = self.env.reset(seed=kwargs["seed"], options=kwargs["options"])

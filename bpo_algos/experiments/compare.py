@@ -88,6 +88,7 @@ from bpo_envs.files import (
     read_json_or_redo,
     write_json,
 )
+from bpo_envs.sealed import SealError, seal, unseal
 
 PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment")
 """Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
@@ -599,8 +600,13 @@ def _save_initial(folder: Path, value: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("policy", "reference"):
         if value[name] is not None:
-            atomic_write(folder / f"{name}.pt", value[name])
+            # policy.pt pickles a whole policy object: sealed, so only this user's files load
+            data = seal(value[name], POLICY_SEAL) if name == "policy" else value[name]
+            atomic_write(folder / f"{name}.pt", data)
     write_json(folder / "initial.json", value["warm"])  # last: it marks the job done
+
+
+POLICY_SEAL = "bpo-compare-initial-policy"
 
 
 def _load_initial(folder: Path) -> dict[str, Any] | None:
@@ -613,7 +619,14 @@ def _load_initial(folder: Path) -> dict[str, Any] | None:
         path = folder / f"{name}.pt"
         return path.read_bytes() if path.exists() else None
 
-    return {"warm": warm, "policy": read("policy"), "reference": read("reference")}
+    policy = read("policy")
+    if policy is not None:
+        try:
+            policy = unseal(policy, POLICY_SEAL, str(folder / "policy.pt"))
+        except SealError as exc:
+            print(f"warning: {exc}; redoing it", file=sys.stderr)
+            return None
+    return {"warm": warm, "policy": policy, "reference": read("reference")}
 
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")

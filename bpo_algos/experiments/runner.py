@@ -390,6 +390,8 @@ def _save_policy(policy: Any) -> bytes | None:
 
 
 def _load_policy(data: bytes) -> Any:
+    # a whole policy object (a pickle): bytes of this comparison, from the initial job or a
+    # policy.pt whose seal compare checked (docs/snapshots.md#trust)
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
@@ -532,7 +534,7 @@ def run_one(
     points = eval_points(preset, env_name)
     probing = probes_on(preset, env_name, seed)
     probe_at = probe_points(preset, env_name)
-    ref0 = torch.load(io.BytesIO(reference), weights_only=False) if reference is not None else None
+    ref0 = torch.load(io.BytesIO(reference), weights_only=True) if reference is not None else None  # tensors only
     evals: list[dict[str, Any]] = _read_json(folder / "evals.json", [])
     probes: dict[str, Any] = _read_json(folder / "probes.json", {})
     timing = _read_json(folder / "timing.json", {"eval": 0.0, "probe": 0.0})

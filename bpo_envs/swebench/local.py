@@ -49,6 +49,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -59,9 +60,10 @@ import time
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from bpo_envs.core import SnapshotError
 from bpo_envs.swebench._git import git, git_text, require_git
 from bpo_envs.swebench.harness import CONDA_SHIM
 from bpo_envs.swebench.output import CommandResult, OutputCollector
@@ -568,12 +570,38 @@ class Workspace:
 
 
 def portable_state(store: ObjectStore, state: TreeState, base_commit: str) -> dict[str, Any]:
-    return {"tree": state, "pack": store.pack(state, base_commit)}
+    tree = {"worktree": state.worktree, "gitdir": state.gitdir, "empty_dirs": state.empty_dirs,
+            "gitdir_empty_dirs": state.gitdir_empty_dirs}
+    return {"tree": tree, "pack": store.pack(state, base_commit)}
 
 
-def state_from_portable(store: ObjectStore, obj: dict[str, Any]) -> TreeState:
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def _relative_dirs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, tuple) or not all(isinstance(d, str) for d in value):
+        raise SnapshotError("portable bytes: empty_dirs is not a tuple of paths")
+    for d in value:
+        parts = PurePosixPath(d).parts
+        if not d or d.startswith("/") or ".." in parts:
+            raise SnapshotError(f"portable bytes: {d!r} is not a path inside the testbed")
+    return value
+
+
+def state_from_portable(store: ObjectStore, obj: Any) -> TreeState:
+    """The tree a portable state names, after checking its fields (object ids, relative paths)
+    and adding its objects to the store (git checks a pack as it does a fetched one)."""
+    if not (isinstance(obj, dict) and isinstance(obj.get("tree"), dict) and isinstance(obj.get("pack"), bytes)):
+        raise SnapshotError("portable bytes: not a local SWE-bench state")
+    tree = obj["tree"]
+    worktree, gitdir = tree.get("worktree"), tree.get("gitdir")
+    if not (isinstance(worktree, str) and _OBJECT_ID.fullmatch(worktree)) or not (
+        gitdir is None or (isinstance(gitdir, str) and _OBJECT_ID.fullmatch(gitdir))
+    ):
+        raise SnapshotError("portable bytes: the tree ids are not git object ids")
+    state = TreeState(worktree, gitdir, _relative_dirs(tree.get("empty_dirs")), _relative_dirs(tree.get("gitdir_empty_dirs")))
     store.unpack(obj["pack"])
-    return obj["tree"]
+    return state
 
 
 class LocalBackend:
