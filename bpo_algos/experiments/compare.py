@@ -258,6 +258,8 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
             raise SystemExit(f"{flag} is given but no env of this comparison is {env_id} (choose it with --envs)")
         for setup in setups:
             setup.kwargs[option] = str(value)
+            if option == "instances":
+                setup.kwargs.pop("instance_ids", None)  # a preset's pick among the bundled rows
     swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
     apply_swe_train_rows(preset, args, swe)
     if name.startswith("gpu") and swe and not (swe[0].eval_kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
@@ -320,6 +322,7 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
         raise SystemExit(f"--swe-train-instances / --swe-instances: {exc}") from exc
     for setup in setups:
         setup.kwargs["instances"] = str(train)
+        setup.kwargs.pop("instance_ids", None)
         setup.eval_kwargs["instances"] = str(evaluation)
         setup.eval_split = "rows"
 

@@ -371,7 +371,9 @@ PRESETS: dict[str, Preset] = {
     # updates, so the path runs in CI (a few minutes). `--swe-backend docker` runs it in Docker.
     "cpu-swe": Preset(
         envs={"swebench": EnvSetup(
-            "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0},
+            "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0,
+                                # the three small bundled rows (romans' long test log is for tests)
+                                "instance_ids": ["bpo-gym__textkit-1", "bpo-gym__intervals-1", "bpo-gym__inicfg-1"]},
             train_tasks=3, eval_tasks=3, eval_split="train", max_new_tokens=24,
         )},
         policy="tiny",
