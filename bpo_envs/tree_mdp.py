@@ -165,6 +165,11 @@ class TreeMDPEnv(SnapshotEnv):
 
         return value(())
 
+    def transition_probs(self, probs: np.ndarray) -> np.ndarray:
+        """Probabilities of the *executed* actions when the agent's are ``probs`` (deterministic
+        transitions: the same)."""
+        return np.asarray(probs, dtype=float)
+
     # ---- SnapshotEnv ---------------------------------------------------------------------
     def _snapshot_kind(self) -> Any:
         return (
