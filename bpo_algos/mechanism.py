@@ -187,49 +187,24 @@ def _eta(within: np.ndarray, between: np.ndarray) -> float | None:
 
 
 # ---- exact, on a TreeMDP -------------------------------------------------------------------
-def _moments_below(env: TreeMDPEnv, policy: Any, task: int) -> dict[tuple[int, ...], tuple[float, float, float]]:
-    """``{path: (P(path), E[R | path], E[R^2 | path])}`` for every node of tree ``task``."""
-    table: dict[tuple[int, ...], tuple[float, float, float]] = {}
-
-    def down(path: tuple[int, ...], prob: float) -> tuple[float, float]:
-        if len(path) == env.depth:
-            r = env.reward_of(task, path)
-            table[path] = (prob, r, r * r)
-            return r, r * r
-        with torch.no_grad():
-            probs = policy.log_probs(env.observation_of(task, path), env.actions).exp().double().numpy()
-        step = env.transition_probs(probs)
-        m1 = m2 = 0.0
-        for a in range(env.n_actions):
-            if step[a] > 0:
-                c1, c2 = down((*path, a), prob * float(step[a]))
-                m1 += float(step[a]) * c1
-                m2 += float(step[a]) * c2
-        table[path] = (prob, m1, m2)
-        return m1, m2
-
-    down((), 1.0)
-    return table
-
-
 def exact_prefix_explained(
     env: TreeMDPEnv, policy: Any, depths: Sequence[int], tasks: Sequence[int] | None = None
 ) -> float:
     """Exact ``eta`` when every backbone branches once at each of ``depths``.
 
-    ``1 - mean_{task, d} E_{h_d ~ pi}[Var(R | h_d)] / mean_task Var(R | task)``: the histories
-    at depth ``d`` drawn from the policy (a backbone is an on-policy path), the same for every
-    depth and task, as :func:`measure` averages over branch nodes.
+    ``1 - mean_{task, d} E_{h_d ~ pi}[Var(R | h_d)] / mean_task Var(R | task)``
+    (:meth:`~bpo_envs.tree_mdp.TreeMDPEnv.variance_by_depth`): the histories at depth ``d``
+    drawn from the policy (a backbone is an on-policy path), the same for every depth and task,
+    as :func:`measure` averages over branch nodes.
     """
     if not depths:
         raise ValueError("depths must name at least one branch depth")
     within, between = [], []
-    for task in range(env.n_tasks) if tasks is None else tasks:
-        table = _moments_below(env, policy, task)
-        _, m1, m2 = table[()]
-        between.append(m2 - m1 * m1)
-        for d in depths:
-            within.append(sum(p * (s2 - s1 * s1) for path, (p, s1, s2) in table.items() if len(path) == d))
+    with torch.no_grad():
+        for task in range(env.n_tasks) if tasks is None else tasks:
+            v = env.variance_by_depth(policy.log_probs, task)
+            between.append(v[0])
+            within.extend(v[d] for d in depths)
     return 1.0 - float(np.mean(within)) / float(np.mean(between))
 
 
