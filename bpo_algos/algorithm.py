@@ -253,6 +253,10 @@ class Algorithm:
     def fork_count(self, path: PathState, entropy: float | None) -> int:
         return 1
 
+    def draws_distinct(self, path: PathState) -> bool:
+        """Whether a fork here draws distinct actions (docs/unbiasedness.md, rule 7); i.i.d. by default."""
+        return False
+
     trees_per_task: int = 1
     """Trees the engine builds per task index (Tree-GRPO: ``m``)."""
 
