@@ -24,12 +24,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import gymnasium as gym
-from fastapi import FastAPI, Request, WebSocket
-from openenv.core.env_server.types import HealthStatus
+from fastapi import FastAPI, Request
+from starlette.types import Receive, Send
 
 import bpo_envs
 from bpo_envs.core import Snapshot
-from bpo_envs.serve.protocol import WSErrorCode, dumps, error, loads, schemas
+from bpo_envs.serve.protocol import WSErrorCode, dumps, error, loads
 from bpo_envs.serve.session import DeadlineExceeded, Session
 from bpo_envs.serve.snapshots import DEFAULT_CAP, SnapshotStore, UnknownSnapshotError
 
@@ -112,7 +112,7 @@ class EnvServer:
 
     def health(self) -> dict[str, Any]:
         return {
-            "status": HealthStatus.HEALTHY.value,
+            "status": "healthy",  # OpenEnv's HealthStatus.HEALTHY
             "env_id": self.config.env_id,
             "sessions": len(self.sessions),
             "max_sessions": self.config.max_sessions,
@@ -124,26 +124,29 @@ class EnvServer:
             "deadline_exceeded": self.deadline_exceeded,
         }
 
-    def _authorized(self, websocket: WebSocket) -> bool:
+    def _authorized(self, scope: dict[str, Any]) -> bool:
         if self.config.token is None:
             return True
-        header = websocket.headers.get("authorization", "")
-        return hmac.compare_digest(header.encode(), f"Bearer {self.config.token}".encode())
+        header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        return hmac.compare_digest(header, f"Bearer {self.config.token}".encode())
 
-    async def serve(self, websocket: WebSocket) -> None:
-        """One WebSocket: one session, messages answered in order until close or disconnect."""
-        if not self._authorized(websocket):
-            await websocket.close(code=CLOSE_POLICY, reason="missing or wrong bearer token")
+    async def serve(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """One WebSocket (raw ASGI: no per-message middleware): one session, messages answered
+        in order until close or disconnect."""
+        if (await receive())["type"] != "websocket.connect":
             return
-        await websocket.accept()
+        if not self._authorized(scope):
+            await send({"type": "websocket.close", "code": CLOSE_POLICY, "reason": "missing or wrong bearer token"})
+            return
+        await send({"type": "websocket.accept"})
         if len(self.sessions) >= self.config.max_sessions:
             self.refused += 1
             message = f"the server is at its session limit ({self.config.max_sessions}); try again later"
-            await websocket.send_text(dumps(error(
+            await _send_text(send, error(
                 WSErrorCode.CAPACITY_REACHED, message,
                 active_sessions=len(self.sessions), max_sessions=self.config.max_sessions,
-            )))
-            await websocket.close(code=CLOSE_TRY_LATER)
+            ))
+            await send({"type": "websocket.close", "code": CLOSE_TRY_LATER})
             return
         session_id = uuid.uuid4().hex
         self.sessions[session_id] = None  # holds the slot while the env is made
@@ -151,34 +154,37 @@ class EnvServer:
             env = await self._acquire()
         except Exception as exc:  # noqa: BLE001 - reported to the client, the server goes on
             self.sessions.pop(session_id, None)
-            await websocket.send_text(dumps(error(WSErrorCode.FACTORY_ERROR, f"could not make {self.config.env_id}: {exc}")))
-            await websocket.close()
+            await _send_text(send, error(WSErrorCode.FACTORY_ERROR, f"could not make {self.config.env_id}: {exc}"))
+            await send({"type": "websocket.close", "code": 1011})
             return
         session = Session(session_id, env, self.executor, self.store, self.config.step_deadline)
         self.sessions[session_id] = session
+        closed = False
         try:
-            await self._loop(websocket, session)
+            closed = await self._loop(receive, send, session)
         except Exception as exc:  # noqa: BLE001 - a vanished client or a broken frame ends one session only
             log.debug("session %s ended: %r", session_id, exc)
         finally:
             await self._end(session)
-            try:
-                await websocket.close()
-            except Exception:  # noqa: BLE001 - already closed
-                pass
+            if not closed:
+                try:
+                    await send({"type": "websocket.close", "code": 1000})
+                except Exception:  # noqa: BLE001 - already closed
+                    pass
 
-    async def _loop(self, websocket: WebSocket, session: Session) -> None:
+    async def _loop(self, receive: Receive, send: Send, session: Session) -> bool:
+        """Answer messages until the session ends; True when the client disconnected."""
         timeout = self.config.idle_timeout
         limit = self.config.max_message_bytes
         while True:
             try:
-                message = await asyncio.wait_for(websocket.receive(), timeout)
+                message = await asyncio.wait_for(receive(), timeout)
             except TimeoutError:
                 self.closed_idle += 1
-                await websocket.send_text(dumps(error(WSErrorCode.SESSION_ERROR, f"closed after {timeout:g} s without a message")))
-                return
+                await _send_text(send, error(WSErrorCode.SESSION_ERROR, f"closed after {timeout:g} s without a message"))
+                return False
             if message["type"] == "websocket.disconnect":
-                return
+                return True
             raw = message.get("text")
             if raw is None:
                 raw = message.get("bytes") or b""
@@ -189,11 +195,11 @@ class EnvServer:
             else:
                 reply = await self._answer(session, raw)
                 if reply is _CLOSE:
-                    return
+                    return False
             if reply is not None:
-                await websocket.send_text(dumps(reply))
+                await _send_text(send, reply)
             if session.broken:
-                return
+                return False
 
     async def _answer(self, session: Session, raw: str | bytes) -> dict[str, Any] | None:
         try:
@@ -236,6 +242,25 @@ class EnvServer:
 _CLOSE: dict[str, Any] = {"type": "close"}
 
 
+async def _send_text(send: Send, message: dict[str, Any]) -> None:
+    await send({"type": "websocket.send", "text": dumps(message)})
+
+
+class ServedApp:
+    """The ASGI app: ``/ws`` goes straight to :meth:`EnvServer.serve`, the rest to FastAPI
+    (``http``: ``/health``, ``/metadata``, ``/schema``, ``/mcp``, ``/openapi.json``)."""
+
+    def __init__(self, server: EnvServer, http: FastAPI) -> None:
+        self.server = server
+        self.http = http
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"].rstrip("/") == "/ws":
+            await self.server.serve(scope, receive, send)
+        else:
+            await self.http(scope, receive, send)
+
+
 def _package_version() -> str:
     try:
         return version("bpo-gym")
@@ -243,7 +268,7 @@ def _package_version() -> str:
         return "0"
 
 
-def create_app(config: ServeConfig, server: EnvServer | None = None) -> FastAPI:
+def create_app(config: ServeConfig, server: EnvServer | None = None) -> ServedApp:
     """The ASGI app serving ``config.env_id`` (makes one env now, so bad kwargs fail here)."""
     server = server or EnvServer(config)
     if not server._idle_envs:
@@ -255,7 +280,6 @@ def create_app(config: ServeConfig, server: EnvServer | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    app.state.env_server = server
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -272,6 +296,8 @@ def create_app(config: ServeConfig, server: EnvServer | None = None) -> FastAPI:
 
     @app.get("/schema")
     def schema() -> dict[str, Any]:
+        from bpo_envs.serve.models import schemas  # openenv-core takes seconds to import
+
         return schemas()
 
     @app.post("/mcp")
@@ -282,9 +308,5 @@ def create_app(config: ServeConfig, server: EnvServer | None = None) -> FastAPI:
             request_id = None
         return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32601, "message": "no MCP tools: use the OpenEnv session at /ws"}}
 
-    @app.websocket("/ws")
-    async def ws(websocket: WebSocket) -> None:
-        await server.serve(websocket)
-
     app.router.on_shutdown.append(server.close)
-    return app
+    return ServedApp(server, app)

@@ -12,7 +12,7 @@ Client -> server (OpenEnv's ``WSResetMessage`` / ``WSStepMessage`` / ``WSStateMe
 Server -> client: ``{"type": "observation", "data": {"observation": {...}, "reward": r, "done":
 d}}`` (what OpenEnv's ``serialize_observation`` sends), ``{"type": "state", "data": {...}}``, or
 ``{"type": "error", "data": {"message": ..., "code": ...}}`` with OpenEnv's ``WSErrorCode``
-values. The observation's fields are :class:`TextObservation`'s; ``info`` carries the rest of
+values. The observation's fields are :class:`~bpo_envs.serve.models.TextObservation`'s; ``info`` carries the rest of
 the env's ``info`` dict as JSON (docs/serving.md).
 """
 
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import math
+from enum import StrEnum
 from typing import Any
-
-from openenv.core.env_server.types import Action, Observation, State, WSErrorCode
-from pydantic import Field
 
 try:  # orjson is several times faster on the hot path; plain json gives the same objects
     import orjson
@@ -36,30 +34,17 @@ RESET_ARGS = ("task_id", "seed", "snapshot_id", "episode_id")
 PROMOTED_INFO_KEYS = ("task_id", "won", "admissible_actions", "invalid_action")
 
 
-class TextAction(Action):
-    """One env step: the action text, exactly what ``env.step`` takes."""
+class WSErrorCode(StrEnum):
+    """OpenEnv's error codes (``openenv.core.env_server.types.WSErrorCode``; the same values,
+    kept here so that a client does not import openenv-core, which takes seconds)."""
 
-    text: str = Field(description="the action, e.g. 'search[red shoes]'")
-
-
-class TextObservation(Observation):
-    """What a served env returns after ``reset`` and ``step`` (plus OpenEnv's reward/done)."""
-
-    text: str = Field(description="the observation text")
-    admissible_actions: list[str] | None = Field(default=None, description="where the env knows them")
-    task_id: Any = Field(default=None, description="the episode's task")
-    won: bool = Field(default=False, description="the task is solved")
-    invalid_action: bool = Field(default=False, description="the last action could not run")
-    truncated: bool = Field(default=False, description="done because of the step limit")
-    info: dict[str, Any] = Field(default_factory=dict, description="the rest of the env's info")
-
-
-class ServedState(State):
-    """``state``: OpenEnv's episode id and step count, and a snapshot id of the current state."""
-
-    snapshot_id: str | None = Field(default=None, description="restore with reset(snapshot_id=...)")
-    task_id: Any = None
-    done: bool = False
+    INVALID_JSON = "INVALID_JSON"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    CAPACITY_REACHED = "CAPACITY_REACHED"
+    FACTORY_ERROR = "FACTORY_ERROR"
+    SESSION_ERROR = "SESSION_ERROR"
 
 
 def dumps(message: dict[str, Any]) -> str:
@@ -147,16 +132,7 @@ def error(code: WSErrorCode | str, message: str, **extra: Any) -> dict[str, Any]
     return {"type": "error", "data": {"message": message, "code": str(getattr(code, "value", code)), **extra}}
 
 
-def schemas() -> dict[str, Any]:
-    """OpenEnv's ``/schema`` answer: JSON schemas of the action, observation and state."""
-    return {
-        "action": TextAction.model_json_schema(),
-        "observation": TextObservation.model_json_schema(),
-        "state": ServedState.model_json_schema(),
-    }
-
-
 __all__ = [
-    "RESET_ARGS", "ServedState", "TextAction", "TextObservation", "WSErrorCode", "dumps", "error",
-    "info_from_observation", "json_safe", "loads", "observation_data", "schemas",
+    "RESET_ARGS", "WSErrorCode", "dumps", "error", "info_from_observation", "json_safe", "loads",
+    "observation_data",
 ]  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 
 from bpo_envs.core import restore, snapshot
-from bpo_envs.serve.protocol import RESET_ARGS, ServedState, WSErrorCode, error, json_safe, observation_data
+from bpo_envs.serve.protocol import RESET_ARGS, WSErrorCode, error, json_safe, observation_data
 from bpo_envs.serve.snapshots import SnapshotStore
 
 
@@ -118,7 +118,7 @@ class Session:
             snap = await self.run(snapshot, self.env)
             snapshot_id = self._store.put(self.id, snap, self._last, self._episode_id, self._steps)
             task_id = self._last["data"]["observation"]["task_id"]
-        # ServedState's fields, built as a dict on the hot path
+        # models.ServedState's fields, built as a dict on the hot path
         state = {"episode_id": self._episode_id, "step_count": self._steps, "snapshot_id": snapshot_id, "task_id": task_id, "done": self._done}
         return {"type": "state", "data": state}
 
@@ -138,4 +138,4 @@ class Session:
         return reply
 
 
-__all__ = ["DeadlineExceeded", "ServedState", "Session"]
+__all__ = ["DeadlineExceeded", "Session"]
