@@ -12,6 +12,7 @@ Released snapshots are freed on the server with the next message.
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from typing import Any
 
 import gymnasium as gym
@@ -84,10 +85,11 @@ class RemoteEnv(SnapshotSupport, gym.Env[str, str]):
         self.action_space = text_space(ACTION_MAX_LENGTH)
         self._timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        self._ws: ClientConnection | None = connect(
+        self._connection = ExitStack()  # websockets wants its connection used as a context manager
+        self._ws: ClientConnection | None = self._connection.enter_context(connect(
             self.ws_url, additional_headers=headers, open_timeout=connect_timeout,
             max_size=None, compression=None,
-        )
+        ))
         self._releases: list[str] = []
         self._done = True
         self._started = False
@@ -154,7 +156,7 @@ class RemoteEnv(SnapshotSupport, gym.Env[str, str]):
         if self._ws is not None:
             try:
                 self._send({"type": "close"})
-                self._ws.close()
+                self._connection.close()
             except Exception:  # noqa: BLE001 - the server may be gone already
                 pass
             self._ws = None
