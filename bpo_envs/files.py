@@ -112,12 +112,14 @@ class FolderLock:
         self.folder = Path(folder)
         self.what = what
         self._fd: int | None = None
+        self._made_folder = False
 
     @property
     def path(self) -> Path:
         return self.folder / self.NAME
 
     def acquire(self) -> None:
+        self._made_folder = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -136,7 +138,12 @@ class FolderLock:
         self._fd = fd
 
     def release(self) -> None:
+        """Unlock; a folder this lock created and nothing else wrote to goes away with it (a run
+        refused for bad input leaves nothing behind)."""
         if self._fd is not None:
+            if self._made_folder and [p.name for p in self.folder.iterdir()] == [self.NAME]:
+                self.path.unlink()
+                self.folder.rmdir()
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
