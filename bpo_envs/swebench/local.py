@@ -36,8 +36,21 @@ Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
   the command's pids cgroup killed when the step ends (``setsid``/``nohup``/double forks stay in
   both the namespace and the cgroup).
 
-Not limited: total memory of all processes together (each is under ``RLIMIT_AS``, and there
-are at most ``max_processes`` of them), disk bandwidth, CPU shares.
+* memory, for the whole command: a memory cgroup (``MemoryCgroup``: v2 ``memory.max`` where a
+  delegated v2 hierarchy has the memory controller, else v1 ``memory.limit_in_bytes`` and
+  ``memory.memsw.limit_in_bytes``) of ``memory_bytes``; past it the kernel's OOM killer kills
+  inside the group and the observation says so. Without a writable memory cgroup
+  (``BwrapSandbox.memory`` is None) only ``RLIMIT_AS`` bounds memory, per process;
+* the host's OOM killer takes the sandbox first: ``oom_score_adj`` 1000 for every process in it;
+* no new user namespaces (``--unshare-user --disable-userns``): ``unshare -U`` fails inside;
+* the disk quota counts every entry as at least ``INODE_BYTES`` (inodes cost space) and a
+  folder the host cannot read as over quota (``UNREADABLE``).
+
+Not limited: disk bandwidth, CPU shares.
+
+Snapshot storage: a snapshot's state is kept in the store until ``release()``; every
+``ObjectStore.PRUNE_EVERY`` releases, loose objects no kept state, initial checkout or live
+working copy reaches (and older than ``PRUNE_GRACE``) are deleted.
 
 Ownership: every file of this backend lives in the process's run folder and every cgroup is
 named after its process (``bpo_envs.swebench.owners``); making a sandbox removes what dead
