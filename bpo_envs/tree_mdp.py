@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_envs.core import SnapshotEnv
+from bpo_envs.core import SnapshotEnv, SnapshotError
 
 LogProbFn = Callable[[str, Sequence[str]], Any]
 
@@ -213,6 +213,12 @@ class TreeMDPEnv(SnapshotEnv):
 
     def _set_state(self, state: tuple[int, ...]) -> None:
         self._path = state
+
+    def _task_state_from_portable(self, obj: Any) -> tuple[int, ...]:
+        if not (isinstance(obj, tuple) and len(obj) <= self.depth
+                and all(type(a) is int and 0 <= a < self.n_actions for a in obj)):
+            raise SnapshotError("portable bytes: not a path of this tree")
+        return obj
 
     def agent_prior(self, confidence: float = 3.0) -> dict[str, list[float]]:
         """Logits of a "pretrained agent" for every state of an ``observe="state"`` tree.
