@@ -203,6 +203,10 @@ class SnapshotSupport:
     def _release_state(self, state: Any) -> None:
         return None
 
+    def _portable_wrapper_states(self, blob: bytes | bytearray | memoryview) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """The wrapper states inside ``portable()`` bytes (overridden with the bytes' format)."""
+        return decode_portable(blob).get("wrappers", ())
+
     def snapshot(self) -> Snapshot:
         """Save the full current state (see the module docstring for the contract)."""
         with exclusive(self, "snapshot"):
@@ -548,5 +552,5 @@ def restore(env: gym.Env, snap: Snapshot | bytes) -> None:
     if isinstance(snap, Snapshot):
         states = snap.wrapper_states
     else:
-        states = decode_portable(snap).get("wrappers", ())
+        states = owner._portable_wrapper_states(snap)
     _apply_wrappers(layers, owner, states)

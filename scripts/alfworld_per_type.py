@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             pool = EnvPool([lambda split=split: env_factory(replace(setup, kwargs={**setup.kwargs, "split": split}))()] * 2)
             try:
                 for name, policy in policies.items():
-                    wins = evaluate_episodes(policy, pool, tasks, episodes, seed + 2000)
+                    wins = evaluate_episodes(policy, pool, tasks, episodes, seed)
                     row = per_type(tasks, wins, episodes, types.task_type)
                     out["policies"].setdefault(name, {}).setdefault(split, {})[f"seed{seed}"] = row
                     print(name, split, seed, json.dumps(row), flush=True)

@@ -146,6 +146,28 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+class _StreamReader(io.RawIOBase):
+    """A file over an iterator of byte chunks (``get_archive``'s stream), read in order."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, out: Any) -> int:
+        while not len(self._buf):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._buf = memoryview(chunk)
+        n = min(len(out), len(self._buf))
+        out[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
 @dataclass(frozen=True)
 class DockerState:
     """A committed image holding the container's filesystem (removed when the state is released
@@ -599,21 +621,43 @@ class DockerBackend:
         result = self._exec(self.container, script, 120, 256 << 20, agent=False)
         return result.output if result.exit_code == 0 else ""
 
-    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
+    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
+                 log_path: Path) -> CommandResult:
+        """Grade in a fresh container of the instance image; its whole log
+        (``harness.runner_script``) is copied out to ``log_path``."""
         from bpo_envs.swebench import harness
 
         box = self._start(self.instance_image(row), network=self.grading_network)
         try:
             docker_call(box.put_archive, "/", _tar({"bpo_eval/patch.diff": patch.encode(),
                                                     "bpo_eval/eval.sh": script.encode()}))
-            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
+            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
+                                           "/bpo_eval/test_output.txt")
             result = self._exec(box, runner, timeout, 256 << 20, agent=False)
+            harness.write_log(self._copy_out(box, "/bpo_eval/test_output.txt", harness.MAX_LOG_COPY),
+                              log_path, result.timed_out)
+            return result
         finally:
             self._remove(box)
-        log = result.output
-        if result.timed_out:
-            log += "\n" + harness.timeout_marker() + "\n"
-        return log
+
+    @staticmethod
+    def _copy_out(box: Any, path: str, limit: int) -> bytes:
+        """The first ``limit`` + 1 bytes of the regular file ``path`` in ``box`` (empty when it
+        is missing or not a regular file: code under test wrote it)."""
+        import docker
+
+        try:
+            stream, _ = docker_call(box.get_archive, path)
+        except docker.errors.NotFound:
+            return b""
+        reader = _StreamReader(stream)
+        with tarfile.open(fileobj=reader, mode="r|") as tar:
+            for member in tar:
+                if member.isreg():
+                    fh = tar.extractfile(member)
+                    return fh.read(limit + 1) if fh is not None else b""
+                return b""
+        return b""
 
     def close(self) -> None:
         for image in list(self._warm):

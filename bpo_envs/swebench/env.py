@@ -299,9 +299,10 @@ class SWEBenchEnv(SnapshotEnv):
         plan = harness.eval_plan(row)
         with tempfile.TemporaryDirectory(prefix="eval-", dir=run_dir()) as tmp:
             log_path = Path(tmp) / "test_output.txt"
-            log = self._backend.run_eval(row, patch, plan.script, self.eval_timeout)
-            log_path.write_text(log, encoding="utf-8")
+            # the whole log (up to harness.TEST_LOG_BYTES) is graded, not an observation of it
+            self._backend.run_eval(row, patch, plan.script, self.eval_timeout, log_path)
             verdict = harness.grade(plan, str(log_path))
+            tail = harness.log_tail(log_path, TEST_OUTPUT_CHARS)
         reward = 1.0 if verdict.resolved else 0.0
         obs = (
             f"{prefix}\nGrading: {'RESOLVED' if verdict.resolved else 'not resolved'} "
@@ -317,7 +318,7 @@ class SWEBenchEnv(SnapshotEnv):
             "tests_status": verdict.report,
             "patch": patch,
             "submitted": True,
-            "test_output": log[-TEST_OUTPUT_CHARS:],
+            "test_output": tail,
         }
         hint = grading_hint(verdict, row)
         if hint:

@@ -364,7 +364,8 @@ class BwrapSandbox:
         (self._shim / "bin" / "activate").write_text(CONDA_SHIM)
         atexit.register(shutil.rmtree, self._shim, True)
 
-    def args(self, testbed: Path, ro_binds: Sequence[tuple[str, str]] = ()) -> list[str]:
+    def args(self, testbed: Path, ro_binds: Sequence[tuple[str, str]] = (),
+             rw_binds: Sequence[tuple[str, str]] = ()) -> list[str]:
         a = [
             self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox",
@@ -386,6 +387,8 @@ class BwrapSandbox:
         a += ["--ro-bind", str(self._shim), "/opt/miniconda3"]
         for src, dst in ro_binds:
             a += ["--ro-bind", src, dst]
+        for src, dst in rw_binds:
+            a += ["--bind", src, dst]
         a += [
             "--bind", str(testbed), "/testbed", "--chdir", "/testbed", "--clearenv",
             "--setenv", "PATH", f"{self._venv_bin}:{SANDBOX_PATH}",
@@ -413,6 +416,7 @@ class BwrapSandbox:
         kill_after_bytes: int,
         ro_binds: Sequence[tuple[str, str]] = (),
         watch: Callable[[], bool] | None = None,
+        rw_binds: Sequence[tuple[str, str]] = (),
         grading: bool = False,
     ) -> CommandResult:
         """Run ``command``; ``watch`` (polled every second) returning True kills it.
@@ -424,7 +428,7 @@ class BwrapSandbox:
         argv = [
             self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={lim.memory_bytes}",
             f"--fsize={lim.max_file_bytes}", f"--nproc={lim.max_processes}", "--",
-            *self.args(testbed, ro_binds), "bash", "-c", command,
+            *self.args(testbed, ro_binds, rw_binds), "bash", "-c", command,
         ]
         with self._lock:
             argv = self.enter_cgroups(argv)
@@ -843,8 +847,10 @@ class LocalBackend:
     def model_patch(self, row: dict[str, Any]) -> str:
         return self.ws.model_patch(row["base_commit"])
 
-    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
-        """Apply ``patch`` to a fresh copy at base_commit and run the eval script there."""
+    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
+                 log_path: Path) -> CommandResult:
+        """Apply ``patch`` to a fresh copy at base_commit and run the eval script there; its
+        whole log (``harness.runner_script``) is written to ``log_path``."""
         from bpo_envs.swebench import harness
 
         fork = Workspace(self.store)
@@ -854,13 +860,13 @@ class LocalBackend:
             eval_dir.mkdir()
             (eval_dir / "patch.diff").write_text(patch, encoding="utf-8")
             (eval_dir / "eval.sh").write_text(script, encoding="utf-8")
-            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
+            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
+                                           "/bpo_eval/test_output.txt")
             result = self.sandbox.run(fork.testbed, runner, timeout, 256 << 20,
-                                      ro_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
-            log = result.output
-            if result.timed_out:
-                log += "\n" + harness.timeout_marker() + "\n"
-            return log
+                                      rw_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
+            harness.write_log(harness.read_log_file(eval_dir / "test_output.txt"), log_path,
+                              result.timed_out)
+            return result
         finally:
             fork.close()
 

@@ -1,0 +1,92 @@
+"""``bpo-serve ENV_ID [--host 127.0.0.1] [--port N] [env kwargs]``: serve an env over OpenEnv.
+
+Env kwargs are ``key=value`` words (the value read as JSON when it parses, else as a string),
+e.g. ``bpo-serve BPO-WebShop-v0 split=train max_episode_steps=15``. The bearer token, when
+wanted, comes from ``$BPO_SERVE_TOKEN`` (not the command line, which other users can read).
+Prints ``serving ENV_ID at http://HOST:PORT`` once it listens (``--port 0``: a free port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+from bpo_envs.serve.app import ServeConfig, create_app
+from bpo_envs.serve.snapshots import DEFAULT_CAP
+
+TOKEN_VARIABLE = "BPO_SERVE_TOKEN"
+
+
+def parse_env_kwargs(words: list[str]) -> dict[str, Any]:
+    """``["split=train", "max_episode_steps=8"]`` -> ``{"split": "train", "max_episode_steps": 8}``."""
+    kwargs: dict[str, Any] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"env kwargs are key=value words, got {word!r}")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+def _seconds_or_none(text: str) -> float | None:
+    value = float(text)
+    return None if value <= 0 else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bpo-serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("env_id", help="a registered env id, e.g. BPO-WebShop-v0")
+    p.add_argument("env_kwargs", nargs="*", help="key=value arguments of gym.make")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000, OpenEnv's; 0: a free one)")
+    p.add_argument("--max-sessions", type=int, default=64)
+    p.add_argument("--idle-timeout", type=_seconds_or_none, default=600.0, help="seconds (0: none)")
+    p.add_argument("--step-deadline", type=_seconds_or_none, default=600.0, help="seconds one env call may take (0: none)")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20)
+    p.add_argument("--snapshot-cap", type=int, default=DEFAULT_CAP, help="snapshots kept, oldest evicted first")
+    p.add_argument("--threads", type=int, default=None, help="threads running env calls (default: --max-sessions)")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    args = build_parser().parse_intermixed_args(argv)
+    try:
+        config = ServeConfig(
+            env_id=args.env_id,
+            env_kwargs=parse_env_kwargs(args.env_kwargs),
+            max_sessions=args.max_sessions,
+            idle_timeout=args.idle_timeout,
+            step_deadline=args.step_deadline,
+            max_message_bytes=args.max_message_bytes,
+            snapshot_cap=args.snapshot_cap,
+            token=os.environ.get(TOKEN_VARIABLE) or None,
+            threads=args.threads,
+        )
+    except ValueError as exc:
+        sys.exit(f"bpo-serve: {exc}")
+    app = create_app(config)
+    sock = socket.create_server((args.host, args.port))  # bound before uvicorn: --port 0 works
+    host, port = sock.getsockname()[:2]
+    uv_config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        ws_max_size=4 * config.max_message_bytes,  # the hard cap; under it the app answers an error
+        ws_per_message_deflate=False,  # compressing small text frames costs more than it saves
+    )
+    server = uvicorn.Server(uv_config)
+    print(f"serving {config.env_id} at http://{host}:{port}", flush=True)
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
