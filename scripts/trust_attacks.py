@@ -174,12 +174,13 @@ def sandbox() -> dict[str, Any]:
                      "observation_tail": obs[-160:]}
 
     attack("4 processes x 250 MB under a 384 MiB limit", _HOGS, lambda o: f"{o.splitlines().count('HELD')} of 4 held their memory")
-    attack("unshare -U", "unshare -Ur id", lambda o: "a new user namespace" if "uid=" in o else "refused")
+    attack("unshare -U", "unshare -U id", lambda o: "a new user namespace" if "uid=" in o else "refused")
     attack("100,000 empty files, 64 MiB quota", "mkdir many && cd many && python -c 'import os\nfor i in range(100_000): open(str(i), \"w\").close()'",
            lambda o: "over quota, undone" if "quota exceeded" in o else "allowed")
     attack("80 MB in a chmod 000 folder, 64 MiB quota",
            "mkdir vault && head -c 40000000 /dev/urandom > vault/a && head -c 40000000 /dev/urandom > vault/b; chmod 000 vault",
            lambda o: "over quota, undone" if "quota exceeded" in o else "allowed")
+    local.ObjectStore.PRUNE_GRACE = "now"  # one thread writes here: no object is in flight
     store = env.unwrapped._backend.store.path / "objects"
     env.reset(options={"task_id": "bpo-gym__textkit-1"})
     start = local.disk_usage(store)
@@ -189,7 +190,7 @@ def sandbox() -> dict[str, Any]:
         env.unwrapped.snapshot().release()
     out["48 x (write 1 MB, snapshot, release)"] = {"store_growth_bytes": local.disk_usage(store) - start,
                                                    "seconds": round(time.perf_counter() - t0, 2),
-                                                   "note": "objects younger than the prune grace (2 min) are kept"}
+                                                   "note": "prune grace set to 0 (one thread); the default 2 min keeps younger objects"}
     env.close()
     return out
 
