@@ -57,11 +57,10 @@ _IN_USE: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictio
 _IN_USE_GUARD = threading.Lock()
 
 
-@contextmanager
-def exclusive(env: Any, what: str) -> Iterator[None]:
-    """Run a call of ``env`` (``what``: its name) as the only thread inside ``env``: raises
-    :class:`ConcurrentUseError` at once when another thread is inside it (the same thread may
-    re-enter, e.g. a restore that resets)."""
+def enter(env: Any, what: str) -> threading.RLock:
+    """Make the calling thread the only one inside ``env`` for a call named ``what``; returns
+    the lock to release when the call ends. Raises :class:`ConcurrentUseError` at once when
+    another thread is inside ``env`` (the same thread may re-enter, e.g. a restore that resets)."""
     lock = _IN_USE.get(env)
     if lock is None:
         with _IN_USE_GUARD:
@@ -71,6 +70,13 @@ def exclusive(env: Any, what: str) -> Iterator[None]:
             f"{what}() called on {type(env).__name__} from thread {threading.current_thread().name!r} while "
             "another thread is inside it: one env serves one thread at a time (give each thread its own env)"
         )
+    return lock
+
+
+@contextmanager
+def exclusive(env: Any, what: str) -> Iterator[None]:
+    """:func:`enter` as a ``with`` block."""
+    lock = enter(env, what)
     try:
         yield
     finally:
@@ -349,8 +355,11 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         return self._last_obs, self._finish_info(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        with exclusive(self, "step"):
+        lock = enter(self, "step")  # not a with-block: the step is the hot path
+        try:
             return self._guarded_step(action)
+        finally:
+            lock.release()
 
     def _guarded_step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._started:

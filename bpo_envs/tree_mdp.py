@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_envs.core import SnapshotEnv
+from bpo_envs.core import SnapshotEnv, SnapshotError
 
 LogProbFn = Callable[[str, Sequence[str]], Any]
 
@@ -402,6 +402,13 @@ class TreeMDPEnv(SnapshotEnv):
     def _set_state(self, state: tuple[tuple[int, ...], int]) -> None:
         path, nonce = state
         self._path, self._nonce = tuple(int(a) for a in path), int(nonce)
+
+    def _task_state_from_portable(self, obj: Any) -> tuple[tuple[int, ...], int]:
+        path, nonce = obj if isinstance(obj, tuple) and len(obj) == 2 else (None, None)
+        if not (isinstance(path, tuple) and len(path) <= self.depth and type(nonce) is int
+                and all(type(a) is int and 0 <= a < self.n_actions for a in path)):
+            raise SnapshotError("portable bytes: not a path of this tree")
+        return path, nonce
 
     def agent_prior(
         self,
