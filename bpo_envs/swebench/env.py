@@ -111,8 +111,11 @@ class SWEBenchEnv(SnapshotEnv):
         max_episode_steps: steps before truncation.
         grade_on_truncation: at the step limit without a submission, grade the diff as if
             submitted (False, as mini-swe-agent and the leaderboards: no submission scores 0).
-        grading_network: docker backend: the grading container is on Docker's default network
-            (as the harness; eval scripts may ``pip install -e .``); False cuts it off. The local
+        grading_network: docker backend: put the grading container on Docker's default network
+            (False, the default: grading runs offline, as the agent's own container). The
+            agent's patch runs during grading (a ``conftest.py`` is enough), so True lets it
+            reach the host's services (a Ray head, a vLLM server, through the bridge's gateway)
+            and the internet: an opt-in for rows whose eval script installs packages. The local
             sandbox never has a network (its eval runs the host's Python; nothing to install).
         prompt: ``"bpo"`` (the intro below, ``[exit code: N]`` observations) or
             ``"mini-swe-agent"`` (its PR-description intro and ``<returncode>``/``<output>``
@@ -164,7 +167,7 @@ class SWEBenchEnv(SnapshotEnv):
         eval_timeout: float = 1800.0,
         max_episode_steps: int = 50,
         grade_on_truncation: bool = False,
-        grading_network: bool = True,
+        grading_network: bool = False,
         prompt: str = "bpo",
         images_dir: str | Path | None = None,
         split: str | None = None,
