@@ -14,6 +14,12 @@ training), and ``--budget-batches`` batches at the setting's env-step budget. Re
 
     python scripts/bench_siblings.py --out docs/results/siblings           # ~10 min on 2 cores
     python scripts/bench_siblings.py --quick --out /tmp/siblings           # ~1 min
+
+``--webshop``: instead, WebShop with the CPU default's policy (the text scorer, warm-started by
+behaviour cloning on the expert, preset ``cpu``) at a fixed policy: ``--webshop-batches`` batch
+gradients at the preset's env-step budget (256) per configuration after ``--webshop-warmup``
+batches, over its first 16 training tasks; the ratio of their trace variance to RLOO(4)'s, with a
+95% bootstrap interval, and where each configuration branched (``webshop.json``).
 """
 
 from __future__ import annotations
@@ -128,6 +134,93 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+WEBSHOP_CONFIGS = ("rloo-4", "bpo-entropy-iid", "bpo-entropy-distinct+backbones", "bpo-measured-iid", "bpo-entropy+measured-iid")
+
+
+def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
+    from bpo_algos.experiments.presets import PRESETS
+    from bpo_algos.experiments.runner import env_factory, make_policy, task_split
+    from bpo_algos.rollout import EnvPool
+
+    preset = PRESETS["cpu"]
+    setup = preset.envs["webshop"]
+    train, _ = task_split(setup)
+    tasks = train[:16]
+    torch.set_num_threads(1)
+    policy = make_policy(preset, setup, args.seed, train)
+    budget = Budget("env_steps", preset.for_env("budget", "webshop"))
+    pool = EnvPool([env_factory(setup)] * 2)
+    configs = configurations()
+    rows: dict[str, Any] = {}
+    kept: dict[str, torch.Tensor] = {}
+    try:
+        for label in WEBSHOP_CONFIGS:
+            start = time.perf_counter()
+            algorithm = configs[label]()
+            if args.webshop_warmup:
+                gradient_samples(algorithm, policy, pool, tasks, args.webshop_warmup, budget=budget, keep_grads=False)
+            depths: Counter[int] = Counter()
+            grads, steps = [], []
+            for _ in range(args.webshop_batches):  # one batch at a time, to count where it branched
+                batch = algorithm.collect(policy, pool, tasks, budget, finish=False)
+                depths.update(n.depth for t in batch.trees for n in t.branch_nodes() if n is not t.root)
+                params = [p for p in policy.parameters() if p.requires_grad]
+                for p in params:
+                    p.grad = None
+                algorithm.loss(policy, batch).backward()
+                grads.append(-torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]))
+                steps.append(batch.compute.env_steps)
+                algorithm.end_batch(batch)
+            for p in policy.parameters():
+                p.grad = None
+            g = torch.stack(grads)
+            kept[label] = g
+            rows[label] = {
+                "trace_var": trace_var(g),
+                "env_steps_per_batch": float(np.mean(steps)),
+                "branch_depths": {str(d): c for d, c in sorted(depths.items())},
+                "plan": {str(d): q for d, q in algorithm.depths.plan().items()} if isinstance(algorithm, BPO) else None,
+                "seconds": time.perf_counter() - start,
+            }
+            print(f"webshop {label}: {rows[label]['trace_var']:.4g} ({rows[label]['seconds']:.0f} s)", flush=True)
+    finally:
+        pool.close()
+    ref = kept[REFERENCE]
+    ones = np.ones(len(ref))
+    for i, (label, row) in enumerate(rows.items()):
+        row["ratio_vs_rloo4"] = row["trace_var"] / rows[REFERENCE]["trace_var"]
+        row["ratio_vs_rloo4_ci95"] = ratio_interval(kept[label], np.ones(len(kept[label])), ref, ones, args.seed + i, args.boot)
+    return {
+        "about": "batch-gradient trace variance at the CPU default's env-step budget, WebShop, warm-started text scorer, fixed policy",
+        "args": vars(args),
+        "env": {"id": setup.env_id, **setup.kwargs, "tasks": len(tasks), "budget_env_steps": budget.amount},
+        "load_average_at_start": os.getloadavg(),
+        "configs": rows,
+    }
+
+
+def webshop_markdown(results: dict[str, Any]) -> str:
+    a = results["args"]
+    lines = [
+        "# WebShop: distinct siblings and the measured branch rule at a fixed policy",
+        "",
+        f"`python scripts/bench_siblings.py --webshop --out {a['out']}`: {a['webshop_batches']} batch gradients per "
+        f"configuration at {results['env']['budget_env_steps']} env steps a batch, after {a['webshop_warmup']} warm-up "
+        "batches; the CPU default's warm-started text scorer (preset `cpu`, seed "
+        f"{a['seed']}), {results['env']['tasks']} training tasks. Ratio = trace of the batch gradient's covariance "
+        "against RLOO(4)'s (95% bootstrap interval). Load average at start "
+        f"{', '.join(f'{x:.1f}' for x in results['load_average_at_start'])} (2 cores shared).",
+        "",
+        "| config | trace var vs RLOO-4 [95% CI] | env steps/batch | branch depths |",
+        "|---|---|---:|---|",
+    ]
+    for label, r in results["configs"].items():
+        ci = r["ratio_vs_rloo4_ci95"]
+        depths = ", ".join(f"{d}:{c}" for d, c in r["branch_depths"].items()) or "-"
+        lines.append(f"| {label} | {r['ratio_vs_rloo4']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] | {r['env_steps_per_batch']:.0f} | {depths} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results: dict[str, Any]) -> str:
     a = results["args"]
     lines = [
@@ -167,7 +260,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--boot", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--webshop", action="store_true", help="the WebShop measurement instead (module docstring)")
+    parser.add_argument("--webshop-batches", type=int, default=24)
+    parser.add_argument("--webshop-warmup", type=int, default=6)
     args = parser.parse_args(argv)
+    if args.webshop:
+        torch.manual_seed(args.seed)
+        results = run_webshop(args)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "webshop.json").write_text(json.dumps(results, indent=1))
+        (out / "webshop.md").write_text(webshop_markdown(results))
+        print(webshop_markdown(results))
+        return results
     if args.quick:
         args.batches, args.budget_batches, args.warmup, args.depth_batches, args.boot = 150, 20, 10, 20, 100
         args.settings = args.settings[:1]
