@@ -70,6 +70,7 @@ from bpo_algos.experiments.presets import (
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
     algorithm_class,
+    build_algorithm,
     initial_dir,
     initial_job,
     run_dir,
@@ -609,8 +610,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for i, candidate in enumerate(grid):
             run_preset = with_options(tune_preset[env_name], env_name, kind, candidate)
             phase += [((env_name, tuning_label(kind, i), s), run_preset, tune_tasks[env_name]) for s in tuning.seeds]
-    default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned_kinds]
-    phase += [((e, a, s), preset, splits[e][1]) for e in tuned_envs for a in default_labels for s in preset.for_env("seeds", e)]
     run_all(phase, "tuning runs")
     tuned = copy.deepcopy(preset)
     tuning_results: dict[str, dict[str, Any]] = {}
@@ -625,11 +624,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(tune_tasks[env_name])} held-out "
             f"training tasks x {tuning.episodes} episode(s)", "tasks": len(tune_tasks[env_name]),
         }
-    # 3. the comparison: every algorithm at its tuned options (the controls at their algorithm's)
+    # 3. the comparison: every algorithm at its tuned options (the controls at their algorithm's),
+    #    and the treatment and the comparator at their defaults (a default equal to the tuned
+    #    choice is the tuned run itself)
     keys = [(e, a, s) for e, s in pairs for a in preset.algorithms]
-    run_all([(key, tuned, splits[key[0]][1]) for key in keys], "runs")
+    default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned_kinds]
+    default_seeds = {e: list(preset.for_env("seeds", e))[: tuning.default_seeds] for e in tuned_envs}
+    default_keys = [(e, a, s) for e in tuned_envs for a in default_labels for s in default_seeds[e]]
+    same = {(e, a) for e in tuned_envs for a in default_labels
+            if build_algorithm(a.split("@")[0], preset, 0, e).config() == build_algorithm(a.split("@")[0], tuned, 0, e).config()}
+    run_all([(key, tuned, splits[key[0]][1]) for key in keys]
+            + [(key, preset, splits[key[0]][1]) for key in default_keys if key[:2] not in same], "runs")
+    for e, a, s in default_keys:
+        if (e, a) in same:
+            runs[(e, a, s)] = {**runs[(e, a.split("@")[0], s)], "algorithm": a, "same_as_tuned": True}
     labels = [*preset.algorithms, *default_labels]
-    ordered = [runs[k] for k in keys] + [runs[(e, a, s)] for e in tuned_envs for a in default_labels for s in preset.for_env("seeds", e)]
+    ordered = [runs[k] for k in keys] + [runs[k] for k in default_keys]
     results = aggregate(ordered, tuned, list(preset.envs), labels)
     if not writer:  # rank 0 reports
         return results
@@ -664,6 +674,7 @@ def tuning_preset(preset: Preset, env: str) -> Preset:
     """The setting of ``env``'s tuning runs: ``preset`` with the tuning's episodes per
     evaluation (the held-out tasks are passed to the runs)."""
     out = copy.deepcopy(preset)
+    out.envs[env].eval_split = "held-out"  # the held-out tasks are the training env's
     episodes = dict(out.eval_episodes) if isinstance(out.eval_episodes, dict) else {e: out.eval_episodes for e in out.envs}
     episodes[env] = preset.tuning.episodes
     out.eval_episodes = episodes

@@ -326,7 +326,7 @@ PRESETS: dict[str, Preset] = {
         competitors=("rloo",),
         comparator="rloo",
         handicapped_control=None,
-        tuning=TuningConfig(seeds=(1000, 1001), tasks=100, episodes=1, envs=("webshop",)),
+        tuning=TuningConfig(seeds=(1000, 1001), tasks=100, episodes=1, envs=("webshop",), default_seeds=10),
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
