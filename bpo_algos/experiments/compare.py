@@ -70,6 +70,7 @@ from bpo_algos.experiments.presets import (
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
     algorithm_class,
+    build_algorithm,
     initial_dir,
     initial_job,
     run_dir,
@@ -471,6 +472,8 @@ def command_parser() -> argparse.ArgumentParser:
                         help='one kind\'s candidates, e.g. rloo=\'[{"group_size": 2}, {"group_size": 4}]\'; repeatable')
     parser.add_argument("--allow-unequal-grids", action="store_true", help="allow tuning grids of different sizes")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--report-only", action="store_true", help="with --resume: run nothing, report the seeds whose runs "
+                        "have all finished (an interrupted comparison; results.json names the unfinished seeds)")
     parser.add_argument("--jobs", type=_jobs, default=None,
                         help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")
     parser.add_argument("--ray", metavar="ADDRESS", help="run the runs as Ray tasks on the cluster at ADDRESS (HOST:PORT, "
@@ -600,7 +603,8 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
         bar.update(1)
         note_session(out, session)
 
-    execute([call for _, call in todo], workers, args.ray, modules, initial_done)
+    if not args.report_only:
+        execute([call for _, call in todo], workers, args.ray, modules, initial_done)
     bar.close()
     runs: dict[tuple[str, str, int], dict[str, Any]] = {}
 
@@ -618,6 +622,8 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs[key] = saved_run
             else:
                 calls.append((key, run_call(*key, run_preset, eval_tasks)))
+        if args.report_only:  # nothing new runs
+            return
         calls.sort(key=lambda item: -_expected_cost(preset, *item[0]))
         bar = tqdm(total=len(calls), desc=desc, disable=args.no_progress or not calls)
 
@@ -644,9 +650,10 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
         for i, candidate in enumerate(grid):
             run_preset = with_options(tune_preset[env_name], env_name, kind, candidate)
             phase += [((env_name, tuning_label(kind, i), s), run_preset, tune_tasks[env_name]) for s in tuning.seeds]
-    default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned_kinds]
-    phase += [((e, a, s), preset, splits[e][1]) for e in tuned_envs for a in default_labels for s in preset.for_env("seeds", e)]
     run_all(phase, "tuning runs")
+    missing = [key for key, _, _ in phase if key not in runs]
+    if missing:
+        raise SystemExit(f"--report-only: the tuning has not finished ({len(missing)} tuning run(s) missing, e.g. {missing[0]})")
     tuned = copy.deepcopy(preset)
     tuning_results: dict[str, dict[str, Any]] = {}
     for (env_name, kind), grid in candidates.items():
@@ -660,12 +667,36 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
             "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(tune_tasks[env_name])} held-out "
             f"training tasks x {tuning.episodes} episode(s)", "tasks": len(tune_tasks[env_name]),
         }
-    # 3. the comparison: every algorithm at its tuned options (the controls at their algorithm's)
-    keys = [(e, a, s) for e, s in pairs for a in preset.algorithms]
-    run_all([(key, tuned, splits[key[0]][1]) for key in keys], "runs")
+    # 3. the comparison: every algorithm at its tuned options (the controls at their algorithm's),
+    #    and the treatment and the comparator at their defaults (a default equal to the tuned
+    #    choice is the tuned run itself)
+    default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned_kinds]
+    default_seeds = {e: list(preset.for_env("seeds", e))[: tuning.default_seeds] for e in tuned_envs}
+    same = {(e, a) for e in tuned_envs for a in default_labels
+            if build_algorithm(a.split("@")[0], preset, 0, e).config() == build_algorithm(a.split("@")[0], tuned, 0, e).config()}
+    # seed by seed (the runs start in this order: an interrupted comparison has whole seeds)
+    work = []
+    for e, s in pairs:
+        work += [((e, a, s), tuned, splits[e][1]) for a in preset.algorithms]
+        work += [((e, a, s), preset, splits[e][1]) for a in default_labels if s in default_seeds.get(e, ()) and (e, a) not in same]
+    run_all(work, "runs")
+    for e, s in pairs:
+        for a in default_labels:
+            if (e, a) in same and s in default_seeds[e] and (e, a.split("@")[0], s) in runs:
+                runs[(e, a, s)] = {**runs[(e, a.split("@")[0], s)], "algorithm": a, "same_as_tuned": True}
+    finished = {e: [s for s in preset.for_env("seeds", e) if all((e, a, s) in runs for a in preset.algorithms)] for e in preset.envs}
+    if args.report_only:  # the seeds whose every run has finished
+        unfinished = {e: [s for s in preset.for_env("seeds", e) if s not in finished[e]] for e in preset.envs}
+        if not all(len(v) >= 2 for v in finished.values()):
+            raise SystemExit(f"--report-only: fewer than 2 finished seeds per env ({finished})")
+        tuned.seeds = {**({e: tuned.for_env("seeds", e) for e in tuned.envs}), **{e: tuple(v) for e, v in finished.items()}}
+    keys = [(e, a, s) for e in preset.envs for s in finished[e] for a in preset.algorithms]
+    default_keys = [(e, a, s) for e in tuned_envs for a in default_labels for s in default_seeds[e] if (e, a, s) in runs and s in finished[e]]
     labels = [*preset.algorithms, *default_labels]
-    ordered = [runs[k] for k in keys] + [runs[(e, a, s)] for e in tuned_envs for a in default_labels for s in preset.for_env("seeds", e)]
+    ordered = [runs[k] for k in keys] + [runs[k] for k in default_keys]
     results = aggregate(ordered, tuned, list(preset.envs), labels)
+    if args.report_only:
+        results["unfinished_seeds"] = unfinished
     if not writer:  # rank 0 reports
         return results
     results["preset"] = preset_dict(preset)  # as given (the tuned options are under per_env[env]["tuning"])
@@ -699,6 +730,7 @@ def tuning_preset(preset: Preset, env: str) -> Preset:
     """The setting of ``env``'s tuning runs: ``preset`` with the tuning's episodes per
     evaluation (the held-out tasks are passed to the runs)."""
     out = copy.deepcopy(preset)
+    out.envs[env].eval_split = "held-out"  # the held-out tasks are the training env's
     episodes = dict(out.eval_episodes) if isinstance(out.eval_episodes, dict) else {e: out.eval_episodes for e in out.envs}
     episodes[env] = preset.tuning.episodes
     out.eval_episodes = episodes

@@ -109,7 +109,7 @@ def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
     """The runs tuning adds on ``env`` (:mod:`bpo_algos.experiments.tuning`), as the algorithm each
     costs like: ``{"tuning": [...], "defaults": [...]}``: every candidate of every tuned kind
     once per tuning seed, and the treatment and the comparator at their defaults once per
-    evaluation seed."""
+    evaluation seed of the secondary row (counted even where a default will equal the tuned choice)."""
     tuning = preset.tuning
     if tuning is None or not tuning.tunes(env):
         return {"tuning": [], "defaults": []}
@@ -119,7 +119,7 @@ def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
     tuned = [k for k in dict.fromkeys(kinds.values()) if k in tuning.grids]
     runs_as = {k: next(a for a, kind in kinds.items() if kind == k) for k in tuned}
     tuning_runs = [runs_as[k] for k in tuned for _ in tuning.grids[k] for _ in tuning.seeds]
-    seeds = list(preset.for_env("seeds", env))
+    seeds = list(preset.for_env("seeds", env))[: tuning.default_seeds]
     defaults = [a for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned for _ in seeds]
     return {"tuning": tuning_runs, "defaults": defaults}
 

@@ -305,9 +305,9 @@ PRESETS: dict[str, Preset] = {
     # evaluated on the standard splits (WebShop: all 500 test goals at updates 0, 10, 20;
     # ALFWorld valid_seen) with common random numbers. The treatment and the comparator (RLOO),
     # each tuned on WebShop by the fixed protocol (seeds 1000, 1001; four candidates each; AUC on
-    # 100 held-out training goals), the positive control (frozen) and the calibration control
-    # (rloo-2x: RLOO at twice the budget per update); 20 WebShop seeds, gradient probes of 32
-    # batches on the first 3. WebShop's search candidates are the instruction's phrases
+    # 64 held-out training goals), the positive control (frozen) and the calibration control
+    # (rloo-2x: RLOO at twice the budget per update); 20 WebShop seeds, gradient probes of 16
+    # batches on the first 3 (reference: 32 RLOO batches). WebShop's search candidates are the instruction's phrases
     # (search_actions="instruction": no hidden goal).
     "cpu": Preset(
         envs={
@@ -326,7 +326,7 @@ PRESETS: dict[str, Preset] = {
         competitors=("rloo",),
         comparator="rloo",
         handicapped_control=None,
-        tuning=TuningConfig(seeds=(1000, 1001), tasks=100, episodes=1, envs=("webshop",)),
+        tuning=TuningConfig(seeds=(1000, 1001), tasks=64, episodes=1, envs=("webshop",), default_seeds=10),
         sft_epochs=4,
         sft_lr=3e-3,
         seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
@@ -337,11 +337,11 @@ PRESETS: dict[str, Preset] = {
         budget={"webshop": 256, "alfworld": 800},
         eval_every={"webshop": 10, "alfworld": 6},
         eval_episodes={"webshop": 1, "alfworld": 2},
-        grad_batches=32,
+        grad_batches=16,
         # probes on WebShop's first 3 seeds; on ALFWorld 2 x 32 batches of 800 env steps per
         # algorithm would cost about as much as the whole comparison there
         grad_seeds={"webshop": 3, "alfworld": 0},
-        reference_batches=64,
+        reference_batches=32,
         # compute_to_threshold: halfway from the warm start to these
         target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,

@@ -216,6 +216,14 @@ def headline_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _interrupted(results: dict[str, Any]) -> list[str]:
+    unfinished = {e: v for e, v in (results.get("unfinished_seeds") or {}).items() if v}
+    if not unfinished:
+        return []
+    return [f"**Interrupted**: the comparison was stopped before seeds {unfinished} finished; every figure below is over the "
+            "seeds whose runs had all finished (`--report-only`).", ""]
+
+
 def markdown(results: dict[str, Any]) -> str:
     unit = results["budget_unit"]
     algorithms = list(results["preset"].get("algorithms", ()))
@@ -228,6 +236,7 @@ def markdown(results: dict[str, Any]) -> str:
         "t-interval and the minimal detectable effect (MDE: the true difference a two-sided 5% paired t-test over these seeds "
         "detects with 80% power, from the per-seed spread; docs/main-job.md).",
         "",
+        *_interrupted(results),
         "## Controls",
         "",
         *controls_lines(results),

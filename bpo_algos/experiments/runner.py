@@ -365,6 +365,9 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     if dp.is_distributed():
         for part in dp.all_gather_objects(per_task):
             per_task.update(part)
+    missing = [tasks[i] for i in sorted(per_task) if not per_task[i]]
+    if missing:
+        raise ValueError(f"evaluation tasks {missing[:5]} gave no episode (not tasks of the evaluation env?)")
     return [w for i in range(len(tasks)) for w in per_task[i]]
 
 
@@ -585,7 +588,7 @@ def run_one(
     policy = initial_policy(preset, env_name, seed, train_tasks, initial)
     episodes = preset.for_env("eval_episodes", env_name)
     points = eval_points(preset, env_name)
-    probing = probes_on(preset, env_name, seed)
+    probing = probes_on(preset, env_name, seed) and name == algorithm_name  # not the tuning and default runs
     probe_at = probe_points(preset, env_name)
     mechanism_at = mechanism_points(preset, env_name)
     ref0 = torch.load(io.BytesIO(reference), weights_only=True) if reference is not None else None  # tensors only

@@ -5,7 +5,7 @@ the gradient probes, the reference gradient, the bootstraps) is keyed by the run
 *role* (what the stream is for) and, where it matters, the task's index and the episode's index
 (docs/main-job.md, "Random streams"). ``SeedSequence`` hashes the whole key, so two keys that
 differ anywhere give unrelated streams: seed ``s``'s episode ``j + 1`` is not seed ``s + 1``'s
-episode ``j`` (as it was with additive offsets such as ``seed + 1000 i + j``). The key holds no
+episode ``j`` (as it was with additive offsets such as ``1000 i + j`` added to the seed). The key holds no
 algorithm: every algorithm of one seed draws the same streams (common random numbers), so their
 differences are their policies', not their luck's.
 """

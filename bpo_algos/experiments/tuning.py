@@ -72,6 +72,10 @@ class TuningConfig:
     allow_unequal_grids: bool = False
     """Allow grids of different sizes (a bigger grid favours its algorithm: the maximum of more
     noisy scores)."""
+    default_seeds: int | None = None
+    """The secondary row (the treatment and the comparator at their untuned defaults) runs on
+    the first this many evaluation seeds (None: all); a default equal to the tuned choice reuses
+    the tuned runs."""
 
     def tunes(self, env: str) -> bool:
         return self.envs is None or env in self.envs
