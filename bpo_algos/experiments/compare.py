@@ -66,6 +66,7 @@ from bpo_algos.experiments.presets import (
     EnvSetup,
     Preset,
     preset_dict,
+    with_server,
 )
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
@@ -147,6 +148,8 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
         algorithm, key, value = _parse_algorithm_option(item)
         preset.algorithm_options.setdefault(algorithm, {})[key] = value
     _apply_flags(preset, args, holders)
+    for url in args.env_server or ():
+        preset.envs = with_server(preset.envs, url)
     check_comparison(preset)
     for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
@@ -390,6 +393,8 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
     parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
     parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
+    parser.add_argument("--env-server", action="append", metavar="URL",
+                        help="step the env that a bpo-serve server at URL serves there (docs/serving.md); repeatable")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     parser.add_argument("--jobs", type=_jobs, default=None,
                         help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")

@@ -29,7 +29,7 @@ from starlette.types import Receive, Send
 
 import bpo_envs
 from bpo_envs.core import Snapshot
-from bpo_envs.serve.protocol import WSErrorCode, dumps, error, loads
+from bpo_envs.serve.protocol import WSErrorCode, dumps, error, json_safe, loads
 from bpo_envs.serve.session import DeadlineExceeded, Session
 from bpo_envs.serve.snapshots import DEFAULT_CAP, SnapshotStore, UnknownSnapshotError
 
@@ -114,6 +114,7 @@ class EnvServer:
         return {
             "status": "healthy",  # OpenEnv's HealthStatus.HEALTHY
             "env_id": self.config.env_id,
+            "env_kwargs": json_safe(self.config.env_kwargs),
             "sessions": len(self.sessions),
             "max_sessions": self.config.max_sessions,
             "snapshots": len(self.store),
