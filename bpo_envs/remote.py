@@ -12,6 +12,7 @@ Released snapshots are freed on the server with the next message.
 from __future__ import annotations
 
 import json
+import urllib.request
 from contextlib import ExitStack
 from typing import Any
 
@@ -25,6 +26,13 @@ from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space
 
 PORTABLE_FORMAT = "bpo-remote-snapshot/1"
 ENV_ID = "BPO-Remote-v0"
+
+
+def describe_server(base_url: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The server's ``/health``: ``env_id``, ``env_kwargs``, sessions, snapshots, ..."""
+    url = _ws_url(base_url).replace("ws://", "http://", 1).replace("wss://", "https://", 1).removesuffix("/ws")
+    with urllib.request.urlopen(url + "/health", timeout=timeout) as reply:
+        return json.loads(reply.read())
 
 
 class RemoteEnvError(RuntimeError):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -285,3 +288,45 @@ def test_a_step_past_the_deadline_closes_its_session_only():
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+# ---- the main job on a served env --------------------------------------------------------
+def _without_times(value):
+    if isinstance(value, dict):
+        return {k: _without_times(v) for k, v in value.items() if k not in ("seconds", "seconds_per_run")}
+    if isinstance(value, list):
+        return [_without_times(v) for v in value]
+    return value
+
+
+def test_bpo_compare_on_a_server_matches_in_process(tmp_path):
+    from bpo_algos.experiments import compare
+    from bpo_algos.experiments.presets import PRESETS
+
+    setup = PRESETS["smoke"].envs["treemdp"]
+    args = ["--smoke", "--envs", "treemdp", "--seeds", "0", "--updates", "1", "--budget", "100", "--grad-batches", "2",
+            "--no-progress", "--jobs", "1", "--algorithms", "bpo", "rloo"]
+    local = compare.main(["--out", str(tmp_path / "local"), *args])
+    with served(setup.env_id, setup.kwargs) as (url, _):
+        remote = compare.main(["--out", str(tmp_path / "remote"), "--env-server", url, *args])
+        assert health(url)["snapshots"] == 0  # every snapshot the engine took was released
+        with served(setup.env_id, {**setup.kwargs, "depth": 5}) as (other, _):
+            with pytest.raises(ValueError, match="serve it with those kwargs"):
+                compare.main(["--out", str(tmp_path / "other"), "--env-server", other, *args])
+    a, b = local["per_env"]["treemdp"]["algorithms"], remote["per_env"]["treemdp"]["algorithms"]
+    assert b["bpo"]["compute"]["restores"] > 0 and b["bpo"]["compute"]["snapshots"] > 0
+    assert _without_times(a) == _without_times(b)
+
+
+def test_fault_injection_leaves_the_server_unharmed(tmp_path):
+    """scripts/fault_serve.py, small: every injected fault gets its error or a closed session."""
+    from serve_support import ROOT
+
+    out = tmp_path / "faults.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "150", "--sessions", "4",
+                    "--sample-every", "50", "--out", str(out)], check=True, timeout=600, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = json.loads(out.read_text())
+    assert result["episodes"] >= 150 and result["server_crashes"] == 0 and result["wrong_answer_count"] == 0
+    assert result["health_after"]["sessions"] == 0 and result["health_after"]["snapshots"] == 0
+    assert sum(result["faults"].values()) > 20 and result["faults"].get("vanish_mid_step", 0) > 0

@@ -66,6 +66,7 @@ from bpo_algos.experiments.presets import (
     EnvSetup,
     Preset,
     preset_dict,
+    with_server,
 )
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
@@ -181,6 +182,8 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
         algorithm, key, value = _parse_algorithm_option(item)
         preset.algorithm_options.setdefault(algorithm, {})[key] = value
     _apply_flags(preset, args, holders)
+    for url in args.env_server or ():
+        preset.envs = with_server(preset.envs, url)
     check_comparison(preset)
     apply_tuning_flags(preset, args)
     for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
@@ -471,6 +474,8 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tuning-grid", action="append", metavar="KIND=JSON",
                         help='one kind\'s candidates, e.g. rloo=\'[{"group_size": 2}, {"group_size": 4}]\'; repeatable')
     parser.add_argument("--allow-unequal-grids", action="store_true", help="allow tuning grids of different sizes")
+    parser.add_argument("--env-server", action="append", metavar="URL",
+                        help="step the env that a bpo-serve server at URL serves there (docs/serving.md); repeatable")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     parser.add_argument("--report-only", action="store_true", help="with --resume: run nothing, report the seeds whose runs "
                         "have all finished (an interrupted comparison; results.json names the unfinished seeds)")

@@ -60,13 +60,39 @@ class EnvSetup:
     by the group's standard deviation on ALFWorld, not on WebShop); ``--ALGORITHM.KEY`` flags
     still win."""
 
+    servers: tuple[str, ...] = ()
+    """``bpo-serve`` servers of this env (docs/serving.md): the runs step ``BPO-Remote-v0``
+    sessions of them, round robin, instead of envs in their own process (``--env-server``)."""
+
     def __post_init__(self) -> None:
+        self.servers = tuple(self.servers)
         unknown = set(self.trainer) - set(TrainerConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"EnvSetup.trainer: {sorted(unknown)} are not TrainerConfig fields")
         wrong = sorted(k for k, v in self.options.items() if not isinstance(v, Options))
         if wrong:
             raise TypeError(f"EnvSetup.options: {wrong} must be algorithm option dataclasses (e.g. GiGPOOptions)")
+
+
+def with_server(envs: dict[str, EnvSetup], base_url: str) -> dict[str, EnvSetup]:
+    """``envs`` with ``base_url`` added to the servers of every env it serves: those of the
+    served env id, whose kwargs must be the ones the server made its envs with."""
+    from bpo_envs.remote import describe_server  # the serve extra, only when asked for
+
+    health = describe_server(base_url)
+    served = [name for name, setup in envs.items() if setup.env_id == health["env_id"]]
+    if not served:
+        raise ValueError(f"{base_url} serves {health['env_id']}, which none of the envs {sorted(envs)} is")
+    out = dict(envs)
+    for name in served:
+        setup = envs[name]
+        if json.loads(json.dumps(setup.kwargs)) != health["env_kwargs"]:
+            raise ValueError(
+                f"{base_url} makes {health['env_id']} with {health['env_kwargs']}, but {name} needs "
+                f"{setup.kwargs}: serve it with those kwargs"
+            )
+        out[name] = replace(setup, servers=(*setup.servers, base_url))
+    return out
 
 
 RUN_FIELDS = ("tasks_per_update", "budget", "seed", "out_dir", "resume", "progress", "wandb_name", "wandb_config", "save_trees_every")

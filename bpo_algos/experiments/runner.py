@@ -19,6 +19,7 @@ Ray cluster (``--ray``) with the same results (:mod:`bpo_algos.experiments.paral
 from __future__ import annotations
 
 import io
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -230,6 +231,9 @@ def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: i
 
 
 def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
+    if setup.servers:  # sessions of bpo-serve servers, round robin
+        turn = itertools.count()
+        return lambda: gym.make("BPO-Remote-v0", base_url=setup.servers[next(turn) % len(setup.servers)])
     return lambda: gym.make(setup.env_id, **setup.kwargs)
 
 
@@ -238,6 +242,9 @@ def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
     if setup.eval_split in ("held-out", "train"):
         return env_factory(setup)
+    if setup.servers:
+        raise ValueError(f"{setup.env_id}: eval_split={setup.eval_split!r} makes other envs than the served ones; "
+                         "use 'held-out' or 'train' with --env-server")
     kwargs = {**setup.kwargs, **setup.eval_kwargs}
     if setup.eval_split != "rows":
         kwargs["split"] = setup.eval_split

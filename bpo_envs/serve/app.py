@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import logging
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -29,7 +30,7 @@ from starlette.types import Receive, Send
 
 import bpo_envs
 from bpo_envs.core import Snapshot
-from bpo_envs.serve.protocol import WSErrorCode, dumps, error, loads
+from bpo_envs.serve.protocol import WSErrorCode, dumps, error, json_safe, loads
 from bpo_envs.serve.session import DeadlineExceeded, Session
 from bpo_envs.serve.snapshots import DEFAULT_CAP, SnapshotStore, UnknownSnapshotError
 
@@ -74,6 +75,9 @@ class EnvServer:
         self.sessions: dict[str, Session | None] = {}
         self._idle_envs: list[gym.Env] = []
         self.refused = 0
+        self.answered: Counter[str] = Counter()
+        """Messages answered, by type (``/health``)."""
+        self.sessions_total = 0
         self.closed_idle = 0
         self.deadline_exceeded = 0
 
@@ -114,11 +118,14 @@ class EnvServer:
         return {
             "status": "healthy",  # OpenEnv's HealthStatus.HEALTHY
             "env_id": self.config.env_id,
+            "env_kwargs": json_safe(self.config.env_kwargs),
             "sessions": len(self.sessions),
             "max_sessions": self.config.max_sessions,
             "snapshots": len(self.store),
             "snapshot_cap": self.config.snapshot_cap,
             "snapshots_evicted": self.store.evicted,
+            "sessions_total": self.sessions_total,
+            "answered": dict(self.answered),
             "refused": self.refused,
             "closed_idle": self.closed_idle,
             "deadline_exceeded": self.deadline_exceeded,
@@ -159,6 +166,7 @@ class EnvServer:
             return
         session = Session(session_id, env, self.executor, self.store, self.config.step_deadline)
         self.sessions[session_id] = session
+        self.sessions_total += 1
         closed = False
         try:
             closed = await self._loop(receive, send, session)
@@ -196,24 +204,33 @@ class EnvServer:
                 reply = await self._answer(session, raw)
                 if reply is _CLOSE:
                     return False
+
             if reply is not None:
                 await _send_text(send, reply)
             if session.broken:
                 return False
 
     async def _answer(self, session: Session, raw: str | bytes) -> dict[str, Any] | None:
+        """The reply to one raw message (None: no reply), counted by message type in ``/health``."""
         try:
             message = loads(raw)
         except ValueError as exc:
+            self.answered["error"] += 1
             return error(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}")
         if not isinstance(message, dict):
+            self.answered["error"] += 1
             return error(WSErrorCode.VALIDATION_ERROR, "a message is a JSON object with a 'type'")
         kind = message.get("type")
+        reply = await self._dispatch(session, kind, message.get("data"))
+        self.answered["error" if reply is not None and reply["type"] == "error" else str(kind)] += 1
+        return reply
+
+    async def _dispatch(self, session: Session, kind: Any, data: Any) -> dict[str, Any] | None:
         try:
             if kind == "step":
-                return await session.step(message.get("data"))
+                return await session.step(data)
             if kind == "reset":
-                return await session.reset(message.get("data") or {})
+                return await session.reset(data or {})
             if kind == "state":
                 return await session.state()
             if kind == "close":
@@ -223,7 +240,6 @@ class EnvServer:
             if kind == "expert_actions":
                 return await session.expert_actions()
             if kind == "release":
-                data = message.get("data") or {}
                 ids = data.get("snapshot_ids") if isinstance(data, dict) else None
                 for snapshot_id in ids if isinstance(ids, list) else []:
                     if isinstance(snapshot_id, str):
