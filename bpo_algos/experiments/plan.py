@@ -46,6 +46,7 @@ from bpo_algos.experiments.runner import (
     trainer_config,
 )
 from bpo_algos.experiments.stats import METRICS, minimal_detectable_effect
+from bpo_envs.files import CorruptFileError, read_json
 
 PILOT_UPDATES = 3
 """Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
@@ -59,7 +60,10 @@ def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | N
     if plan_from is not None:
         if not plan_from.exists():
             raise SystemExit(f"--plan-from {plan_from}: no such file")
-        return json.loads(plan_from.read_text()), str(plan_from)
+        try:
+            return read_json(plan_from), str(plan_from)
+        except CorruptFileError as exc:
+            raise SystemExit(f"--plan-from: {exc}") from None
     if preset.recorded_results:
         path = REPOSITORY / preset.recorded_results
         if path.exists():
