@@ -261,3 +261,28 @@ def test_grading_network_opt_in_lets_a_patch_reach_the_host():
     finally:
         env.close()
         listener.close()
+
+
+@pytest.mark.slow
+@DOCKER
+def test_the_hosts_last_resort_restarts_the_container_on_its_filesystem():
+    # the fallback when no fresh exec ends the command (one that cannot start): here its end is
+    # never reported to the kill, so the kill goes on to restart the container
+    env = _make("docker")
+    try:
+        env.reset(options={"task_id": TASK})
+        step(env, "echo kept > kept.txt")
+        backend = env.unwrapped._backend
+        result: list = []
+        stepper = threading.Thread(target=lambda: result.append(step(env, "sleep 999")))
+        stepper.start()
+        time.sleep(1.0)
+        how = backend._kill_from_host(backend.container, threading.Event())
+        assert "restarted the container on its filesystem" in how
+        stepper.join(timeout=30)
+        assert result and result[0][1]["exit_code"] != 0  # the command ended, as an observation
+        obs, _ = step(env, "cat kept.txt")
+        assert "kept" in obs
+        still_works(env)
+    finally:
+        env.close()

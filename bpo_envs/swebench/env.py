@@ -106,8 +106,14 @@ class SWEBenchEnv(SnapshotEnv):
             rows, or None for the bundled instances (small real repos, built on first use).
         backend: ``"local"`` (bubblewrap sandbox over a working copy; rows need ``repo_path``)
             or ``"docker"`` (real SWE-bench images or a local image, via docker-py).
-        step_timeout: seconds one command may run before it is killed.
-        eval_timeout: seconds the grading test run may take (the harness's default, 1,800).
+        step_timeout: seconds one command may run before it is killed. The deadline is kept
+            from the host (docker: 3 s later the host kills what the command left running,
+            even when it froze or killed its own ``timeout``); the agent's own kills of its
+            sandbox (``kill -9 -1``, ``kill 1``) are observations (the container is started
+            again on its filesystem). See docs/reliability.md.
+        eval_timeout: seconds the grading test run may take (the harness's default, 1,800),
+            kept from the host the same way. The whole test log is graded (up to
+            ``harness.TEST_LOG_BYTES``), not the observation's head and tail.
         max_episode_steps: steps before truncation.
         grade_on_truncation: at the step limit without a submission, grade the diff as if
             submitted (False, as mini-swe-agent and the leaderboards: no submission scores 0).
