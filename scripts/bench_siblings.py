@@ -12,7 +12,7 @@ training), and ``--budget-batches`` batches at the setting's env-step budget. Re
   estimates of both);
 * the same at the matched budget (``matched_trace_var``), and where the configuration branched.
 
-    python scripts/bench_siblings.py --out docs/results/siblings           # ~10 min on 2 cores
+    python scripts/bench_siblings.py --out docs/results/siblings           # ~25 min on 2 shared cores
     python scripts/bench_siblings.py --quick --out /tmp/siblings           # ~1 min
 
 ``--webshop``: instead, WebShop with the CPU default's policy (the text scorer, warm-started by
@@ -60,18 +60,28 @@ def configurations() -> dict[str, Callable[[], Algorithm]]:
 
 
 def trace_var(g: torch.Tensor) -> float:
-    return float(g.var(dim=0, unbiased=True).sum())
+    return float(g.double().var(dim=0, unbiased=True).sum())
+
+
+def _resampled_trace_var(gram: np.ndarray, idx: np.ndarray) -> float:
+    """``tr Cov`` of the rows ``idx`` (with repeats) from the Gram matrix of the rows:
+    ``(sum_i G_ii - sum_ij G_ij / n) / (n - 1)``."""
+    sub = gram[np.ix_(idx, idx)]
+    n = len(idx)
+    return float((np.trace(sub) - sub.sum() / n) / (n - 1))
 
 
 def ratio_interval(g: torch.Tensor, cost: np.ndarray, ref: torch.Tensor, ref_cost: np.ndarray, seed: int, draws: int) -> list[float]:
     """95% percentile bootstrap of ``(tr Cov(g) x mean cost) / (same for ref)``."""
     rng = np.random.default_rng(seed)
+    gram, ref_gram = (x.double() @ x.double().T for x in (g, ref))
+    gram, ref_gram = gram.numpy(), ref_gram.numpy()
     out = []
     for _ in range(draws):
         a = rng.integers(len(g), size=len(g))
         b = rng.integers(len(ref), size=len(ref))
-        out.append(trace_var(g[a]) * cost[a].mean() / (trace_var(ref[b]) * ref_cost[b].mean()))
-    return [float(np.percentile(out, 2.5)), float(np.percentile(out, 97.5))]
+        out.append(_resampled_trace_var(gram, a) * cost[a].mean() / (_resampled_trace_var(ref_gram, b) * ref_cost[b].mean()))
+    return [float(np.nanpercentile(out, 2.5)), float(np.nanpercentile(out, 97.5))]
 
 
 def branch_depths(algorithm: Algorithm, policy: Any, make: Callable[[], Any], batches: int) -> dict[str, int]:
@@ -81,6 +91,12 @@ def branch_depths(algorithm: Algorithm, policy: Any, make: Callable[[], Any], ba
         counts.update(n.depth for t in batch.trees for n in t.branch_nodes() if n is not t.root)
         algorithm.end_batch(batch)
     return {str(d): c for d, c in sorted(counts.items())}
+
+
+def save(results: dict[str, Any], out: Path, name: str, text: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    (out / ("README.md" if name == "siblings" else f"{name}.md")).write_text(text)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,7 +146,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["ratio_vs_rloo4_ci95"] = ratio_interval(g, cost, ref_g, ref_cost, args.seed + i, args.boot)
             row["matched_ratio_vs_rloo4"] = row["matched_trace_var"] / ref_row["matched_trace_var"]
         results["settings"][name] = {"about": setting["about"], "env": dict(setting["env"]), "configs": rows}
-    results["load_average_at_end"] = os.getloadavg()
+        results["load_average_at_end"] = os.getloadavg()
+        save(results, Path(args.out), "siblings", markdown(results))  # each setting as it finishes
     return results
 
 
@@ -142,6 +159,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     from bpo_algos.experiments.runner import env_factory, make_policy, task_split
     from bpo_algos.rollout import EnvPool
 
+    load_at_start = os.getloadavg()
     preset = PRESETS["cpu"]
     setup = preset.envs["webshop"]
     train, _ = task_split(setup)
@@ -194,7 +212,8 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
         "about": "batch-gradient trace variance at the CPU default's env-step budget, WebShop, warm-started text scorer, fixed policy",
         "args": vars(args),
         "env": {"id": setup.env_id, **setup.kwargs, "tasks": len(tasks), "budget_env_steps": budget.amount},
-        "load_average_at_start": os.getloadavg(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
         "configs": rows,
     }
 
@@ -252,11 +271,11 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/results/siblings")
-    parser.add_argument("--settings", nargs="+", default=["structured-d5", "agent-state-d8", "agent-like-d8"], choices=sorted(SETTINGS))
-    parser.add_argument("--batches", type=int, default=1000)
-    parser.add_argument("--budget-batches", type=int, default=150)
+    parser.add_argument("--settings", nargs="+", default=["structured-d5", "agent-state-d8"], choices=sorted(SETTINGS))
+    parser.add_argument("--batches", type=int, default=500)
+    parser.add_argument("--budget-batches", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--depth-batches", type=int, default=100, help="batches whose branch depths are counted")
+    parser.add_argument("--depth-batches", type=int, default=60, help="batches whose branch depths are counted")
     parser.add_argument("--boot", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
@@ -267,10 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.webshop:
         torch.manual_seed(args.seed)
         results = run_webshop(args)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "webshop.json").write_text(json.dumps(results, indent=1))
-        (out / "webshop.md").write_text(webshop_markdown(results))
+        save(results, Path(args.out), "webshop", webshop_markdown(results))
         print(webshop_markdown(results))
         return results
     if args.quick:
@@ -278,10 +294,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.settings = args.settings[:1]
     torch.manual_seed(args.seed)
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "siblings.json").write_text(json.dumps(results, indent=1))
-    (out / "README.md").write_text(markdown(results))
     print(markdown(results))
     return results
 
