@@ -10,7 +10,9 @@ the lowest gradient variance per env step.
 For depth ``d`` (steps from the root) over the window's inner branch nodes at ``d``:
 
 * ``eta(d) = 1 - mean_b Var(Q of b's children) / Var(R | task_b)``: the task variance is the
-  rule-3-weighted variance of the episode return over the window's trees of that task;
+  rule-3-weighted variance of the episode return over the window's trees of that task (with
+  distinct siblings the children's plain variance over-weights rare actions: a plug-in that only
+  steers where to branch, never the estimate);
 * ``cost(d)``: a tree that forks ``K`` at ``d`` spends ``(L + (K - 1)(L - d)) / K`` steps per leaf,
   ``L`` the mean episode length;
 * ``score(d)`` = the predicted ``Var(BPO) / Var(RLOO)`` at matched env steps for branching once
