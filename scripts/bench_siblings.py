@@ -4,7 +4,8 @@ For each TreeMDP setting of ``bpo-variance`` (a TreeMDP and a fixed tabular poli
 :data:`bpo_algos.experiments.variance.SETTINGS`) and each configuration: ``--batches`` one-tree
 gradient estimates at the fixed policy after ``--warmup`` batches (adaptive thresholds and the
 measured rule's plan settle on earlier batches, and keep updating while measured, as in
-training), and ``--budget-batches`` batches at the setting's env-step budget. Reported:
+training; a batch is one tree here, so the measured rules read 64 of them, about the trees of the
+default 8 training batches), and ``--budget-batches`` batches at the setting's env-step budget. Reported:
 
 * bias: z-scores of the mean against the exact gradient (true direction and 3 random ones);
 * ``trace_var_x_env_steps``: ``tr Cov(g)`` of one tree times its mean env steps (lower is better
@@ -45,6 +46,8 @@ from bpo_algos.experiments.variance import SETTINGS, exact_gradient, fixed_polic
 
 REFERENCE = "rloo-4"
 BASE = {"backbones": 2, "branch_factor": 4, "entropy_quantile": 0.8, "aggregation": "step-sum"}
+MEASURED = {"measure_window": 64}
+"""Here a batch is one tree; 64 of them are about the 8 training batches the default window reads."""
 
 
 def configurations() -> dict[str, Callable[[], Algorithm]]:
@@ -53,9 +56,9 @@ def configurations() -> dict[str, Callable[[], Algorithm]]:
         "bpo-entropy-iid": lambda: BPO(**BASE),
         "bpo-entropy-distinct": lambda: BPO(**BASE, siblings="distinct"),
         "bpo-entropy-distinct+backbones": lambda: BPO(**BASE, siblings="distinct", distinct_backbones=True),
-        "bpo-measured-iid": lambda: BPO(**BASE, branch_rule="measured"),
-        "bpo-entropy+measured-iid": lambda: BPO(**BASE, branch_rule="entropy+measured"),
-        "bpo-measured-distinct+backbones": lambda: BPO(**BASE, branch_rule="measured", siblings="distinct", distinct_backbones=True),
+        "bpo-measured-iid": lambda: BPO(**BASE, **MEASURED, branch_rule="measured"),
+        "bpo-entropy+measured-iid": lambda: BPO(**BASE, **MEASURED, branch_rule="entropy+measured"),
+        "bpo-measured-distinct+backbones": lambda: BPO(**BASE, **MEASURED, branch_rule="measured", siblings="distinct", distinct_backbones=True),
     }
 
 
