@@ -108,8 +108,8 @@ class BPOOptions(Options):
     branch_rule: str = "entropy"
     """Where to branch: ``entropy`` (decision entropy above the threshold), ``measured`` (the depth
     whose eta and fork cost, measured on earlier batches, predict the lowest variance per env step;
-    bpo_algos.branch_rule) or ``entropy+measured`` (the entropy rule, skipping depths measured with
-    eta <= 0)."""
+    bpo_algos.branch_rule) or ``entropy+measured`` (the entropy rule, skipping depths where that
+    prediction says a branch loses to RLOO)."""
     measure_window: int = 8
     """Earlier batches the measured rules read."""
     min_measured: int = 4

@@ -10,11 +10,18 @@ the lowest gradient variance per env step.
 For depth ``d`` (steps from the root) over the window's inner branch nodes at ``d``:
 
 * ``eta(d) = 1 - mean_b Var(Q of b's children) / Var(R | task_b)``: the task variance is the
-  rule-3-weighted variance of the episode return over the window's trees of that task;
+  rule-3-weighted variance of the episode return over the window's trees of that task (with
+  distinct siblings the children's plain variance over-weights rare actions: a plug-in that only
+  steers where to branch, never the estimate);
 * ``cost(d)``: a tree that forks ``K`` at ``d`` spends ``(L + (K - 1)(L - d)) / K`` steps per leaf,
   ``L`` the mean episode length;
 * ``score(d)`` = the predicted ``Var(BPO) / Var(RLOO)`` at matched env steps for branching once
-  at ``d`` with ``eta(d)`` and that cost (lower is better).
+  at ``d`` with ``eta(d)`` and that cost (lower is better), the gradient's score mass by depth
+  taken from the decision entropy by depth, estimated without extra passes as the mean
+  ``-log pi(a|h)`` of the recorded steps at each depth. The mass matters: ``eta`` is high just
+  after a decisive decision and near 0 at it (the children differ by that decision), yet a
+  branch at the decision is what gives it a baseline; only the steps after the branch point
+  gain the ``1 - eta`` (docs/mechanism.md).
 
 **The plan** (:meth:`DepthMeasure.plan`): a distribution ``q`` over depths ``1 .. L_max - 1``,
 ``(1 - explore)`` on the best-scored depth among those with at least ``min_measured`` branch
@@ -24,7 +31,8 @@ is measured. A path that may still branch branches at a node of depth ``d`` with
 the path's own random stream.
 
 ``"entropy+measured"``: the entropy rule, except at depths the window measured (at least
-``min_measured`` nodes) with ``eta(d) <= 0``, where the prefix explains nothing.
+``min_measured`` nodes) with ``score(d) > 1``, where the model predicts that a branch loses to
+independent trajectories.
 
 Rule 1 (docs/unbiasedness.md) holds for both: the decision at ``h`` uses ``h``'s depth and branch
 count, what earlier batches measured, and independent randomness, never the action sampled at
@@ -80,6 +88,9 @@ def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
         for node in tree.branch_nodes()
         if node is not tree.root and len(node.children) >= 2
     ]
+    surprise: dict[int, list[float]] = defaultdict(list)
+    for edge in tree.edges():
+        surprise[edge.parent.depth].append(-edge.action.logprob)
     return {
         "task": repr(tree.task_id),
         "m1": float(w @ r),
@@ -87,6 +98,7 @@ def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
         "length": float(w @ np.asarray(lengths, float)),
         "max_length": int(max(lengths, default=0)),
         "nodes": nodes,
+        "surprise": {d: (float(sum(v)), len(v)) for d, v in surprise.items()},
     }
 
 
@@ -127,6 +139,12 @@ class DepthMeasure:
             extra = m1.var(ddof=1) / len(m1) if len(m1) > 1 else 0.0
             task_var[task] = max(float(m2.mean() - m1.mean() ** 2 + extra), 0.0)
         length = float(np.mean([s["length"] for s in summaries]))
+        totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for s in summaries:
+            for depth, (total, count) in s["surprise"].items():
+                totals[int(depth)][0] += total
+                totals[int(depth)][1] += count
+        entropy_by_depth = {d: t / c for d, (t, c) in sorted(totals.items()) if c}
         within: dict[int, list[float]] = defaultdict(list)
         between: dict[int, list[float]] = defaultdict(list)
         for s in summaries:
@@ -145,6 +163,7 @@ class DepthMeasure:
                     prefix_explained=eta, prefix_explained_ci95=None, branch_nodes=len(within[depth]),
                     branch_depths={depth: 1}, fork_steps_per_leaf=per_leaf, independent_steps_per_trajectory=length,
                     zero_variance_groups=None, distinct_siblings=None, tasks_per_update=0.0,
+                    entropy_by_depth=entropy_by_depth,
                 )
                 score = predict_variance_ratio(m, backbones=backbones, branch_factor=k, group_size=4, horizon=max(int(round(length)), depth + 1))
             out[depth] = DepthStats(len(within[depth]), eta, per_leaf, score)
@@ -159,7 +178,7 @@ class DepthMeasure:
             return
         table = self.table(branch_factor, backbones)
         measured = {d: st for d, st in table.items() if st.nodes >= self.min_measured and st.score is not None}
-        self._vetoed = {d for d, st in table.items() if st.nodes >= self.min_measured and st.eta is not None and st.eta <= 0}
+        self._vetoed = {d for d, st in measured.items() if st.score > 1.0}
         uniform = 1.0 / len(depths)
         if not measured:
             self._q = {d: uniform for d in depths}
@@ -178,7 +197,7 @@ class DepthMeasure:
         return min(q.get(depth, 0.0) / tail, 1.0) if tail > 0 else 0.0
 
     def vetoed(self, depth: int) -> bool:
-        """Whether the window measured ``eta <= 0`` at ``depth`` (``"entropy+measured"``)."""
+        """Whether the window predicts that a branch at ``depth`` loses (``"entropy+measured"``)."""
         return depth in self._vetoed
 
     def state_dict(self) -> dict[str, Any]:

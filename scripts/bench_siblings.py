@@ -4,7 +4,8 @@ For each TreeMDP setting of ``bpo-variance`` (a TreeMDP and a fixed tabular poli
 :data:`bpo_algos.experiments.variance.SETTINGS`) and each configuration: ``--batches`` one-tree
 gradient estimates at the fixed policy after ``--warmup`` batches (adaptive thresholds and the
 measured rule's plan settle on earlier batches, and keep updating while measured, as in
-training), and ``--budget-batches`` batches at the setting's env-step budget. Reported:
+training; a batch is one tree here, so the measured rules read 64 of them, about the trees of the
+default 8 training batches), and ``--budget-batches`` batches at the setting's env-step budget. Reported:
 
 * bias: z-scores of the mean against the exact gradient (true direction and 3 random ones);
 * ``trace_var_x_env_steps``: ``tr Cov(g)`` of one tree times its mean env steps (lower is better
@@ -12,7 +13,7 @@ training), and ``--budget-batches`` batches at the setting's env-step budget. Re
   estimates of both);
 * the same at the matched budget (``matched_trace_var``), and where the configuration branched.
 
-    python scripts/bench_siblings.py --out docs/results/siblings           # ~10 min on 2 cores
+    python scripts/bench_siblings.py --out docs/results/siblings           # ~25 min on 2 shared cores
     python scripts/bench_siblings.py --quick --out /tmp/siblings           # ~1 min
 
 ``--webshop``: instead, WebShop with the CPU default's policy (the text scorer, warm-started by
@@ -45,6 +46,8 @@ from bpo_algos.experiments.variance import SETTINGS, exact_gradient, fixed_polic
 
 REFERENCE = "rloo-4"
 BASE = {"backbones": 2, "branch_factor": 4, "entropy_quantile": 0.8, "aggregation": "step-sum"}
+MEASURED = {"measure_window": 64}
+"""Here a batch is one tree; 64 of them are about the 8 training batches the default window reads."""
 
 
 def configurations() -> dict[str, Callable[[], Algorithm]]:
@@ -53,25 +56,35 @@ def configurations() -> dict[str, Callable[[], Algorithm]]:
         "bpo-entropy-iid": lambda: BPO(**BASE),
         "bpo-entropy-distinct": lambda: BPO(**BASE, siblings="distinct"),
         "bpo-entropy-distinct+backbones": lambda: BPO(**BASE, siblings="distinct", distinct_backbones=True),
-        "bpo-measured-iid": lambda: BPO(**BASE, branch_rule="measured"),
-        "bpo-entropy+measured-iid": lambda: BPO(**BASE, branch_rule="entropy+measured"),
-        "bpo-measured-distinct+backbones": lambda: BPO(**BASE, branch_rule="measured", siblings="distinct", distinct_backbones=True),
+        "bpo-measured-iid": lambda: BPO(**BASE, **MEASURED, branch_rule="measured"),
+        "bpo-entropy+measured-iid": lambda: BPO(**BASE, **MEASURED, branch_rule="entropy+measured"),
+        "bpo-measured-distinct+backbones": lambda: BPO(**BASE, **MEASURED, branch_rule="measured", siblings="distinct", distinct_backbones=True),
     }
 
 
 def trace_var(g: torch.Tensor) -> float:
-    return float(g.var(dim=0, unbiased=True).sum())
+    return float(g.double().var(dim=0, unbiased=True).sum())
+
+
+def _resampled_trace_var(gram: np.ndarray, idx: np.ndarray) -> float:
+    """``tr Cov`` of the rows ``idx`` (with repeats) from the Gram matrix of the rows:
+    ``(sum_i G_ii - sum_ij G_ij / n) / (n - 1)``."""
+    sub = gram[np.ix_(idx, idx)]
+    n = len(idx)
+    return float((np.trace(sub) - sub.sum() / n) / (n - 1))
 
 
 def ratio_interval(g: torch.Tensor, cost: np.ndarray, ref: torch.Tensor, ref_cost: np.ndarray, seed: int, draws: int) -> list[float]:
     """95% percentile bootstrap of ``(tr Cov(g) x mean cost) / (same for ref)``."""
     rng = np.random.default_rng(seed)
+    gram, ref_gram = (x.double() @ x.double().T for x in (g, ref))
+    gram, ref_gram = gram.numpy(), ref_gram.numpy()
     out = []
     for _ in range(draws):
         a = rng.integers(len(g), size=len(g))
         b = rng.integers(len(ref), size=len(ref))
-        out.append(trace_var(g[a]) * cost[a].mean() / (trace_var(ref[b]) * ref_cost[b].mean()))
-    return [float(np.percentile(out, 2.5)), float(np.percentile(out, 97.5))]
+        out.append(_resampled_trace_var(gram, a) * cost[a].mean() / (_resampled_trace_var(ref_gram, b) * ref_cost[b].mean()))
+    return [float(np.nanpercentile(out, 2.5)), float(np.nanpercentile(out, 97.5))]
 
 
 def branch_depths(algorithm: Algorithm, policy: Any, make: Callable[[], Any], batches: int) -> dict[str, int]:
@@ -81,6 +94,12 @@ def branch_depths(algorithm: Algorithm, policy: Any, make: Callable[[], Any], ba
         counts.update(n.depth for t in batch.trees for n in t.branch_nodes() if n is not t.root)
         algorithm.end_batch(batch)
     return {str(d): c for d, c in sorted(counts.items())}
+
+
+def save(results: dict[str, Any], out: Path, name: str, text: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1))
+    (out / ("README.md" if name == "siblings" else f"{name}.md")).write_text(text)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,7 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["ratio_vs_rloo4_ci95"] = ratio_interval(g, cost, ref_g, ref_cost, args.seed + i, args.boot)
             row["matched_ratio_vs_rloo4"] = row["matched_trace_var"] / ref_row["matched_trace_var"]
         results["settings"][name] = {"about": setting["about"], "env": dict(setting["env"]), "configs": rows}
-    results["load_average_at_end"] = os.getloadavg()
+        results["load_average_at_end"] = os.getloadavg()
+        save(results, Path(args.out), "siblings", markdown(results))  # each setting as it finishes
     return results
 
 
@@ -142,6 +162,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     from bpo_algos.experiments.runner import env_factory, make_policy, task_split
     from bpo_algos.rollout import EnvPool
 
+    load_at_start = os.getloadavg()
     preset = PRESETS["cpu"]
     setup = preset.envs["webshop"]
     train, _ = task_split(setup)
@@ -194,7 +215,8 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
         "about": "batch-gradient trace variance at the CPU default's env-step budget, WebShop, warm-started text scorer, fixed policy",
         "args": vars(args),
         "env": {"id": setup.env_id, **setup.kwargs, "tasks": len(tasks), "budget_env_steps": budget.amount},
-        "load_average_at_start": os.getloadavg(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
         "configs": rows,
     }
 
@@ -252,11 +274,11 @@ def markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/results/siblings")
-    parser.add_argument("--settings", nargs="+", default=["structured-d5", "agent-state-d8", "agent-like-d8"], choices=sorted(SETTINGS))
-    parser.add_argument("--batches", type=int, default=1000)
-    parser.add_argument("--budget-batches", type=int, default=150)
+    parser.add_argument("--settings", nargs="+", default=["structured-d5", "agent-state-d8"], choices=sorted(SETTINGS))
+    parser.add_argument("--batches", type=int, default=500)
+    parser.add_argument("--budget-batches", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--depth-batches", type=int, default=100, help="batches whose branch depths are counted")
+    parser.add_argument("--depth-batches", type=int, default=60, help="batches whose branch depths are counted")
     parser.add_argument("--boot", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
@@ -267,10 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.webshop:
         torch.manual_seed(args.seed)
         results = run_webshop(args)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "webshop.json").write_text(json.dumps(results, indent=1))
-        (out / "webshop.md").write_text(webshop_markdown(results))
+        save(results, Path(args.out), "webshop", webshop_markdown(results))
         print(webshop_markdown(results))
         return results
     if args.quick:
@@ -278,10 +297,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.settings = args.settings[:1]
     torch.manual_seed(args.seed)
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "siblings.json").write_text(json.dumps(results, indent=1))
-    (out / "README.md").write_text(markdown(results))
     print(markdown(results))
     return results
 
