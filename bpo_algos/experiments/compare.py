@@ -74,6 +74,7 @@ from bpo_algos.experiments.runner import (
     build_algorithm,
     initial_dir,
     initial_job,
+    option_kinds,
     run_dir,
     run_one,
     task_order,
@@ -118,21 +119,6 @@ def option_classes() -> dict[str, type[Options]]:
         if cls is not None and cls.Options.field_names():
             found.setdefault(cls.name, cls.Options)
     return found
-
-
-def option_kinds(names: Any, preset: Preset | None = None) -> dict[str, str | None]:
-    """``{registered name: the kind of algorithm whose options it takes}`` (``bpo-anchored``:
-    ``bpo``; the controls ``frozen`` and ``rloo-2x``: the algorithm they collect as, ``rloo``;
-    None for a factory that is no Algorithm subclass)."""
-    kinds: dict[str, str | None] = {}
-    for name in names:
-        factory = algorithm_factory(name)
-        options_of = getattr(factory, "options_of", None)  # a wrapper: the wrapped algorithm's options
-        if callable(options_of):
-            factory = algorithm_factory(options_of((preset.algorithm_options if preset else {}).get(name, {})))
-        cls = algorithm_class(factory)
-        kinds[name] = cls.name if cls is not None else None
-    return kinds
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:

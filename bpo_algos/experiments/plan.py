@@ -41,6 +41,7 @@ from bpo_algos.experiments.runner import (
     eval_points,
     evaluate_episodes,
     make_policy,
+    option_kinds,
     probes_on,
     task_split,
     trainer_config,
@@ -117,8 +118,6 @@ def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
     tuning = preset.tuning
     if tuning is None or not tuning.tunes(env):
         return {"tuning": [], "defaults": []}
-    from bpo_algos.experiments.compare import option_kinds
-
     kinds = option_kinds(preset.algorithms, preset)
     tuned = [k for k in dict.fromkeys(kinds.values()) if k in tuning.grids]
     runs_as = {k: next(a for a, kind in kinds.items() if kind == k) for k in tuned}

@@ -167,6 +167,21 @@ def algorithm_class(factory: Any) -> type[Algorithm] | None:
     return factory if isinstance(factory, type) and issubclass(factory, Algorithm) else None
 
 
+def option_kinds(names: Any, preset: Preset | None = None) -> dict[str, str | None]:
+    """``{registered name: the kind of algorithm whose options it takes}`` (``bpo-anchored``:
+    ``bpo``; the controls ``frozen`` and ``rloo-2x``: the algorithm they collect as, ``rloo``;
+    None for a factory that is no Algorithm subclass)."""
+    kinds: dict[str, str | None] = {}
+    for name in names:
+        factory = algorithm_factory(name)
+        options_of = getattr(factory, "options_of", None)  # a wrapper: the wrapped algorithm's options
+        if callable(options_of):
+            factory = algorithm_factory(options_of((preset.algorithm_options if preset else {}).get(name, {})))
+        cls = algorithm_class(factory)
+        kinds[name] = cls.name if cls is not None else None
+    return kinds
+
+
 def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = None) -> dict[str, Any]:
     """The options the main job builds algorithm ``name`` with.
 
