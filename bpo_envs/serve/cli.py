@@ -15,7 +15,7 @@ import socket
 import sys
 from typing import Any
 
-from bpo_envs.serve.app import ServeConfig, create_app
+from bpo_envs.serve.app import ServeConfig, ServedApp, create_app
 from bpo_envs.serve.snapshots import DEFAULT_CAP
 
 TOKEN_VARIABLE = "BPO_SERVE_TOKEN"
@@ -33,6 +33,35 @@ def parse_env_kwargs(words: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             kwargs[key] = value
     return kwargs
+
+
+def app_from_environ(env_id: str) -> ServedApp:
+    """The app of ``env_id`` configured from the environment, for a container's
+    ``server/app.py`` (deploy/openenv/): ``$BPO_ENV_KWARGS`` (JSON), ``$BPO_MAX_SESSIONS``,
+    ``$BPO_SERVE_TOKEN``."""
+    config = ServeConfig(
+        env_id=env_id,
+        env_kwargs=json.loads(os.environ.get("BPO_ENV_KWARGS") or "{}"),
+        max_sessions=int(os.environ.get("BPO_MAX_SESSIONS") or 64),
+        token=os.environ.get(TOKEN_VARIABLE) or None,
+    )
+    return create_app(config)
+
+
+def run(app: ServedApp, host: str, port: int, max_message_bytes: int = 1 << 20, log_level: str = "warning") -> None:
+    """Serve ``app`` with uvicorn on ``host:port`` (``port`` 0: a free one), printing the URL."""
+    import uvicorn
+
+    sock = socket.create_server((host, port))  # bound before uvicorn: --port 0 works
+    host, port = sock.getsockname()[:2]
+    uv_config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        ws_max_size=4 * max_message_bytes,  # the hard cap; under it the app answers an error
+        ws_per_message_deflate=False,  # compressing small text frames costs more than it saves
+    )
+    print(f"serving {app.server.config.env_id} at http://{host}:{port}", flush=True)
+    uvicorn.Server(uv_config).run(sockets=[sock])
 
 
 def _seconds_or_none(text: str) -> float | None:
@@ -57,8 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
     args = build_parser().parse_intermixed_args(argv)
     try:
         config = ServeConfig(
@@ -74,19 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:
         sys.exit(f"bpo-serve: {exc}")
-    app = create_app(config)
-    sock = socket.create_server((args.host, args.port))  # bound before uvicorn: --port 0 works
-    host, port = sock.getsockname()[:2]
-    uv_config = uvicorn.Config(
-        app,
-        log_level=args.log_level,
-        ws_max_size=4 * config.max_message_bytes,  # the hard cap; under it the app answers an error
-        ws_per_message_deflate=False,  # compressing small text frames costs more than it saves
-    )
-    server = uvicorn.Server(uv_config)
-    print(f"serving {config.env_id} at http://{host}:{port}", flush=True)
-    server.run(sockets=[sock])
-
+    run(create_app(config), args.host, args.port, config.max_message_bytes, args.log_level)
 
 if __name__ == "__main__":
     main()
