@@ -219,6 +219,9 @@ class Algorithm:
     unbiased: bool = True
     """Whether the expected gradient estimate is the policy gradient (docs/unbiasedness.md); the
     main job compares a biased estimator's mean gradient with an unbiased reference."""
+    budget_multiple: float = 1.0
+    """The multiple of the comparison's per-update budget this algorithm collects with (the main
+    job's calibration control ``rloo-2x``: 2; every real algorithm: 1)."""
 
     def __init__(self, options: Options | None = None, *, shared: AlgorithmConfig | None = None, seed: int = 0, **kwargs: Any) -> None:
         if options is not None and not isinstance(options, self.Options):
@@ -252,6 +255,10 @@ class Algorithm:
 
     def fork_count(self, path: PathState, entropy: float | None) -> int:
         return 1
+
+    def draws_distinct(self, path: PathState) -> bool:
+        """Whether a fork here draws distinct actions (docs/unbiasedness.md, rule 7); i.i.d. by default."""
+        return False
 
     trees_per_task: int = 1
     """Trees the engine builds per task index (Tree-GRPO: ``m``)."""

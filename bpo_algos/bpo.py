@@ -20,8 +20,15 @@ Unbiasedness (docs/unbiasedness.md, rules 1-4):
    draw uses nothing of the action sampled at ``h`` or of what follows, so rule 1 holds
    (docs/unbiasedness.md, rules 1 and 6); a strict ``>`` would stop branching altogether where
    the quantile sits on a shared value.
-2. Siblings are i.i.d. samples, never deduplicated.
-3. Weights: a step's weight is ``prod 1/K_b`` over the branch nodes above it (root: ``1/K0``).
+   With ``branch_rule="measured"`` (or ``"entropy+measured"``) the decision uses, instead of
+   (or besides) the entropy, the depth's ``eta`` and fork cost measured on the previous
+   ``measure_window`` batches and a coin from the path's stream (:mod:`bpo_algos.branch_rule`):
+   again nothing of the action at ``h``.
+2. Siblings are i.i.d. samples, never deduplicated; with ``siblings="distinct"`` (rule 7) they
+   are ``K`` different actions drawn without replacement (``distinct_backbones``: the root's
+   ``K0`` too), weighted by the unordered-set construction of :mod:`bpo_algos.siblings`.
+3. Weights: a step's weight is ``prod 1/K_b`` over the branch nodes above it (root: ``1/K0``);
+   at a distinct node ``w_S(s)`` instead of ``1/K`` (:func:`bpo_algos.siblings.finalize_distinct`).
 4. Advantage: ``A_t = G_k(t) - mean_{j != k} G_j`` from the nearest branch node
    (:func:`bpo_algos.advantages.bpo_advantages`); with ``baseline="anchored"`` or
    ``"anchored+history"``, the state-anchored baseline of rule 6 where a step has same-key
@@ -48,7 +55,9 @@ import numpy as np
 
 from bpo_algos.advantages import AnchorKey, BaselineChoice
 from bpo_algos.algorithm import Algorithm, Batch, Options
+from bpo_algos.branch_rule import BRANCH_RULES, DepthMeasure
 from bpo_algos.rollout import PathState
+from bpo_algos.siblings import SIBLINGS, finalize_distinct
 from bpo_algos.tree import RolloutTree
 from bpo_envs.validation import check_count
 
@@ -90,6 +99,23 @@ class BPOOptions(Options):
     """Earlier batches pooled by ``anchored+history``."""
     min_matches: int = 1
     """The anchored baselines use a pool of at least this many same-key edges, else rule 4's."""
+    siblings: str = "iid"
+    """``iid`` (rule 2) or ``distinct``: the ``K`` actions of an inner branch point are different,
+    drawn without replacement, with the unordered-set weights of rule 7 (needs a policy over
+    enumerable admissible actions, a ChoicePolicy)."""
+    distinct_backbones: bool = False
+    """Draw the root's ``K0`` backbones without replacement too (rule 7)."""
+    branch_rule: str = "entropy"
+    """Where to branch: ``entropy`` (decision entropy above the threshold), ``measured`` (the depth
+    whose eta and fork cost, measured on earlier batches, predict the lowest variance per env step;
+    bpo_algos.branch_rule) or ``entropy+measured`` (the entropy rule, skipping depths where that
+    prediction says a branch loses to RLOO)."""
+    measure_window: int = 8
+    """Earlier batches the measured rules read."""
+    min_measured: int = 4
+    """Branch nodes a depth needs in the window before the measured rules trust its eta."""
+    measure_explore: float = 0.25
+    """Share of the measured rule's branch points spread uniformly over depths (keeps them measured)."""
 
     def __post_init__(self) -> None:
         check_count("backbones", self.backbones, 2)
@@ -108,6 +134,23 @@ class BPOOptions(Options):
             raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         check_count("history_window", self.history_window, 1)
         check_count("min_matches", self.min_matches, 1)
+        if self.siblings not in SIBLINGS:
+            raise ValueError(f"siblings must be one of {SIBLINGS}, got {self.siblings!r}")
+        if not isinstance(self.distinct_backbones, bool):
+            raise ValueError(f"distinct_backbones must be a bool, got {self.distinct_backbones!r}")
+        if self.distinct and self.baseline != "tree":
+            raise ValueError("distinct siblings (rule 7) come with the tree baseline only (baseline='tree')")
+        if self.branch_rule not in BRANCH_RULES:
+            raise ValueError(f"branch_rule must be one of {BRANCH_RULES}, got {self.branch_rule!r}")
+        check_count("measure_window", self.measure_window, 1)
+        check_count("min_measured", self.min_measured, 1)
+        if not 0.0 <= self.measure_explore <= 1.0:
+            raise ValueError(f"measure_explore must be in [0, 1], got {self.measure_explore}")
+
+    @property
+    def distinct(self) -> bool:
+        """Whether any branch node draws without replacement (rule 7)."""
+        return self.siblings == "distinct" or self.distinct_backbones
 
 
 class BPO(Algorithm):
@@ -130,26 +173,51 @@ class BPO(Algorithm):
         """The threshold in force for the next batch."""
         self.tie_probability = 0.0
         """Probability of branching at an entropy equal to the adaptive threshold (0 when fixed)."""
+        self.depths = DepthMeasure(o.measure_window, o.min_measured, o.measure_explore)
+        """What earlier batches measured by depth (the measured branch rules)."""
 
     @property
     def root_branches(self) -> int:  # type: ignore[override]
         return self.options.backbones
 
     def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
-        """Rule 4's ``bpo`` estimator; with an anchored baseline, ``anchored`` (rule 6) falling
-        back to ``bpo`` where a step has no same-key edges."""
+        """Rule 4's ``bpo`` estimator (``bpo-distinct`` with distinct siblings, rule 7); with an
+        anchored baseline, ``anchored`` (rule 6) falling back to ``bpo`` where a step has no
+        same-key edges."""
+        if self.options.distinct:
+            return "bpo-distinct", self._distinct_where()
         if not self.baseline_choice.anchored:
             return "bpo", {}
         return "anchored", self.baseline_choice.anchored_options(fallback="bpo")
 
+    def _distinct_where(self) -> dict[str, bool]:
+        return {"distinct_root": self.distinct_backbones, "distinct_inner": self.siblings == "distinct"}
+
+    def draws_distinct(self, path: PathState) -> bool:
+        return self.distinct_backbones if path.is_root else self.siblings == "distinct"
+
+    def finish_trees(self, trees: list[RolloutTree]) -> None:
+        """With distinct siblings, rule 7's weights and values replace rule 3's."""
+        if self.options.distinct:
+            for tree in trees:
+                finalize_distinct(tree, **self._distinct_where())
+
     def wants_entropy(self, path: PathState) -> bool:
         if path.level >= self.max_depth or self.max_branch_points == 0:
             return False
+        if self.branch_rule == "measured" and self.depths.ready:
+            return False  # the measured rule needs no entropy (the first batch uses the entropy rule)
         # "all": also past the M-th branch point, for the adaptive threshold's sample
         return self.scoring == "all" or path.branch_points < self.max_branch_points
 
     def fork_count(self, path: PathState, entropy: float | None) -> int:
-        if path.level >= self.max_depth or path.branch_points >= self.max_branch_points or entropy is None:
+        if path.level >= self.max_depth or path.branch_points >= self.max_branch_points:
+            return 1
+        depth = path.node.depth
+        if self.branch_rule == "measured" and self.depths.ready:
+            # rule 1: the depth (part of h), earlier batches' plan and the path's own coin
+            return self.branch_factor if path.random.random() < self.depths.branch_probability(depth) else 1
+        if entropy is None or (self.branch_rule == "entropy+measured" and self.depths.vetoed(depth)):
             return 1
         if _ties(entropy, self.threshold):
             # independent randomness (rule 1): nothing of the action at this decision point
@@ -176,6 +244,8 @@ class BPO(Algorithm):
 
     def end_batch(self, batch: Batch) -> None:
         self.baseline_choice.end_batch(batch.trees)
+        if self.branch_rule != "entropy":
+            self.depths.record(batch.trees, self.backbones, self.branch_factor)
         if self.entropy_threshold is not None or not batch.entropies:
             return
         self._history.append(list(batch.entropies))
@@ -194,6 +264,7 @@ class BPO(Algorithm):
             "history": list(self._history),
             "tie_probability": self.tie_probability,
             "baseline": self.baseline_choice.state_dict(),
+            "depths": self.depths.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -202,6 +273,7 @@ class BPO(Algorithm):
         self._history = deque(state["history"], maxlen=self.options.threshold_window)
         self.tie_probability = state.get("tie_probability", 0.0)
         self.baseline_choice.load_state_dict(state.get("baseline", {}))
+        self.depths.load_state_dict(state.get("depths", {}))
 
 
 # the registered variants (entry points of the ``bpo_algos.algorithms`` group, pyproject.toml)

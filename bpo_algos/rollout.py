@@ -8,7 +8,8 @@ decision entropy and how many actions to sample there given that entropy. The en
 2. asks ``policy.decision_entropy`` for the paths the topology wants it for (before any
    sampling: docs/unbiasedness.md, rule 1), lets the topology choose ``n`` per path;
 3. samples ``n`` i.i.d. actions per path (one batched ``policy.sample`` call per distinct
-   ``n``; rule 2: never deduplicated);
+   ``n``; rule 2: never deduplicated), or, where the topology ``draws_distinct`` there, up to
+   ``n`` different ones (``policy.sample_distinct``; rule 7);
 4. where ``n > 1``, snapshots the env (a branch node) and queues ``n - 1`` sibling paths, each
    carrying its already-sampled action and the snapshot; the path itself continues with the
    first sample, so the backbone's own action is one of the siblings;
@@ -111,6 +112,12 @@ class Topology(Protocol):
 
     def fork_count(self, path: PathState, entropy: float | None) -> int:
         """How many i.i.d. actions to sample here (1 = no branch). Must not look at actions."""
+        ...
+
+    def draws_distinct(self, path: PathState) -> bool:
+        """Whether the ``n > 1`` actions at this path's current node are drawn without
+        replacement (``policy.sample_distinct``: at most ``n``, all different; docs/unbiasedness.md,
+        rule 7) rather than i.i.d. Asked only where ``n > 1``."""
         ...
 
     # Optional (read with getattr): ``snapshot_nodes: bool`` (snapshot every decision node
@@ -339,14 +346,17 @@ class RolloutEngine:
             for path, h in zip(need_h, values, strict=True):
                 path.node.entropy = float(h)
                 entropies.append(float(h))
-        groups: dict[int, list[PathState]] = {}
+        groups: dict[tuple[int, bool], list[PathState]] = {}
         for path in deciding:
             n = topology.root_branches if path.is_root else topology.fork_count(path, path.node.entropy)
             if n < 1:
                 raise ValueError(f"branch factor must be >= 1, got {n}")
-            groups.setdefault(n, []).append(path)
-        for n, paths in groups.items():
-            if self._sample_rngs:
+            groups.setdefault((n, n > 1 and topology.draws_distinct(path)), []).append(path)
+        for (n, distinct), paths in groups.items():
+            if distinct:  # rule 7: at most n different actions (fewer where fewer are admissible)
+                def call(paths: list[PathState] = paths, n: int = n) -> Any:
+                    return self._policy.sample_distinct([p.context for p in paths], n, rngs=[p.random for p in paths])
+            elif self._sample_rngs:
                 def call(paths: list[PathState] = paths, n: int = n) -> Any:
                     return self._policy.sample([p.context for p in paths], n, rngs=[p.random for p in paths])
             else:
@@ -354,11 +364,11 @@ class RolloutEngine:
                     return self._policy.sample([p.context for p in paths], n)
             samples = self._call(paths, call)
             for path, actions in zip(paths, samples, strict=True):
-                if len(actions) != n:
+                if len(actions) != n and not (distinct and 1 <= len(actions) < n):
                     raise RuntimeError(f"policy returned {len(actions)} samples, asked for {n}")
                 self._charge(path.build, gen_tokens=sum(len(a.token_ids) for a in actions))
                 path.pending = actions[0]
-                if n > 1:
+                if len(actions) > 1:
                     self._fork(path, actions, waiting)
 
         stepping = [p for p in ready if p.env is not None]

@@ -217,6 +217,18 @@ class PolicyBase:
             rows = generate(contexts, m)
         return [plugin_entropy([parse(a.text) for a in row]) for row in rows]
 
+    def sample_distinct(
+        self, contexts: Sequence[Context], k: int, rngs: Sequence[np.random.Generator] | None = None
+    ) -> list[list[Action]]:
+        """``min(k, |A(h)|)`` distinct actions per context, without replacement, for
+        ``siblings="distinct"`` (docs/unbiasedness.md, rule 7). Its weights need every action's
+        probability, so only a policy over enumerable admissible actions
+        (:class:`~bpo_algos.policy.choice.ChoicePolicy`) implements it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot draw distinct siblings: siblings='distinct' needs a policy over "
+            "enumerable admissible actions (a ChoicePolicy, e.g. TabularPolicy or ScorerPolicy); use siblings='iid'"
+        )
+
     def reference_token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
         """Per-token log-probs under the reference policy (for the k3 KL), no gradient."""
         raise NotImplementedError(f"{type(self).__name__} has no reference policy")

@@ -31,6 +31,17 @@ def context_key(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest(), "big")
 
 
+def gumbel_top_k(logp: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``min(k, n)`` distinct draws without replacement from ``exp(logp)``, in draw
+    order (Gumbel-top-k)."""
+    logp = np.asarray(logp, dtype=np.float64)
+    keys = logp + rng.gumbel(size=logp.shape)
+    keys[~np.isfinite(logp)] = -np.inf  # zero-probability actions are never drawn
+    order = np.argsort(-keys, kind="stable")
+    return order[: min(int(k), int(np.isfinite(logp).sum()))]
+
+
+
 class ChoicePolicy(PolicyBase, nn.Module):
     """Base class of the policies that pick one of the admissible actions.
 
@@ -110,6 +121,34 @@ class ChoicePolicy(PolicyBase, nn.Module):
             out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks])
             self.meter.gen_tokens += n
             # the forward pass behind the softmax: the context and every candidate, as a scoring pass
+            self.meter.prefill_tokens += 1 + len(actions)
+        self.meter.policy_calls += 1
+        return out
+
+    def sample_distinct(
+        self, contexts: Sequence[Context], k: int, rngs: Sequence[np.random.Generator] | None = None
+    ) -> list[list[Action]]:
+        """``min(k, |A(h)|)`` distinct actions per context, drawn without replacement (Gumbel-top-k,
+        in draw order: the first is a plain sample from ``pi``), for ``siblings="distinct"``
+        (docs/unbiasedness.md, rule 7). Log-probs in float64: the set weights read the mass of
+        the actions not drawn from them (:func:`bpo_algos.siblings.node_set`)."""
+        check_count("k", k)
+        contexts = [as_context(c) for c in contexts]
+        if not contexts:
+            return []
+        if rngs is not None and len(rngs) != len(contexts):
+            raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
+        for context in contexts:
+            self._admissible(context)
+        with torch.no_grad():
+            all_logp = [torch.log_softmax(s.double() / self.temperature, dim=-1).numpy() for s in self.scores(contexts)]
+        out: list[list[Action]] = []
+        for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
+            actions = self._admissible(context)
+            picks = gumbel_top_k(logp, k, self._rng if rngs is None else rngs[i])
+            prompt = (context_key(context.observation),)
+            out.append([Action(actions[j], (int(j),), (float(logp[j]),), None, prompt) for j in picks])
+            self.meter.gen_tokens += len(picks)
             self.meter.prefill_tokens += 1 + len(actions)
         self.meter.policy_calls += 1
         return out

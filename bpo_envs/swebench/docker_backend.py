@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.core import SnapshotError
 from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-exported
     MIN_FREE_DISK_BYTES,
     DaemonUnavailableError,
@@ -210,6 +211,27 @@ def _retry_pending_images() -> None:
         _pending_images.clear()
     for client, name in todo:
         _remove_image(client, name)
+
+
+def check_testbed_archive(data: Any) -> None:
+    """Raise ``SnapshotError`` unless ``data`` is a tar of ``testbed/`` only: regular files,
+    folders and links whose names stay inside it, no devices (portable bytes may come from
+    elsewhere, and ``put_archive`` writes at the container's root)."""
+    if not isinstance(data, bytes):
+        raise SnapshotError("portable bytes: a docker SWE-bench state holds a tar of /testbed")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, EOFError) as exc:
+        raise SnapshotError(f"portable bytes: the /testbed archive is not a tar ({exc})") from None
+    for m in members:
+        inside = [m.name] + ([m.linkname] if m.islnk() else [])
+        for name in inside:
+            parts = Path(name).parts
+            if name.startswith("/") or ".." in parts or not parts or parts[0] != "testbed":
+                raise SnapshotError(f"portable bytes: {name!r} in the archive is outside testbed/")
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            raise SnapshotError(f"portable bytes: {m.name!r} in the archive is a device or fifo")
 
 
 def _tracked(client: Any, name: str) -> DockerState:
@@ -689,6 +711,7 @@ class DockerBackend:
             self._remove(box)
 
     def from_portable(self, data: bytes, row: dict[str, Any]) -> DockerState:
+        check_testbed_archive(data)  # the row names the image; the bytes only the files of /testbed
         box = self._start(self.instance_image(row))
         try:
             docker_call(box.exec_run, ["rm", "-rf", "/testbed"])

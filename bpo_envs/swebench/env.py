@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_envs.core import SnapshotEnv
+from bpo_envs.core import SnapshotEnv, SnapshotError
 from bpo_envs.swebench import harness
 from bpo_envs.swebench.instances import load_instances
 from bpo_envs.swebench.local import SandboxLimits
@@ -352,6 +352,8 @@ class SWEBenchEnv(SnapshotEnv):
         return task_id, self._backend.portable(state, self._rows[task_id])
 
     def _task_state_from_portable(self, obj: Any) -> Any:
+        if not (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and obj[0] in self._rows):
+            raise SnapshotError("portable bytes: not a state of one of this env's instances")
         task_id, data = obj
         return task_id, self._backend.from_portable(data, self._rows[task_id])
 
