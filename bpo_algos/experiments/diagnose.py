@@ -47,7 +47,7 @@ from bpo_algos import Budget, TabularPolicy
 from bpo_algos.algorithm import Batch
 from bpo_algos.diagnostics import flat_gradient
 from bpo_algos.experiments.presets import PRESETS, EnvSetup, Preset
-from bpo_algos.experiments.regime import CONFIGS, SHAPES
+from bpo_algos.experiments.regime import CONFIGS, SHAPES, task_gradient_spread
 from bpo_algos.experiments.runner import env_factory, make_policy, task_split
 from bpo_algos.mechanism import (
     Mechanism,
@@ -140,16 +140,9 @@ def exact_checks(env: TreeMDPEnv, policy: Any, mechanisms: dict[str, Mechanism],
     for name, m in mechanisms.items():
         depths = [d for d, n in m.branch_depths.items() for _ in range(n)]
         out["prefix_explained"][name] = exact_prefix_explained(env, policy, depths, tasks) if depths else None
-    rows = []
-    for task in tasks:
-        policy.zero_grad()
-        env.expected_return(policy.log_probs, task).backward()
-        rows.append(flat_gradient([p for p in policy.parameters() if p.requires_grad]).double().numpy())
-    policy.zero_grad()
-    width = max(len(r) for r in rows)
-    g = np.stack([np.pad(r, (0, width - len(r))) for r in rows])
     n = len(tasks)
-    out["task_gradient_spread"] = float(g.var(axis=0).sum()) * (n - per_update) / max((n - 1) * per_update, 1e-9)
+    spread = task_gradient_spread(env, policy, tasks)
+    out["task_gradient_spread"] = spread * (n - per_update) / max((n - 1) * per_update, 1e-9)
     return out
 
 

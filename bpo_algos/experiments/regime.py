@@ -179,18 +179,18 @@ def gradient_batches(cell: Cell, config: str, n: int, warmup: int, pool: EnvPool
     return np.stack(grads), batches
 
 
-def task_gradient_spread(cell: Cell) -> float:
-    """``tr Cov_t(grad J_t)`` over the cell's tasks at the prior (exact): the variance a batch
-    gets from which tasks it holds."""
-    env = cell.make_env()
-    policy = prior_policy(cell)
+def task_gradient_spread(env: TreeMDPEnv, policy: TabularPolicy, tasks: Sequence[int]) -> float:
+    """``tr Cov_t(grad J_t)`` over ``tasks`` at the policy (exact): the variance a batch gets
+    from which tasks it holds (times ``(n - T) / ((n - 1) T)`` for ``T`` of ``n`` tasks)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
     rows = []
-    for task in range(env.n_tasks):
+    for task in tasks:
         policy.zero_grad()
         env.expected_return(policy.log_probs, task).backward()
-        rows.append(flat_gradient(list(policy.parameters())).double().numpy())
+        rows.append(flat_gradient(params).double().numpy())
     policy.zero_grad()
-    g = np.stack(rows)
+    width = max(len(r) for r in rows)  # a policy may grow entries while enumerating
+    g = np.stack([np.pad(r, (0, width - len(r))) for r in rows])
     return float(g.var(axis=0, ddof=0).sum())
 
 
@@ -200,7 +200,7 @@ def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: E
     ref_var = float(g_ref.var(axis=0, ddof=1).sum())
     ref_mech = measure(ref_batches)
     tasks, n_tasks = ref_mech.tasks_per_update, cell.env["n_tasks"]
-    between = task_gradient_spread(cell) * (n_tasks - tasks) / max((n_tasks - 1) * tasks, 1e-9)
+    between = task_gradient_spread(cell.make_env(), prior_policy(cell), range(n_tasks)) * (n_tasks - tasks) / max((n_tasks - 1) * tasks, 1e-9)
     task_share = float(np.clip(between / ref_var, 0.0, 1.0)) if ref_var > 0 else 0.0
     out: dict[str, Any] = {"reference": rloo, "reference_trace_var": ref_var, "task_share": task_share,
                            "reference_mechanism": ref_mech.to_json(), "shapes": {}}
