@@ -219,6 +219,9 @@ class Algorithm:
     unbiased: bool = True
     """Whether the expected gradient estimate is the policy gradient (docs/unbiasedness.md); the
     main job compares a biased estimator's mean gradient with an unbiased reference."""
+    budget_multiple: float = 1.0
+    """The multiple of the comparison's per-update budget this algorithm collects with (the main
+    job's calibration control ``rloo-2x``: 2; every real algorithm: 1)."""
 
     def __init__(self, options: Options | None = None, *, shared: AlgorithmConfig | None = None, seed: int = 0, **kwargs: Any) -> None:
         if options is not None and not isinstance(options, self.Options):

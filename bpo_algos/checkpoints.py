@@ -68,7 +68,7 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
 
 def load_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     """Restore ``trainer`` from a checkpoint written by :func:`save_checkpoint`."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: runs no code
     if state.get("algorithm_name") != trainer.algorithm.name:
         raise ValueError(
             f"{path} is a checkpoint of {state.get('algorithm_name')!r}, not of "

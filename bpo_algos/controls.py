@@ -10,8 +10,13 @@ either (docs/main-job.md, "Controls"):
 * ``reinforce`` (handicapped learner): RLOO's collection (``group_size`` trajectories per task)
   with REINFORCE's advantage ``A_i = R_i``, no baseline: unbiased, but with the variance the
   baseline removes. A comparison that resolves variance reduction ranks it below RLOO.
+* ``rloo-2x`` (calibration control): RLOO with the comparator's options at twice the per-update
+  budget (:attr:`~bpo_algos.algorithm.Algorithm.budget_multiple` = 2): its averaged gradient
+  has half the variance of RLOO's at the same number of updates, so its difference to RLOO is
+  what an estimator with half the variance at the same cost would buy. Where the instrument
+  cannot detect it, it cannot see an effect of the size a halving of the variance implies.
 
-Both are entry points of the ``bpo_algos.algorithms`` group (pyproject.toml).
+All three are entry points of the ``bpo_algos.algorithms`` group (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -61,6 +66,22 @@ def _frozen_class(cls: type) -> type:
             {"name": "frozen", "compute_advantages": compute_advantages, "config": config, "unbiased": True, "__module__": __name__},
         )
     return _FROZEN[cls]
+
+
+CALIBRATION_MULTIPLE = 2.0
+"""The calibration control's budget per update, in multiples of the comparison's."""
+
+
+def rloo_2x(of: str = "rloo", **options: Any) -> Algorithm:
+    """The algorithm registered as ``of`` (RLOO), built with ``options``, collecting
+    :data:`CALIBRATION_MULTIPLE` times the per-update budget (the calibration control)."""
+    inner = algorithm_factory(of)(**options)
+    inner.budget_multiple = CALIBRATION_MULTIPLE
+    return inner
+
+
+rloo_2x.options_of = lambda options: options.get("of", "rloo")  # type: ignore[attr-defined]
+"""The algorithm whose preset (and tuned) options a ``rloo-2x`` run takes."""
 
 
 @register_advantage("reinforce")

@@ -21,6 +21,8 @@
 * ``distinct_siblings``: mean number of distinct actions among an inner branch node's children.
 * ``tasks_per_update``: mean number of distinct tasks per batch.
 * ``entropy_by_depth``: mean decision entropy by depth, where the engine computed one.
+* ``branching_share``: share of backbones (the root's children) that branch at least once below;
+  ``steps_per_backbone``: env steps per backbone, its forks included.
 
 :func:`exact_prefix_explained` gives the exact ``eta`` of a TreeMDP and tabular policy at given
 branch depths (by enumeration), the ground truth for :func:`measure`. :func:`predict_variance_ratio`
@@ -58,6 +60,10 @@ class Mechanism:
     distinct_siblings: float | None
     tasks_per_update: float
     entropy_by_depth: dict[int, float] = field(default_factory=dict)
+    branching_share: float | None = None
+    """Share of backbones (the root's children) with at least one branch point below them."""
+    steps_per_backbone: float | None = None
+    """Env steps per backbone: the backbone and every sibling forked from it."""
 
     @property
     def fork_cost_ratio(self) -> float | None:
@@ -81,7 +87,28 @@ class Mechanism:
             "distinct_siblings": self.distinct_siblings,
             "tasks_per_update": self.tasks_per_update,
             "entropy_by_depth": {str(d): h for d, h in sorted(self.entropy_by_depth.items())},
+            "branching_share": self.branching_share,
+            "steps_per_backbone": self.steps_per_backbone,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Mechanism:
+        """The :class:`Mechanism` that :meth:`to_json` wrote."""
+        ci = data.get("prefix_explained_ci95")
+        return cls(
+            prefix_explained=data["prefix_explained"],
+            prefix_explained_ci95=tuple(ci) if ci else None,
+            branch_nodes=int(data["branch_nodes"]),
+            branch_depths={int(d): int(n) for d, n in data["branch_depths"].items()},
+            fork_steps_per_leaf=data["fork_steps_per_leaf"],
+            independent_steps_per_trajectory=data["independent_steps_per_trajectory"],
+            zero_variance_groups=data["zero_variance_groups"],
+            distinct_siblings=data["distinct_siblings"],
+            tasks_per_update=float(data["tasks_per_update"]),
+            entropy_by_depth={int(d): float(h) for d, h in data.get("entropy_by_depth", {}).items()},
+            branching_share=data.get("branching_share"),
+            steps_per_backbone=data.get("steps_per_backbone"),
+        )
 
 
 def _task_key(task_id: Any) -> Any:
@@ -128,6 +155,7 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
     entropies: dict[int, list[float]] = defaultdict(list)
     lengths: list[float] = []
     steps = leaves = 0.0
+    backbones = branched = 0
     tasks_per_batch: list[int] = []
     for batch in batches:
         tasks_per_batch.append(len({_task_key(t.task_id) for t in batch.trees}))
@@ -141,6 +169,9 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
                 w = weights / total if total > 0 else np.full(len(returns), 1.0 / len(returns))
                 task_moments[task].append((float(w @ returns), float(w @ returns**2)))
                 lengths.append(float(w @ depth_of_leaf))
+            for edge in tree.root.children:
+                backbones += 1
+                branched += _branches_below(edge.child)
             for node in tree.nodes():
                 if node.entropy is not None:
                     entropies[node.depth].append(float(node.entropy))
@@ -178,7 +209,19 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
         distinct_siblings=float(np.mean(distinct)) if distinct else None,
         tasks_per_update=float(np.mean(tasks_per_batch)) if tasks_per_batch else 0.0,
         entropy_by_depth={d: float(np.mean(v)) for d, v in sorted(entropies.items())},
+        branching_share=branched / backbones if backbones else None,
+        steps_per_backbone=steps / backbones if backbones else None,
     )
+
+
+def _branches_below(node: Node) -> bool:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if len(n.children) >= 2:
+            return True
+        stack.extend(e.child for e in n.children)
+    return False
 
 
 def _eta(within: np.ndarray, between: np.ndarray) -> float | None:
@@ -187,49 +230,24 @@ def _eta(within: np.ndarray, between: np.ndarray) -> float | None:
 
 
 # ---- exact, on a TreeMDP -------------------------------------------------------------------
-def _moments_below(env: TreeMDPEnv, policy: Any, task: int) -> dict[tuple[int, ...], tuple[float, float, float]]:
-    """``{path: (P(path), E[R | path], E[R^2 | path])}`` for every node of tree ``task``."""
-    table: dict[tuple[int, ...], tuple[float, float, float]] = {}
-
-    def down(path: tuple[int, ...], prob: float) -> tuple[float, float]:
-        if len(path) == env.depth:
-            r = env.reward_of(task, path)
-            table[path] = (prob, r, r * r)
-            return r, r * r
-        with torch.no_grad():
-            probs = policy.log_probs(env.observation_of(task, path), env.actions).exp().double().numpy()
-        step = env.transition_probs(probs)
-        m1 = m2 = 0.0
-        for a in range(env.n_actions):
-            if step[a] > 0:
-                c1, c2 = down((*path, a), prob * float(step[a]))
-                m1 += float(step[a]) * c1
-                m2 += float(step[a]) * c2
-        table[path] = (prob, m1, m2)
-        return m1, m2
-
-    down((), 1.0)
-    return table
-
-
 def exact_prefix_explained(
     env: TreeMDPEnv, policy: Any, depths: Sequence[int], tasks: Sequence[int] | None = None
 ) -> float:
     """Exact ``eta`` when every backbone branches once at each of ``depths``.
 
-    ``1 - mean_{task, d} E_{h_d ~ pi}[Var(R | h_d)] / mean_task Var(R | task)``: the histories
-    at depth ``d`` drawn from the policy (a backbone is an on-policy path), the same for every
-    depth and task, as :func:`measure` averages over branch nodes.
+    ``1 - mean_{task, d} E_{h_d ~ pi}[Var(R | h_d)] / mean_task Var(R | task)``
+    (:meth:`~bpo_envs.tree_mdp.TreeMDPEnv.variance_by_depth`): the histories at depth ``d``
+    drawn from the policy (a backbone is an on-policy path), the same for every depth and task,
+    as :func:`measure` averages over branch nodes.
     """
     if not depths:
         raise ValueError("depths must name at least one branch depth")
     within, between = [], []
-    for task in range(env.n_tasks) if tasks is None else tasks:
-        table = _moments_below(env, policy, task)
-        _, m1, m2 = table[()]
-        between.append(m2 - m1 * m1)
-        for d in depths:
-            within.append(sum(p * (s2 - s1 * s1) for path, (p, s1, s2) in table.items() if len(path) == d))
+    with torch.no_grad():
+        for task in range(env.n_tasks) if tasks is None else tasks:
+            v = env.variance_by_depth(policy.log_probs, task)
+            between.append(v[0])
+            within.extend(v[d] for d in depths)
     return 1.0 - float(np.mean(within)) / float(np.mean(between))
 
 
@@ -264,29 +282,37 @@ def predict_variance_ratio(
 ) -> float | None:
     """Predicted ``Var(g_BPO) / Var(g_RLOO)`` at matched env steps (docs/mechanism.md).
 
-    With ``eta`` at the branch points, ``c = fork_steps_per_leaf / L`` (``L`` the independent
-    trajectory length, default ``m.independent_steps_per_trajectory``) and the score-mass
-    shares ``f_pre, f_post`` (:func:`score_shares`), for ``K0`` backbones, ``K`` siblings and
-    RLOO group size ``N``::
+    Per backbone (one of the root's ``K0`` children), in units of the task's return variance
+    and of the gradient's score mass, with ``eta`` at the branch points, ``f_pre, f_post`` the
+    score-mass shares before and at-or-after the branch depth (:func:`score_shares`), ``phi``
+    the share of backbones that branch and ``s`` the env steps per backbone::
 
-        within = c * [ (1 + (K - 1) eta) K0/(K0-1) f_pre + (1 - eta) K/(K-1) f_post ] / (N/(N-1))
+        branched   = (eta + (1 - eta)/K) K0/(K0-1) f_pre + (1 - eta)/(K-1) f_post
+        unbranched = K0/(K0-1)
+        ratio      = (s / L) [phi branched + (1 - phi) unbranched] / (N/(N-1))
 
-    Steps after a branch point keep the residual ``(1 - eta)`` of the return variance; the
-    shared prefix before it carries the mean of ``K`` correlated leaves, worth ``1 + (K-1) eta``
-    leaves' variance, not one. ``task_share``: the share of RLOO's gradient variance that comes
-    from which tasks the batch holds; it scales with ``T_RLOO / T_BPO`` (tasks per update).
+    against RLOO's ``N/(N-1)`` per trajectory of ``L`` steps (default
+    ``m.independent_steps_per_trajectory``). A backbone's shared prefix carries the mean of its
+    ``K`` correlated leaves (variance ``eta + (1 - eta)/K``); its siblings keep only the residual
+    ``1 - eta``; a backbone that never branches is an RLOO-``K0`` trajectory. ``task_share``:
+    the share of RLOO's gradient variance that comes from which tasks the batch holds; it scales
+    with ``T_RLOO / T_BPO`` (tasks per update): ``(1 - task_share) ratio + task_share T_RLOO/T_BPO``.
     None when ``eta`` or the costs are unknown.
     """
-    if m.prefix_explained is None or not m.fork_steps_per_leaf:
+    if not m.fork_steps_per_leaf:
         return None
     length = independent_steps or m.independent_steps_per_trajectory
     if not length:
         return None
-    eta = float(np.clip(m.prefix_explained, -1.0, 1.0))
     k0, k, n = backbones, branch_factor, group_size
+    phi = 1.0 if m.branching_share is None else m.branching_share
+    if m.prefix_explained is None and phi > 0:
+        return None
+    eta = float(np.clip(m.prefix_explained or 0.0, -1.0, 1.0))
     f_pre, f_post = score_shares(m, horizon)
-    cost = m.fork_steps_per_leaf / length
-    within = cost * ((1 + (k - 1) * eta) * k0 / (k0 - 1) * f_pre + (1 - eta) * k / (k - 1) * f_post) / (n / (n - 1))
+    per_backbone = m.steps_per_backbone or k * m.fork_steps_per_leaf
+    branched = (eta + (1 - eta) / k) * k0 / (k0 - 1) * f_pre + (1 - eta) / (k - 1) * f_post
+    within = per_backbone / length * (phi * branched + (1 - phi) * k0 / (k0 - 1)) / (n / (n - 1))
     if task_share and independent_tasks_per_update and m.tasks_per_update:
         coverage = independent_tasks_per_update / m.tasks_per_update
         return (1 - task_share) * within + task_share * coverage

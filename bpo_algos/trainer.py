@@ -92,6 +92,9 @@ class Trainer:
         self.update = 0
         self.history: list[dict[str, Any]] = []
         self.total_compute = ComputeMeter()
+        self.last_batch: Batch | None = None
+        """The batch of the last update (its advantages written): what measurements of the
+        training data read (the main job's mechanism, docs/mechanism.md)."""
         self._rng = np.random.default_rng(cfg.seed)
         torch.manual_seed(cfg.seed)
         if hasattr(policy, "seed"):
@@ -171,6 +174,7 @@ class Trainer:
             batch.compute.train_tokens += extra
             batch.compute.flops += cost_flops(policy_parameters(self.policy), train_tokens=extra)
         self.update += 1
+        self.last_batch = batch
         compute = self.parallel.global_compute(batch.compute)
         self.total_compute.add(compute)
         row = self._row(batch, losses, norms, time.perf_counter() - start)

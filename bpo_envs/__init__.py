@@ -7,6 +7,7 @@
 """
 
 from bpo_envs.core import (
+    ConcurrentUseError,
     ResetNeeded,
     Snapshot,
     SnapshotEnv,
@@ -27,6 +28,7 @@ from bpo_envs.tree_mdp import TreeMDPEnv
 register_envs()
 
 __all__ = [
+    "ConcurrentUseError",
     "ENV_IDS",
     "ReplayDivergenceError",
     "ReplaySnapshot",

@@ -14,14 +14,16 @@ env of its pool is free.
 from __future__ import annotations
 
 import copy
-import pickle
+import threading
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from bpo_envs import portable as _portable
 from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space, to_observation
 
 PORTABLE_FORMAT = "bpo-snapshot/1"
@@ -41,6 +43,44 @@ class SnapshotKindError(SnapshotError):
 
 class ResetNeeded(RuntimeError):
     """``step()`` was called before ``reset()`` or after the episode ended."""
+
+
+class ConcurrentUseError(RuntimeError):
+    """A second thread called into an env while another thread's call was still running in it.
+
+    An env is one sandbox with one state: two threads stepping it interleave their effects (and
+    a backend's clean-up after one command can hit the other's processes). Give each thread an
+    env of its own (an env pool lends one env to one caller at a time)."""
+
+
+_IN_USE: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_IN_USE_GUARD = threading.Lock()
+
+
+def enter(env: Any, what: str) -> threading.RLock:
+    """Make the calling thread the only one inside ``env`` for a call named ``what``; returns
+    the lock to release when the call ends. Raises :class:`ConcurrentUseError` at once when
+    another thread is inside ``env`` (the same thread may re-enter, e.g. a restore that resets)."""
+    lock = _IN_USE.get(env)
+    if lock is None:
+        with _IN_USE_GUARD:
+            lock = _IN_USE.setdefault(env, threading.RLock())
+    if not lock.acquire(blocking=False):
+        raise ConcurrentUseError(
+            f"{what}() called on {type(env).__name__} from thread {threading.current_thread().name!r} while "
+            "another thread is inside it: one env serves one thread at a time (give each thread its own env)"
+        )
+    return lock
+
+
+@contextmanager
+def exclusive(env: Any, what: str) -> Iterator[None]:
+    """:func:`enter` as a ``with`` block."""
+    lock = enter(env, what)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Snapshot:
@@ -92,17 +132,20 @@ class Snapshot:
         self._state = None
 
     def portable(self) -> bytes:
-        """Bytes that ``restore`` accepts in another process (pickle: trust only your own)."""
+        """Bytes that ``restore`` accepts in another process: plain data in the format of
+        :mod:`bpo_envs.portable`, whose decoding never runs code (docs/snapshots.md#trust)."""
         owner = self._owner()
         if owner is None:
             raise SnapshotError("the env that took this snapshot is gone; portable() needs it")
         payload = {
-            "format": PORTABLE_FORMAT,
-            "kind": self._kind,
+            "kind": repr(self._kind),
             "state": owner._portable_state(self.state),
             "wrappers": self.wrapper_states,
         }
-        return pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            return _portable.dumps(PORTABLE_FORMAT, payload)
+        except _portable.PortableFormatError as exc:
+            raise SnapshotError(f"portable(): {exc}") from None
 
     def __del__(self) -> None:
         try:
@@ -115,15 +158,28 @@ class Snapshot:
         return f"Snapshot(kind={self._kind!r}, {status})"
 
 
-def decode_portable(blob: bytes | bytearray | memoryview, format: str = PORTABLE_FORMAT, what: str = "a portable snapshot") -> dict[str, Any]:
-    """The payload of pickled bytes tagged ``{"format": format, ...}``: by default
-    ``Snapshot.portable()`` bytes. Raises ``SnapshotError`` naming ``what`` on anything else."""
+def decode_portable(
+    blob: bytes | bytearray | memoryview,
+    format: str = PORTABLE_FORMAT,
+    what: str = "a portable snapshot",
+    fields: dict[str, type | tuple[type, ...]] | None = None,
+) -> dict[str, Any]:
+    """The payload of :mod:`bpo_envs.portable` bytes tagged ``format`` (by default
+    ``Snapshot.portable()`` bytes, whose fields are checked), each of ``fields`` present with
+    its type. Raises ``SnapshotError`` naming ``what`` on anything else; never runs code."""
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise SnapshotError(f"{what} must be bytes, not {type(blob).__name__}")
     try:
-        payload = pickle.loads(bytes(blob))
-    except Exception as exc:
-        raise SnapshotError(f"not {what}: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != format:
-        raise SnapshotError(f"not {what} (unknown format)")
+        payload = _portable.loads(blob, format, what)
+    except _portable.PortableFormatError as exc:
+        raise SnapshotError(str(exc)) from None
+    if fields is None and format == PORTABLE_FORMAT:
+        fields = {"kind": str, "state": object, "wrappers": tuple}
+    for name, kind in (fields or {}).items():
+        if name not in payload:
+            raise SnapshotError(f"{what}: field {name!r} is missing")
+        if not isinstance(payload[name], kind):
+            raise SnapshotError(f"{what}: field {name!r} is a {type(payload[name]).__name__}")
     return payload
 
 
@@ -153,15 +209,24 @@ class SnapshotSupport:
     def _release_state(self, state: Any) -> None:
         return None
 
+    def _portable_wrapper_states(self, blob: bytes | bytearray | memoryview) -> tuple[tuple[str, dict[str, Any]], ...]:
+        """The wrapper states inside ``portable()`` bytes (overridden with the bytes' format)."""
+        return decode_portable(blob).get("wrappers", ())
+
     def snapshot(self) -> Snapshot:
         """Save the full current state (see the module docstring for the contract)."""
-        return Snapshot(self, self._snapshot_kind(), self._capture())
+        with exclusive(self, "snapshot"):
+            return Snapshot(self, self._snapshot_kind(), self._capture())
 
     def restore(self, snapshot: Snapshot | bytes) -> None:
         """Return to the state saved in ``snapshot`` (a :class:`Snapshot` or ``portable()`` bytes)."""
+        with exclusive(self, "restore"):
+            self._restore(snapshot)
+
+    def _restore(self, snapshot: Snapshot | bytes) -> None:
         if isinstance(snapshot, (bytes, bytearray, memoryview)):
             payload = decode_portable(snapshot)
-            self._check_kind(payload["kind"])
+            self._check_kind_text(payload["kind"])
             self._apply(self._from_portable(payload["state"]))
             return
         if not isinstance(snapshot, Snapshot):
@@ -170,6 +235,10 @@ class SnapshotSupport:
             )
         self._check_kind(snapshot.kind)
         self._apply(snapshot.state)
+
+    def _check_kind_text(self, kind: str) -> None:
+        if kind != repr(self._snapshot_kind()):
+            raise SnapshotKindError(f"snapshot of kind {kind} cannot be restored into {self._snapshot_kind()!r}")
 
     def _check_kind(self, kind: Hashable) -> None:
         if kind != self._snapshot_kind():
@@ -261,6 +330,10 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         """Start an episode: ``options={"task_id": t}`` picks the task, else ``seed`` does."""
+        with exclusive(self, "reset"):
+            return self._reset(seed, options)
+
+    def _reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         options = options or {}
         unknown = set(options) - {"task_id"}
@@ -282,6 +355,13 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         return self._last_obs, self._finish_info(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        lock = enter(self, "step")  # not a with-block: the step is the hot path
+        try:
+            return self._guarded_step(action)
+        finally:
+            lock.release()
+
+    def _guarded_step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._started:
             raise ResetNeeded("call reset() before step()")
         if self._done:
@@ -331,7 +411,13 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         return (*base, self._portable_task_state(inner))
 
     def _from_portable(self, obj: Any) -> Any:
+        if not (isinstance(obj, tuple) and len(obj) == 6):
+            raise SnapshotError("portable bytes: the env state is not a 6-tuple")
         *base, inner = obj
+        _, elapsed, done, last_obs, rng_state, _ = obj
+        if isinstance(elapsed, bool) or not isinstance(elapsed, int) or not isinstance(done, bool) \
+                or not isinstance(last_obs, str) or not isinstance(rng_state, dict):
+            raise SnapshotError("portable bytes: the env state's step count, flags or observation have the wrong types")
         return (*base, self._task_state_from_portable(inner))
 
     def _release_state(self, state: Any) -> None:
@@ -447,7 +533,8 @@ def _apply_wrappers(layers: list[Any], owner: Any, states: tuple[tuple[str, dict
         saved = pending.get(type(layer).__qualname__)
         if saved:
             for attr, value in saved.pop(0).items():
-                setattr(layer, attr, copy.deepcopy(value))
+                if attr in _WRAPPER_ATTRS[type(layer)]:  # never another attribute (bytes may come from elsewhere)
+                    setattr(layer, attr, copy.deepcopy(value))
         elif isinstance(layer, gym.wrappers.TimeLimit) and isinstance(owner, SnapshotEnv):
             layer._elapsed_steps = owner.elapsed_steps  # a snapshot taken below this wrapper
         elif isinstance(layer, gym.wrappers.OrderEnforcing):
@@ -474,5 +561,5 @@ def restore(env: gym.Env, snap: Snapshot | bytes) -> None:
     if isinstance(snap, Snapshot):
         states = snap.wrapper_states
     else:
-        states = decode_portable(snap).get("wrappers", ())
+        states = owner._portable_wrapper_states(snap)
     _apply_wrappers(layers, owner, states)

@@ -10,7 +10,10 @@ attributes over Ray actors. The engine (:mod:`bpo_algos.rollout`) uses only this
 * ``step_many(envs, actions)``: one result per env in input order, an env's exception in its
   place (one failing env never costs the others' results);
 * ``retries`` and ``max_failures``: how the engine handles failing envs
-  (:mod:`bpo_algos.recovery`); ``close()``.
+  (:mod:`bpo_algos.recovery`); ``close()``;
+* ``step_timeout_s``: a step that has not returned by then gives a :class:`StepTimeoutError` in
+  its place (default :data:`DEFAULT_STEP_TIMEOUT_S`; None: no limit), a failure the engine's
+  recovery handles like any other: the env is replaced and the path rebuilt.
 
 Which slot ``acquire`` lends depends only on this free-slot bookkeeping, so two pools with the
 same number of envs give the engine the same schedule, and so the same batch for given seeds.
@@ -19,8 +22,12 @@ same number of envs give the engine the same schedule, and so the same batch for
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 import gymnasium as gym
@@ -33,6 +40,17 @@ StepResult = tuple[Any, float, bool, bool, dict[str, Any]]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_STEP_TIMEOUT_S = 3600.0
+"""The pools' default per-step deadline: far above any healthy step (a SWE-bench command is
+bounded by its own ``step_timeout``, grading by its ``eval_timeout``), so that only a stuck env
+(a hung daemon, a deadlock) reaches it."""
+
+
+class StepTimeoutError(RuntimeError):
+    """An env's step did not return within the pool's ``step_timeout_s``. The pool treats the
+    env as failed (it is closed in the background and replaced); the thread stuck in the step
+    is left behind (a daemon thread: it never keeps the process from exiting)."""
+
 
 class EnvPool:
     """Envs made lazily from ``env_fns``, lent to paths one at a time.
@@ -40,7 +58,11 @@ class EnvPool:
     ``workers > 1`` steps the lent envs in a thread pool (worth it when a step waits on a
     subprocess or a container, as SWE-bench commands do); the default steps them in turn.
     ``retries`` and ``max_failures`` set how the engine handles failing envs
-    (:mod:`bpo_algos.recovery`). A distributed pool implements the same methods and attributes.
+    (:mod:`bpo_algos.recovery`). ``step_timeout_s`` (default :data:`DEFAULT_STEP_TIMEOUT_S`,
+    None: no limit) bounds each step, counted from when it starts: a step past it gives a
+    :class:`StepTimeoutError` in its place. With a limit, steps run in daemon worker threads
+    (``workers`` of them; one, stepping the envs in turn, by default). A distributed pool
+    implements the same methods and attributes.
     """
 
     def __init__(
@@ -50,9 +72,17 @@ class EnvPool:
         workers: int = 1,
         retries: int = 2,
         max_failures: int = 64,
+        step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S,
     ) -> None:
         if not env_fns:
             raise ValueError("env_fns must hold at least one env factory")
+        if step_timeout_s is not None and (isinstance(step_timeout_s, bool)
+                                           or not isinstance(step_timeout_s, int | float)
+                                           or not step_timeout_s > 0):
+            raise ValueError(f"step_timeout_s must be > 0 or None, got {step_timeout_s!r}")
+        self.step_timeout_s = None if step_timeout_s is None else float(step_timeout_s)
+        self._runner: _DaemonWorkers | None = None
+        self._stuck: set[int] = set()  # ids of envs whose step timed out
         self.workers = check_count("workers", workers, 1)
         self.retries = check_count("retries", retries, 0)
         self.max_failures = check_count("max_failures", max_failures, 1)
@@ -101,10 +131,12 @@ class EnvPool:
         if failed:
             del self._index[id(env)]
             self._envs[slot] = None
-            try:
-                env.close()
-            except Exception:  # noqa: BLE001 - a broken env may not even close
-                logger.debug("closing a failed env raised", exc_info=True)
+            if id(env) in self._stuck:
+                # a thread is still inside its step: close it beside that thread, not here
+                self._stuck.discard(id(env))
+                threading.Thread(target=_close_quietly, args=(env,), daemon=True).start()
+            else:
+                _close_quietly(env)
         self._free.append(slot)
 
     def step_many(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> list[StepResult | Exception]:
@@ -113,22 +145,94 @@ class EnvPool:
         An env whose step raises gives its exception in its place: one failing env never
         costs the others' results.
         """
+        if self.step_timeout_s is not None:
+            return self._step_many_timed(envs, actions)
         if self.workers == 1 or len(envs) < 2:
             return [_step_or_error(env, action) for env, action in zip(envs, actions, strict=True)]
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="bpo-env")
         return list(self._executor.map(lambda pair: _step_or_error(*pair), zip(envs, actions, strict=True)))
 
+    def _step_many_timed(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> list[StepResult | Exception]:
+        assert self.step_timeout_s is not None
+        if self._runner is None:
+            self._runner = _DaemonWorkers(self.workers)
+        jobs = [self._runner.submit(_step_or_error, env, action)
+                for env, action in zip(envs, actions, strict=True)]
+        out: list[StepResult | Exception] = []
+        for env, (future, started) in zip(envs, jobs, strict=True):
+            while True:
+                wait = 0.05 if not started else started[0] + self.step_timeout_s - time.monotonic()
+                try:
+                    out.append(future.result(timeout=max(0.0, wait)))
+                    break
+                except FutureTimeoutError:
+                    if started and time.monotonic() >= started[0] + self.step_timeout_s:
+                        self._stuck.add(id(env))
+                        self._runner.replace_stuck()
+                        out.append(StepTimeoutError(
+                            f"the env's step did not return within step_timeout_s={self.step_timeout_s:g} s"))
+                        break
+        return out
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if self._runner is not None:
+            self._runner.shutdown()
+            self._runner = None
         for env in self._envs:
             if env is not None:
                 env.close()
         self._envs = [None] * len(self._fns)
         self._index.clear()
         self._free = list(range(len(self._fns)))
+
+
+def _close_quietly(env: gym.Env) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - a broken env may not even close
+        logger.debug("closing a failed env raised", exc_info=True)
+
+
+class _DaemonWorkers:
+    """``n`` daemon threads running submitted calls in submission order. A call stuck past its
+    deadline keeps its thread (:meth:`replace_stuck` starts another in its place); daemon
+    threads never keep the process from exiting, as a ``ThreadPoolExecutor``'s would."""
+
+    def __init__(self, n: int) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._n = 0
+        for _ in range(n):
+            self.replace_stuck()
+
+    def replace_stuck(self) -> None:
+        self._n += 1  # a stuck thread that returns takes a job (or its stop) like the others
+        threading.Thread(target=self._work, daemon=True, name="bpo-env").start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, future, started = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            started.append(time.monotonic())
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> tuple[Future, list[float]]:
+        """The call's future and a list that gets its start time when a thread takes it."""
+        future: Future = Future()
+        started: list[float] = []
+        self._jobs.put((fn, args, future, started))
+        return future, started
+
+    def shutdown(self) -> None:
+        for _ in range(self._n):
+            self._jobs.put(None)
 
 
 def _step_or_error(env: gym.Env, action: str) -> StepResult | Exception:

@@ -64,6 +64,35 @@ class Context:
         )
 
 
+def context_data(context: Context) -> dict[str, Any]:
+    """``context`` as plain data (for :mod:`bpo_envs.portable` bytes)."""
+    return {
+        "task_id": context.task_id,
+        "observation": context.observation,
+        "admissible_actions": context.admissible_actions,
+        "history": tuple((t.observation, t.action) for t in context.history),
+        "initial_observation": context.initial_observation,
+    }
+
+
+def context_from_data(obj: Any) -> Context:
+    """The :class:`Context` that :func:`context_data` made ``obj`` from, its fields checked
+    (``ValueError`` on anything else)."""
+    if not isinstance(obj, dict):
+        raise ValueError("a saved decision point is not a dict")
+    admissible, history = obj.get("admissible_actions"), obj.get("history")
+    texts = (obj.get("observation"), obj.get("initial_observation"))
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("a saved decision point's observations are not text")
+    if admissible is not None and not (isinstance(admissible, tuple) and all(isinstance(a, str) for a in admissible)):
+        raise ValueError("a saved decision point's admissible actions are not text")
+    if not (isinstance(history, tuple) and all(
+        isinstance(t, tuple) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in history
+    )):
+        raise ValueError("a saved decision point's history is not (observation, action) text pairs")
+    return Context(obj.get("task_id"), texts[0], admissible, tuple(Turn(o, a) for o, a in history), texts[1])
+
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are an agent acting in a text environment. Read the task and the current observation, "
     "then choose the next action. Answer with exactly one action in the form {open}ACTION{close}."

@@ -51,7 +51,7 @@ from bpo_envs.core import (
     check_step_limit,
     decode_portable,
 )
-from bpo_envs.pool import EnvPool, StepResult
+from bpo_envs.pool import DEFAULT_STEP_TIMEOUT_S, EnvPool, StepResult
 
 try:
     import ray
@@ -287,8 +287,9 @@ class RayEnvPool(EnvPool):
         envs_per_actor: slots per actor when ``env_fns`` is a single factory.
         actor_options: passed to ``ray.remote`` (e.g. ``{"num_cpus": 1}``, custom resources).
         max_actor_restarts: new actors started in place of one that died (per actor).
-        timeout_s: seconds to wait for any remote call (None: no limit); a step that takes
-            longer counts as a failure and its actor is killed and restarted.
+        timeout_s: seconds to wait for any remote call (default
+            :data:`bpo_envs.pool.DEFAULT_STEP_TIMEOUT_S`, an hour; None: no limit); a step that
+            takes longer counts as a failure and its actor is killed and restarted.
         retries, max_failures: the engine's failure handling (see :mod:`bpo_algos.recovery`).
     """
 
@@ -300,7 +301,7 @@ class RayEnvPool(EnvPool):
         envs_per_actor: int = 1,
         actor_options: dict[str, Any] | None = None,
         max_actor_restarts: int = 1,
-        timeout_s: float | None = None,
+        timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S,
         retries: int = 2,
         max_failures: int = 64,
     ) -> None:
@@ -317,7 +318,9 @@ class RayEnvPool(EnvPool):
             if not fns or not all(callable(f) for f in fns):
                 raise ValueError("env_fns must be a factory or a non-empty sequence of factories")
         actors = min(actors, len(fns))
-        super().__init__([self._proxy_factory(slot) for slot in range(len(fns))], retries=retries, max_failures=max_failures)
+        # steps go through this pool's own step_many, bounded by timeout_s on each ray.get
+        super().__init__([self._proxy_factory(slot) for slot in range(len(fns))], retries=retries,
+                         max_failures=max_failures, step_timeout_s=None)
         self.n_actors = actors
         self.timeout_s = timeout_s
         self.max_actor_restarts = max_actor_restarts

@@ -10,11 +10,14 @@ ENV_IDS: dict[str, str] = {
     "BPO-ALFWorld-v0": "bpo_envs.alfworld:ALFWorldEnv",
     "BPO-SWEBench-v0": "bpo_envs.swebench:SWEBenchEnv",
 }
+SERVED_ENV_IDS: dict[str, str] = {
+    "BPO-Remote-v0": "bpo_envs.remote:RemoteEnv",  # a session of a bpo-serve server (serve extra)
+}
 
 
 def register_envs() -> None:
     """Register every id once (idempotent: re-importing does not warn)."""
-    for env_id, entry_point in ENV_IDS.items():
+    for env_id, entry_point in {**ENV_IDS, **SERVED_ENV_IDS}.items():
         if env_id in gym.registry:
             continue
         gym.register(

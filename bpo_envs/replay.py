@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from bpo_envs.core import SnapshotError, SnapshotSupport
+from bpo_envs.core import SnapshotError, SnapshotSupport, exclusive
 
 
 class ReplayDivergenceError(SnapshotError):
@@ -62,6 +62,10 @@ class ReplaySnapshot(SnapshotSupport, gym.Wrapper, gym.utils.RecordConstructorAr
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
+        with exclusive(self, "reset"):
+            return self._reset(seed, options)
+
+    def _reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         if seed is None:
             seed = int(self._seed_rng.integers(2**31 - 1))
         else:
@@ -75,6 +79,10 @@ class ReplaySnapshot(SnapshotSupport, gym.Wrapper, gym.utils.RecordConstructorAr
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        with exclusive(self, "step"):
+            return self._step(action)
+
+    def _step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self._actions.append(action)
         _digest_update(self._digest, action, obs, reward, terminated, truncated)
@@ -88,6 +96,14 @@ class ReplaySnapshot(SnapshotSupport, gym.Wrapper, gym.utils.RecordConstructorAr
         if self._reset_kwargs is None:
             raise SnapshotError("call reset() before snapshot()")
         return ReplayState(self._reset_kwargs, tuple(self._actions), self._digest.hexdigest())
+
+    def _portable_state(self, state: ReplayState) -> tuple[Any, ...]:
+        return (state.reset_kwargs, state.actions, state.digest)
+
+    def _from_portable(self, obj: Any) -> ReplayState:
+        if not (isinstance(obj, tuple) and len(obj) == 3 and isinstance(obj[2], str)):
+            raise SnapshotError("portable bytes: not a replay state")
+        return ReplayState(tuple(obj[0]), tuple(obj[1]), obj[2])
 
     def _apply(self, state: ReplayState) -> None:
         kwargs = dict(state.reset_kwargs)

@@ -20,9 +20,29 @@ instead of the path, so many paths share a state (a DAG MDP).
 ``won`` is ``R >= win_threshold`` (default 0.5). ``n_tasks`` independent trees share the env;
 the task id (an int) is part of every observation.
 
-``expected_return(log_probs)`` enumerates the tree: with a differentiable ``log_probs(obs,
-actions)`` it gives the exact expected return, whose gradient is the ground truth for estimator
-tests.
+The regimes of agent tasks (docs/envs.md, TreeMDP):
+
+* ``reward="binary"``: ``R = 1`` when won, else 0 (ALFWorld's and SWE-bench's success reward).
+  In an agent-like tree the outcome is decided by the decisive actions alone: won when their
+  mean draw ``S = mean_l u_l(d_<l, a_l)`` reaches the task's threshold, which ``success_rate``
+  sets so that that share of the ``A^n`` decisive combinations wins (at least one: every task is
+  solvable); in a random tree won when ``u(leaf) >= 1 - success_rate``. Without
+  ``success_rate`` the threshold is ``win_threshold``.
+* ``slip=p``: with probability ``p`` the env executes a uniformly random action instead of the
+  agent's (``info["slipped"]``). The draw is a hash of a nonce and the chosen action; the nonce
+  is drawn at reset and moves on with every step, and it is part of the state, so a snapshot
+  replays the same outcome for the same actions, while siblings choosing different actions draw
+  independently.
+* ``observe="state"`` with any ``depth`` (32 and more): the state is (depth, decisive actions
+  so far), so :meth:`expected_return` and :meth:`variance_by_depth` are exact by dynamic
+  programming over the states, not by enumerating ``A^depth`` paths.
+* :meth:`agent_prior` sets how sure a "pretrained agent" is on routine, early and decisive
+  decisions (the early-decision entropy of the regime map).
+
+``expected_return(log_probs)`` gives the exact expected return (enumeration, or the DP over
+states); with a differentiable ``log_probs(obs, actions)`` its gradient is the ground truth for
+estimator tests. ``variance_by_depth(log_probs)`` gives ``E_h Var(R | h_d)`` for every depth:
+where the outcome is decided, under a policy.
 """
 
 from __future__ import annotations
@@ -34,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_envs.core import SnapshotEnv
+from bpo_envs.core import SnapshotEnv, SnapshotError
 
 LogProbFn = Callable[[str, Sequence[str]], Any]
 
@@ -59,6 +79,9 @@ class TreeMDPEnv(SnapshotEnv):
         n_tasks: int = 1,
         observe: str = "path",
         win_threshold: float = 0.5,
+        reward: str = "dense",
+        success_rate: float | None = None,
+        slip: float = 0.0,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
     ) -> None:
@@ -76,6 +99,18 @@ class TreeMDPEnv(SnapshotEnv):
             raise ValueError(f"observe must be 'path' or 'state', got {observe!r}")
         if observe == "state" and decisive_levels is None:
             raise ValueError("observe='state' needs decisive_levels (the state is the decisions made)")
+        if reward not in ("dense", "binary"):
+            raise ValueError(f"reward must be 'dense' or 'binary', got {reward!r}")
+        if success_rate is not None and not 0.0 < success_rate <= 1.0:
+            raise ValueError(f"success_rate must be in (0, 1], got {success_rate}")
+        if success_rate is not None and reward != "binary":
+            raise ValueError("success_rate sets the binary reward's threshold: it needs reward='binary'")
+        if not 0.0 <= slip <= 1.0:
+            raise ValueError(f"slip must be in [0, 1], got {slip}")
+        if observe == "path" and n_actions**depth > 3**14:
+            raise ValueError(
+                f"observe='path' enumerates {n_actions}**{depth} leaves: use observe='state' for deep trees"
+            )
         if not 0.0 <= routine_weight <= 1.0:
             raise ValueError(f"routine_weight must be in [0, 1], got {routine_weight}")
         super().__init__(
@@ -85,7 +120,10 @@ class TreeMDPEnv(SnapshotEnv):
         self.depth = int(depth)
         self.n_actions = int(n_actions)
         self.seed_value = int(seed)
-        self.decisive_levels = decisive_levels
+        self.decisive_levels = None if decisive_levels is None else tuple(sorted(set(decisive_levels)))
+        self.reward = reward
+        self.success_rate = None if success_rate is None else float(success_rate)
+        self.slip = float(slip)
         self.routine_weight = float(routine_weight)
         self.n_tasks = int(n_tasks)
         self.win_threshold = float(win_threshold)
@@ -93,7 +131,9 @@ class TreeMDPEnv(SnapshotEnv):
         self.actions: tuple[str, ...] = tuple(f"a{i}" for i in range(self.n_actions))
         self._action_index = {a: i for i, a in enumerate(self.actions)}
         self._path: tuple[int, ...] = ()
+        self._nonce = 0
         self._best = lru_cache(maxsize=None)(self._best_from)
+        self._threshold = lru_cache(maxsize=None)(self._binary_threshold)
 
     # ---- tree ----------------------------------------------------------------------------
     def task_ids(self) -> list[int]:
@@ -124,6 +164,8 @@ class TreeMDPEnv(SnapshotEnv):
         path = tuple(path)
         if len(path) != self.depth:
             raise ValueError(f"a leaf path has {self.depth} actions, got {len(path)}")
+        if self.reward == "binary":
+            return self._leaf_value(task, self._memory(path))
         if self.decisive_levels is None:
             return _uniform(self.seed_value, task, self.depth, self.n_actions, *path)
         total = weight = 0.0
@@ -140,35 +182,164 @@ class TreeMDPEnv(SnapshotEnv):
         """Every leaf path of tree ``task`` (``n_actions ** depth`` of them)."""
         return [tuple(p) for p in np.ndindex(*([self.n_actions] * self.depth))]
 
-    def _best_from(self, task: int, path: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-        if len(path) == self.depth:
-            return self.reward_of(task, path), ()
-        best = max(
-            ((self._best(task, (*path, a))[0], a) for a in range(self.n_actions)),
-            key=lambda x: x[0],
+    # ---- exact values: a DP over nodes (paths, or states with observe="state") -----------
+    # A node is (level, memory): memory is the path (observe="path") or the decisive actions so
+    # far (observe="state"), all the future depends on. R = sum of step rewards + leaf value.
+    def _memory(self, path: Sequence[int]) -> tuple[int, ...]:
+        if self.observe == "path" or self.decisive_levels is None:
+            return tuple(path)
+        return tuple(path[d] for d in self.decisive_levels if d < len(path))
+
+    def _representative(self, level: int, memory: tuple[int, ...]) -> tuple[int, ...]:
+        """A path to the node (level, memory) (routine actions 0 where the memory has none)."""
+        if self.observe == "path" or self.decisive_levels is None:
+            return memory
+        path = [0] * level
+        for d, a in zip([d for d in self.decisive_levels if d < level], memory, strict=True):
+            path[d] = a
+        return tuple(path)
+
+    def _step_reward(self, task: int, level: int, memory: tuple[int, ...], action: int) -> float:
+        """The part of ``R`` that the action at ``level`` adds (dense agent-like trees)."""
+        if self.reward == "binary" or self.decisive_levels is None:
+            return 0.0
+        w = 1.0 if level in self.decisive_levels else self.routine_weight
+        total = len(self.decisive_levels) + self.routine_weight * (self.depth - len(self.decisive_levels))
+        decided = memory if self.observe == "state" else tuple(memory[d] for d in self.decisive_levels if d < level)
+        return w * _uniform(self.seed_value, task, level, self.n_actions, decided, action) / total
+
+    def _next(self, level: int, memory: tuple[int, ...], action: int) -> tuple[int, ...]:
+        if self.observe == "state" and self.decisive_levels is not None and level not in self.decisive_levels:
+            return memory
+        return (*memory, action)
+
+    def _decisive_score(self, task: int, decided: tuple[int, ...]) -> float:
+        levels = self.decisive_levels or ()
+        return float(np.mean([
+            _uniform(self.seed_value, task, level, self.n_actions, decided[:i], decided[i]) for i, level in enumerate(levels)
+        ]))
+
+    def _binary_threshold(self, task: int) -> float:
+        if self.success_rate is None:
+            return self.win_threshold
+        if self.decisive_levels is None:
+            return 1.0 - self.success_rate
+        scores = sorted(
+            (self._decisive_score(task, tuple(c)) for c in np.ndindex(*([self.n_actions] * len(self.decisive_levels)))),
+            reverse=True,
         )
-        return best[0], (best[1], *self._best(task, (*path, best[1]))[1])
+        wins = max(1, int(round(self.success_rate * len(scores))))
+        return scores[wins - 1]
+
+    def _leaf_value(self, task: int, memory: tuple[int, ...]) -> float:
+        """The leaf's share of ``R``: all of it in random and binary trees, 0 in dense agent-like."""
+        if self.reward == "binary":
+            if self.decisive_levels is None:
+                score = _uniform(self.seed_value, task, self.depth, self.n_actions, *memory)
+            else:
+                decided = memory if self.observe == "state" else tuple(memory[d] for d in self.decisive_levels)
+                score = self._decisive_score(task, decided)
+            return float(score >= self._threshold(task))
+        if self.decisive_levels is None:
+            return _uniform(self.seed_value, task, self.depth, self.n_actions, *memory)
+        return 0.0
+
+    def transition_probs(self, probs: Any) -> Any:
+        """Probabilities of the *executed* actions when the agent's are ``probs``:
+        ``(1 - slip) probs + slip / A`` (``probs`` itself without slip; tensors stay tensors)."""
+        if self.slip == 0.0:
+            return probs
+        return (1.0 - self.slip) * probs + self.slip / self.n_actions
+
+    def _best_from(self, task: int, level: int, memory: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+        if level == self.depth:
+            return self._leaf_value(task, memory), ()
+        options = []
+        for a in range(self.n_actions):
+            value, rest = self._best(task, level + 1, self._next(level, memory, a))
+            options.append((self._step_reward(task, level, memory, a) + value, a, rest))
+        value, a, rest = max(options, key=lambda x: x[0])
+        return value, (a, *rest)
 
     def expected_return(self, log_probs: LogProbFn, task: int = 0) -> Any:
-        """``J = sum_leaf pi(leaf) R(leaf)`` by enumeration, with ``log_probs(obs, actions)``.
+        """``J = E_pi[R]``, exact, with ``log_probs(obs, actions)`` (slip included).
 
         ``log_probs`` returns log-probabilities over ``actions`` (a tensor or array); with a
         differentiable one the result is differentiable and its gradient is exact.
         """
+        memo: dict[tuple[int, tuple[int, ...]], Any] = {}
 
-        def value(path: tuple[int, ...]) -> Any:
-            if len(path) == self.depth:
-                return self.reward_of(task, path)
-            logp = log_probs(self.observation_of(task, path), self.actions)
-            probs = logp.exp() if hasattr(logp, "exp") else np.exp(logp)
-            return sum(probs[a] * value((*path, a)) for a in range(self.n_actions))
+        def value(level: int, memory: tuple[int, ...]) -> Any:
+            key = (level, memory)
+            if key not in memo:
+                if level == self.depth:
+                    memo[key] = self._leaf_value(task, memory)
+                else:
+                    q = self._executed(log_probs, task, level, memory)
+                    memo[key] = sum(
+                        q[a] * (self._step_reward(task, level, memory, a) + value(level + 1, self._next(level, memory, a)))
+                        for a in range(self.n_actions)
+                    )
+            return memo[key]
 
-        return value(())
+        return value(0, ())
 
-    def transition_probs(self, probs: np.ndarray) -> np.ndarray:
-        """Probabilities of the *executed* actions when the agent's are ``probs`` (deterministic
-        transitions: the same)."""
-        return np.asarray(probs, dtype=float)
+    def _executed(self, log_probs: LogProbFn, task: int, level: int, memory: tuple[int, ...]) -> Any:
+        logp = log_probs(self.observation_of(task, self._representative(level, memory)), self.actions)
+        # float64: float32 probabilities make E Var(R | h_d) wobble by 1e-8 across depths
+        probs = logp.double().exp() if hasattr(logp, "double") else np.exp(np.asarray(logp, dtype=float))
+        return self.transition_probs(probs)
+
+    def variance_by_depth(self, log_probs: LogProbFn, task: int = 0) -> list[float]:
+        """``E_h Var(R | h_d)`` for ``d = 0 .. depth`` under the policy (exact; ``h_d`` the history
+        of the first ``d`` steps). Entry 0 is ``Var(R)``; ``1 - v[d] / v[0]`` is the share of the
+        return variance the first ``d`` steps explain, and ``v[d] - v[d + 1]`` is what the
+        decision at depth ``d`` (and its slip) settles."""
+        probs: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+
+        def executed(level: int, memory: tuple[int, ...]) -> np.ndarray:
+            key = (level, memory)
+            if key not in probs:
+                q = self._executed(log_probs, task, level, memory)
+                probs[key] = np.asarray(q.detach().double().numpy() if hasattr(q, "detach") else q, dtype=float)
+            return probs[key]
+
+        moments: dict[tuple[int, tuple[int, ...]], tuple[float, float]] = {}
+
+        def future(level: int, memory: tuple[int, ...]) -> tuple[float, float]:
+            # first and second moments of the return still to come from this node
+            key = (level, memory)
+            if key not in moments:
+                if level == self.depth:
+                    v = self._leaf_value(task, memory)
+                    moments[key] = (v, v * v)
+                else:
+                    q = executed(level, memory)
+                    m1 = m2 = 0.0
+                    for a in range(self.n_actions):
+                        r = self._step_reward(task, level, memory, a)
+                        c1, c2 = future(level + 1, self._next(level, memory, a))
+                        m1 += q[a] * (r + c1)
+                        m2 += q[a] * (r * r + 2 * r * c1 + c2)
+                    moments[key] = (m1, m2)
+            return moments[key]
+
+        # the return to come given h depends on h only through its node: E Var(R | h_d) =
+        # sum over depth-d nodes of P(node) Var(future | node)
+        out = []
+        layer = {(): 1.0}
+        for level in range(self.depth + 1):
+            out.append(float(sum(p * (future(level, m)[1] - future(level, m)[0] ** 2) for m, p in layer.items())))
+            if level == self.depth:
+                break
+            nxt: dict[tuple[int, ...], float] = {}
+            for memory, p in layer.items():
+                q = executed(level, memory)
+                for a in range(self.n_actions):
+                    child = self._next(level, memory, a)
+                    nxt[child] = nxt.get(child, 0.0) + p * q[a]
+            layer = nxt
+        return [max(v, 0.0) for v in out]
 
     # ---- SnapshotEnv ---------------------------------------------------------------------
     def _snapshot_kind(self) -> Any:
@@ -182,6 +353,9 @@ class TreeMDPEnv(SnapshotEnv):
             self.n_tasks,
             self.win_threshold,
             self.observe,
+            self.reward,
+            self.success_rate,
+            self.slip,
         )
 
     def _info(self) -> dict[str, Any]:
@@ -193,6 +367,7 @@ class TreeMDPEnv(SnapshotEnv):
 
     def _reset_task(self, task_id: int) -> tuple[str, dict[str, Any]]:
         self._path = ()
+        self._nonce = int(self.np_random.integers(2**62))
         return self.observation_of(task_id, self._path), self._info()
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
@@ -205,48 +380,76 @@ class TreeMDPEnv(SnapshotEnv):
             info = self._info()
             info["invalid_action"] = True
             return obs, 0.0, False, info
-        self._path = (*self._path, index)
+        executed = index
+        if self.slip > 0.0:
+            draw = (self.seed_value, "slip", self.task_id, self._nonce, index)
+            if _uniform(*draw) < self.slip:
+                executed = min(int(_uniform(*draw, "to") * self.n_actions), self.n_actions - 1)
+            self._nonce = int(_uniform(*draw, "nonce") * 2**62)
+        self._path = (*self._path, executed)
         info = self._info()
+        if executed != index:
+            info["slipped"] = True
         if len(self._path) < self.depth:
             return self.observation_of(self.task_id, self._path), 0.0, False, info
         reward = self.reward_of(self.task_id, self._path)
-        info["won"] = reward >= self.win_threshold
+        info["won"] = reward >= (0.5 if self.reward == "binary" else self.win_threshold)
         return self.observation_of(self.task_id, self._path), reward, True, info
 
-    def _get_state(self) -> tuple[int, ...]:
-        return self._path
+    def _get_state(self) -> tuple[tuple[int, ...], int]:
+        return self._path, self._nonce
 
-    def _set_state(self, state: tuple[int, ...]) -> None:
-        self._path = state
+    def _set_state(self, state: tuple[tuple[int, ...], int]) -> None:
+        path, nonce = state
+        self._path, self._nonce = tuple(int(a) for a in path), int(nonce)
 
-    def agent_prior(self, confidence: float = 3.0) -> dict[str, list[float]]:
+    def _task_state_from_portable(self, obj: Any) -> tuple[tuple[int, ...], int]:
+        path, nonce = obj if isinstance(obj, tuple) and len(obj) == 2 else (None, None)
+        if not (isinstance(path, tuple) and len(path) <= self.depth and type(nonce) is int
+                and all(type(a) is int and 0 <= a < self.n_actions for a in path)):
+            raise SnapshotError("portable bytes: not a path of this tree")
+        return path, nonce
+
+    def agent_prior(
+        self,
+        confidence: float = 3.0,
+        *,
+        decisive_confidence: float = 0.0,
+        early_confidence: float | None = None,
+    ) -> dict[str, list[float]]:
         """Logits of a "pretrained agent" for every state of an ``observe="state"`` tree.
 
         Routine decisions get ``confidence`` on the action with the best own reward term
-        (a competent agent rarely fumbles routine steps), decisive ones zeros (it does not know
-        which decision wins): the low-entropy-everywhere-but-the-decisions regime of an
-        SFT-warmed LLM agent, for tabular experiments. Keyed by observation, for every task.
+        (a competent agent rarely fumbles routine steps); routine decisions before the first
+        decisive level get ``early_confidence`` instead (default ``confidence``; 0: the early
+        steps are uniformly random, as an agent exploring an unfamiliar start). Decisive ones get
+        ``decisive_confidence`` on one action fixed by the seed, not the best one (default 0: it
+        does not know which decision wins; higher: a prior that commits early, right or wrong).
+        The default is the low-entropy-everywhere-but-the-decisions regime of an SFT-warmed LLM
+        agent, for tabular experiments. Keyed by observation, for every task.
         """
         if self.observe != "state" or self.decisive_levels is None:
             raise ValueError("agent_prior needs an agent-like tree with observe='state'")
+        first = min(self.decisive_levels)
         prior: dict[str, list[float]] = {}
         for task in range(self.n_tasks):
             for level in range(self.depth):
                 n_decided = sum(1 for d in self.decisive_levels if d < level)
                 for decided in np.ndindex(*([self.n_actions] * n_decided)):
-                    path = [0] * level
-                    for d, a in zip([d for d in self.decisive_levels if d < level], decided, strict=True):
-                        path[d] = a
                     logits = [0.0] * self.n_actions
-                    if level not in self.decisive_levels:
+                    if level in self.decisive_levels:
+                        pick = int(_uniform(self.seed_value, task, "prior", level, tuple(decided)) * self.n_actions)
+                        logits[min(pick, self.n_actions - 1)] = float(decisive_confidence)
+                    else:
                         own = [_uniform(self.seed_value, task, level, self.n_actions, tuple(decided), a) for a in range(self.n_actions)]
-                        logits[int(np.argmax(own))] = float(confidence)
-                    prior[self.observation_of(task, path)] = logits
+                        sure = confidence if early_confidence is None or level > first else early_confidence
+                        logits[int(np.argmax(own))] = float(sure)
+                    prior[self.observation_of(task, self._representative(level, tuple(decided)))] = logits
         return prior
 
     def expert_actions(self) -> list[str]:
         """The path from the current node to the best leaf below it."""
-        _, rest = self._best(self.task_id, self._path)
+        _, rest = self._best(self.task_id, len(self._path), self._memory(self._path))
         return [self.actions[a] for a in rest]
 
     def sample_action(self, rng: np.random.Generator) -> str:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.runs:
             for folder in sorted(Path(args.runs, "runs", "alfworld").glob(f"*/seed{seed}/checkpoint.pt")):
                 policy = make_policy(replace(preset, sft_epochs=0), replace(setup, sft_epochs=0), seed, train)
-                policy.load_state_dict(torch.load(folder, weights_only=False)["policy"])
+                policy.load_state_dict(torch.load(folder, weights_only=True)["policy"])
                 policies[folder.parent.parent.name] = policy
         for split in args.splits:
             eval_setup = replace(setup, eval_split=split)
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             pool = EnvPool([lambda split=split: env_factory(replace(setup, kwargs={**setup.kwargs, "split": split}))()] * 2)
             try:
                 for name, policy in policies.items():
-                    wins = evaluate_episodes(policy, pool, tasks, episodes, seed + 2000)
+                    wins = evaluate_episodes(policy, pool, tasks, episodes, seed)
                     row = per_type(tasks, wins, episodes, types.task_type)
                     out["policies"].setdefault(name, {}).setdefault(split, {})[f"seed{seed}"] = row
                     print(name, split, seed, json.dumps(row), flush=True)

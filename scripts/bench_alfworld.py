@@ -145,10 +145,9 @@ def first_reset(preset: str, max_games: int | None) -> dict[str, Any]:
             env = ALFWorldEnv(split=split, **kwargs)
             others = [t for t in env.task_ids() if t not in set(ids)]
             for task_id in ids:  # generated games are made (and cached) here, not timed
-                game_path = env.games.game_path(task_id)
+                env.games.game_path(task_id)  # makes a generated game
                 if mode == "translated_in_process":
-                    _upstream.translation_path(game_path).unlink(missing_ok=True)
-                    _upstream._fallback_path(env.games.game(task_id)).unlink(missing_ok=True)
+                    _upstream.translation_path(env.games.game(task_id)).unlink(missing_ok=True)
             env.games.game(others[0])
             job = json.dumps({"split": split, "kwargs": kwargs, "warmup": others[0], "tasks": ids})
             done = subprocess.run(

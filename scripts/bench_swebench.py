@@ -19,6 +19,14 @@ with the default quota (``cpus=1``) and with the quota at the host's CPU count::
     python scripts/bench_swebench.py --backend docker --concurrency 1 4 8 16 --cpu-hog \
         --out docs/results/swebench-concurrency/concurrency.json
 
+``--deadlines on off`` runs each level with the host's deadline on every command (the default:
+the output read in a thread the host bounds, ``bpo_envs.swebench.docker_backend``) and off (read
+in the caller's thread, no host deadline), twice each in the order on, off, off, on, so that a
+drift in the host's load weighs on both alike::
+
+    python scripts/bench_swebench.py --backend docker --concurrency 8 --deadlines on off \
+        --out docs/results/swebench-concurrency/deadlines.json
+
 Docker restores take a warm container (started in the background after the snapshot);
 ``restore_after_idle`` restores ``--idle`` seconds after the snapshot (the policy's think time),
 ``restore`` right after one step. ``docker_floor`` times the parts each one is made of on this
@@ -350,6 +358,19 @@ def _cpu_usage(container_id: str) -> int | None:
     return None
 
 
+def deadline_overhead(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per level: the step p50s with the host's deadline on and off, and on/off - 1 (of their means)."""
+    out: dict[str, Any] = {}
+    for n in sorted({lv["envs"] for lv in levels}):
+        p50 = {mode: [lv["step"]["p50_ms"] for lv in levels
+                      if lv["envs"] == n and lv.get("host_deadline") == mode and "step" in lv]
+               for mode in ("on", "off")}
+        if p50["on"] and p50["off"]:
+            out[f"{n}_envs"] = {"step_p50_ms_on": p50["on"], "step_p50_ms_off": p50["off"],
+                                "p50_overhead": round(statistics.mean(p50["on"]) / statistics.mean(p50["off"]) - 1, 3)}
+    return out
+
+
 def concurrency_main(args: argparse.Namespace) -> None:
     from bpo_envs.swebench.images import build_test_image, verified_row
 
@@ -361,21 +382,34 @@ def concurrency_main(args: argparse.Namespace) -> None:
         "host_cpus": os.cpu_count(), "host_mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "load_avg_at_start": os.getloadavg(), "levels": [],
     }
-    for n in args.concurrency:
+    from bpo_envs.swebench.docker_backend import DockerBackend
+
+    modes = [None] if not args.deadlines else (
+        args.deadlines if len(args.deadlines) == 1 else [*args.deadlines, *reversed(args.deadlines)])
+    for n, mode in [(n, mode) for n in args.concurrency for mode in modes]:
+        if mode is not None:
+            DockerBackend._host_deadline = mode == "on"
         try:
             level = concurrency_level(rows, n, args.rounds)
         except RuntimeError as exc:  # a concurrency the host cannot start: the error names the limit
             level = {"envs": n, "error": str(exc)}
+        finally:
+            DockerBackend._host_deadline = True
+        level["host_deadline"] = mode or "on"
         level["load_avg_after"] = os.getloadavg()
         out["levels"].append(level)
         if "error" in level:
             print(f"{n:3d} envs: {level['error']}")
         else:
-            print(f"{n:3d} envs: {level['steps_per_s']:6.2f} steps/s  step p50/p99 {level['step']['p50_ms']}/"
+            print(f"{n:3d} envs, deadlines {level['host_deadline']}: {level['steps_per_s']:6.2f} steps/s  "
+                  f"step p50/p99 {level['step']['p50_ms']}/"
                   f"{level['step']['p99_ms']} ms  snapshot {level['snapshot']['p50_ms']}/{level['snapshot']['p99_ms']}"
                   f" ms  restore {level['restore']['p50_ms']}/{level['restore']['p99_ms']} ms  mem/env "
                   f"{level['memory_per_env_mib']}  errors {level['n_errors']}", flush=True)
         Path(args.out).write_text(json.dumps(out, indent=2))
+    if args.deadlines and len(args.deadlines) == 2:
+        out["deadline_overhead"] = deadline_overhead(out["levels"])
+        print(f"host deadline: {out['deadline_overhead']}")
     if args.cpu_hog:
         out["cpu_hog"] = [cpu_hog(rows, cpus=1.0), cpu_hog(rows, cpus=float(os.cpu_count() or 1))]
         for r in out["cpu_hog"]:
@@ -393,6 +427,8 @@ def main() -> None:
                         help="docker: envs in flight at once, one level each (see the module docstring)")
     parser.add_argument("--rounds", type=int, default=8, help="--concurrency: rounds per env")
     parser.add_argument("--cpu-hog", action="store_true", help="--concurrency: add the CPU-hog neighbour test")
+    parser.add_argument("--deadlines", nargs="+", choices=["on", "off"],
+                        help="--concurrency: with and/or without the host's deadline (see the module docstring)")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--repos", nargs="+", default=["small", "large"],
                         choices=["small", "large", "official"])

@@ -19,6 +19,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bpo_envs  # noqa: E402
+from bpo_envs import sealed as sealed_module  # noqa: E402
 from bpo_envs.alfworld import (  # noqa: E402
     TASK_TYPES,
     ALFWorldEnv,
@@ -250,11 +251,12 @@ def test_first_reset_reads_the_translation_from_disk(monkeypatch: pytest.MonkeyP
     env = ALFWorldEnv(games_per_type=2)
     task = GAME["pick_clean_then_place_in_recep"]
     try:
-        path = _upstream.translation_path(env.games.game_path(task))
+        path = _upstream.translation_path(env.games.game(task))
+        assert path.parent == _upstream.cache_root() / "translations"  # never beside the game
         path.unlink(missing_ok=True)
         _upstream.clear_translation_cache()
         cold = _transitions(env, task)
-        assert path.is_file()  # written beside the game on its first load
+        assert path.is_file()  # written on the game's first load
 
         # a new process: nothing in memory; the translation and grammar parse come from disk
         _upstream.clear_translation_cache()
@@ -269,10 +271,13 @@ def test_first_reset_reads_the_translation_from_disk(monkeypatch: pytest.MonkeyP
         monkeypatch.undo()
         other.close()
 
-        # a damaged or stale file is ignored and rewritten
-        for content in (b"not a pickle", path.read_bytes().replace(b"bpo-alfworld-translation/1", b"bpo-alfworld-translation/0")):
+        # a damaged, stale or unsealed file is ignored and rewritten
+        sealed = path.read_bytes()
+        unsealed = sealed[len(sealed_module.MAGIC) + 32 :]
+        for content in (b"not a pickle", sealed.replace(b"bpo-alfworld-translation/1", b"bpo-alfworld-translation/0"), unsealed):
             path.write_bytes(content)
             _upstream.clear_translation_cache()
+            assert not _upstream.load_translation(env.games.game_path(task), env.games.game(task))
             fresh = ALFWorldEnv(games_per_type=2)
             assert _transitions(fresh, task) == cold
             fresh.close()
@@ -280,23 +285,3 @@ def test_first_reset_reads_the_translation_from_disk(monkeypatch: pytest.MonkeyP
             assert _upstream.load_translation(env.games.game_path(task), env.games.game(task))
     finally:
         env.close()
-
-
-def test_translation_falls_back_to_the_cache_folder_when_beside_the_game_is_not_writable(
-    env: gym.Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    task_id = _upstream_copy(env, GAME["pick_heat_then_place_in_recep"], tmp_path)
-    blocked = tmp_path / "a-file"
-    blocked.write_text("")  # nothing can be created below a file, whoever runs the test
-    monkeypatch.setattr(_upstream, "translation_path", lambda game_path: blocked / "game.tw-pddl.translated.pkl")
-    user = ALFWorldEnv(data_dir=tmp_path, split="valid_seen")
-    try:
-        _upstream.clear_translation_cache()
-        cold = _transitions(user, task_id)
-        fallback = _upstream._fallback_path(user.games.game(task_id))
-        assert fallback.is_file()
-        _upstream.clear_translation_cache()
-        assert _upstream.load_translation(user.games.game_path(task_id), user.games.game(task_id))
-        assert _transitions(user, task_id) == cold
-    finally:
-        user.close()

@@ -23,7 +23,7 @@ def _parse(argv):
     for flag in ("--smoke",):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--preset", default="cpu")
-    for name in ("envs", "algorithms", "import_modules", "algorithm_option"):
+    for name in ("envs", "algorithms", "import_modules", "algorithm_option", "env_server"):
         parser.set_defaults(**{name: None})
     parser.set_defaults(treatment=None)
     holders = compare.add_config_flags(parser)

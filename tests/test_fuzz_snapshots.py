@@ -172,7 +172,8 @@ class ForgetfulTreeMDP(TreeMDPEnv):
     """A broken env: restoring loses the last action of the saved path."""
 
     def _set_state(self, state):
-        super()._set_state(state[:-1])
+        path, nonce = state
+        super()._set_state((path[:-1], nonce))
 
 
 def test_the_fuzzer_catches_a_broken_restore():

@@ -81,10 +81,13 @@ def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, 
     out = tmp_path / "never"
     plan = compare.main(["--smoke", "--plan", "--jobs", "2", "--no-progress", "--out", str(out)])
     assert not out.exists()  # nothing trained, nothing written
-    assert plan["runs"] == 2 * 2 * 5 and plan["wall_seconds"] > 0 and plan["jobs"] == 2
+    # 2 envs x 2 seeds x 6 algorithms, and on TreeMDP (tuned) 3 algorithms x 2 candidates x 1 tuning seed
+    # plus the treatment and the comparator at their defaults on its 2 seeds
+    assert plan["runs"] == 2 * 2 * 6 + 3 * 2 * 1 + 2 * 2 and plan["per_env"]["treemdp"]["tuning_runs"] == 6
+    assert plan["wall_seconds"] > 0 and plan["jobs"] == 2
     webshop = plan["per_env"]["webshop"]
     assert webshop["source"].startswith("pilot") and webshop["compute_per_run"] == 4 * 128
-    assert set(webshop["mde"]) == {"bpo", "grpo", "frozen", "reinforce"} and webshop["mde"]["bpo"]["final"] > 0
+    assert set(webshop["mde"]) == {"bpo", "grpo", "frozen", "reinforce", "rloo-2x"} and webshop["mde"]["bpo"]["final"] > 0
     text = capsys.readouterr().out
     assert "Expected wall time with --jobs 2" in text and "detectable effect" in text
 

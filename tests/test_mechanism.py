@@ -62,6 +62,7 @@ def test_counts_and_costs_of_a_known_shape() -> None:
     assert m.fork_steps_per_leaf == pytest.approx(34 / 8)
     assert m.independent_steps_per_trajectory == pytest.approx(5.0)
     assert m.fork_cost_ratio == pytest.approx(34 / 40)
+    assert m.branching_share == 1.0 and m.steps_per_backbone == pytest.approx(17.0)
     assert m.tasks_per_update == 1.0
     assert 1.0 <= m.distinct_siblings <= 3.0
     assert set(m.entropy_by_depth) == {1, 2, 3, 4}
@@ -77,6 +78,7 @@ def test_independent_batches_have_no_eta_and_count_zero_variance_groups() -> Non
     assert m.prefix_explained is None and m.branch_nodes == 0
     assert m.fork_steps_per_leaf == pytest.approx(5.0) and m.fork_cost_ratio == pytest.approx(1.0)
     assert m.zero_variance_groups == 0.0  # continuous rewards: four equal returns never happen
+    assert m.branching_share == 0.0 and m.steps_per_backbone == pytest.approx(5.0)
 
 
 def test_prediction_follows_its_formula() -> None:
@@ -90,3 +92,6 @@ def test_prediction_follows_its_formula() -> None:
     ratios = [predict_variance_ratio(x, backbones=2, branch_factor=4, group_size=4, horizon=3) for x in late]
     assert ratios[1] < ratios[0]
     assert ratios[0] == pytest.approx(0.75 * 0.8 * 4 / 3 / (4 / 3))
+    # backbones that never branch are RLOO-K0 trajectories: RLOO-2 against RLOO-4 is 2 / (4/3)
+    never = Mechanism(None, None, 0, {}, 8.0, 8.0, 0.0, None, 4.0, {}, branching_share=0.0, steps_per_backbone=8.0)
+    assert predict_variance_ratio(never, backbones=2, branch_factor=4, group_size=4) == pytest.approx(1.5)

@@ -161,6 +161,41 @@ def test_an_actor_killed_mid_tree_costs_only_its_paths(restarts):
         assert len(trainer.train()) == 2
 
 
+class StuckOnce(gym.Wrapper):
+    """A TreeMDP whose step hangs once among all processes (the first to create ``flag``): a
+    stuck env (a hung daemon, a deadlock)."""
+
+    def __init__(self, env, flag):
+        super().__init__(env)
+        self.flag = flag
+
+    def step(self, action):
+        try:
+            os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL))
+            time.sleep(3600)
+        except FileExistsError:
+            pass
+        return self.env.step(action)
+
+
+def stuck_once_fn(flag):
+    return StuckOnce(tree_fn(), flag)
+
+
+def test_a_stuck_step_times_out_and_its_actor_is_replaced(tmp_path):
+    from bpo_envs.pool import DEFAULT_STEP_TIMEOUT_S
+
+    with RayEnvPool(tree_fn, actors=1) as pool:
+        assert pool.timeout_s == DEFAULT_STEP_TIMEOUT_S  # an hour by default: stuck envs end
+    with RayEnvPool(functools.partial(stuck_once_fn, str(tmp_path / "hung")), actors=2, timeout_s=3.0) as pool:
+        algorithm = BPO(backbones=2, branch_factor=2, entropy_threshold=0.0, max_branch_points=2, seed=0)
+        t0 = time.monotonic()
+        batch = algorithm.collect(TabularPolicy(seed=0), pool, [0, 0])
+        assert time.monotonic() - t0 < 60
+        assert batch.n_trees == 2 and batch.compute.failures >= 1 and batch.compute.dropped_steps == 0
+        assert pool.stats["actor_restarts"] >= 1
+
+
 def test_bad_arguments_name_themselves():
     for kwargs, name in (({"actors": 0}, "actors"), ({"envs_per_actor": 0}, "envs_per_actor"), ({"timeout_s": -1}, "timeout_s"), ({"retries": -1}, "retries")):
         with pytest.raises(ValueError, match=name):

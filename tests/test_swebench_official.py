@@ -90,10 +90,10 @@ def test_verified_row_resolves_with_gold_patch_in_the_testbed_env(row):
         env.close()
 
 
-def test_grading_network_is_on_by_default_and_can_be_cut(row):
+def test_grading_network_is_off_by_default_and_can_be_opted_into(row):
     netcheck = _variant(row, "net", f"test -e /sys/class/net/eth0 && {row['test_cmd']}")
-    for network, resolved in ((True, True), (False, False)):
-        env = SWEBenchEnv(instances=[netcheck], backend="docker", grading_network=network)
+    for kwargs, resolved in (({}, False), ({"grading_network": True}, True)):
+        env = SWEBenchEnv(instances=[netcheck], backend="docker", **kwargs)
         try:
             obs, reward, info = _gold(env)
             assert info["resolved"] is resolved

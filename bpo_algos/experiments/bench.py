@@ -44,6 +44,7 @@ import torch
 
 from baselines import RLOO
 from bpo_algos import BPO, Algorithm, EnvPool, TabularPolicy
+from bpo_envs.files import atomic_write
 from bpo_envs.timing import (
     random_walk,
     replay_restore_ms,
@@ -426,9 +427,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_envs.json").write_text(json.dumps(report, indent=2, default=str))
+    atomic_write(out / "bench_envs.json", json.dumps(report, indent=2, default=str))
     text = markdown(report)
-    (out / "bench_envs.md").write_text(text)
+    atomic_write(out / "bench_envs.md", text)
     print(text)
     print(f"wrote {out / 'bench_envs.json'} and {out / 'bench_envs.md'}")
     return report

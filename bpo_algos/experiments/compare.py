@@ -66,23 +66,44 @@ from bpo_algos.experiments.presets import (
     EnvSetup,
     Preset,
     preset_dict,
+    with_server,
 )
 from bpo_algos.experiments.report import example_trees, markdown, plots
 from bpo_algos.experiments.runner import (
     algorithm_class,
+    build_algorithm,
     initial_dir,
     initial_job,
+    option_kinds,
     run_dir,
     run_one,
+    task_order,
     task_split_with_provenance,
 )
-from bpo_algos.experiments.stats import METRICS, aggregate
+from bpo_algos.experiments.stats import METRICS, aggregate, run_metrics
+from bpo_algos.experiments.tuning import (
+    DEFAULTS_SUFFIX,
+    TuningConfig,
+    candidate_options,
+    check_tuning,
+    choose,
+    tuning_tasks,
+)
+from bpo_algos.experiments.tuning import label as tuning_label
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import algorithm_factory, registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
+from bpo_envs.files import (
+    FolderLock,
+    FolderLockedError,
+    atomic_write,
+    read_json_or_redo,
+    write_json,
+)
+from bpo_envs.sealed import SealError, seal, unseal
 
-PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment")
+PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment", "tuning")
 """Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
 whose fields get flags, tables)."""
 OLD_FLAGS = {"group_size": "--ALGORITHM.group-size", "backbones": "--bpo.backbones", "branch_factor": "--bpo.branch-factor"}
@@ -147,7 +168,10 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
         algorithm, key, value = _parse_algorithm_option(item)
         preset.algorithm_options.setdefault(algorithm, {})[key] = value
     _apply_flags(preset, args, holders)
+    for url in args.env_server or ():
+        preset.envs = with_server(preset.envs, url)
     check_comparison(preset)
+    apply_tuning_flags(preset, args)
     for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
@@ -176,6 +200,42 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     return preset
+
+
+def apply_tuning_flags(preset: Preset, args: argparse.Namespace) -> None:
+    """``--tune`` / ``--no-tune``, ``--tuning-seeds``, ``--tuning-grid KIND=JSON`` and
+    ``--allow-unequal-grids`` on ``preset.tuning``, then :func:`~bpo_algos.experiments.tuning.check_tuning`:
+    a bad tuning setting is an error before any run."""
+    tune = getattr(args, "tune", None)
+    seeds = getattr(args, "tuning_seeds", None)
+    grids = getattr(args, "tuning_grid", None) or ()
+    unequal = bool(getattr(args, "allow_unequal_grids", False))
+    if tune is False:
+        if seeds is not None or grids or unequal:
+            raise SystemExit("--no-tune with --tuning-seeds / --tuning-grid / --allow-unequal-grids: choose one")
+        preset.tuning = None
+        return
+    if preset.tuning is None and (tune or seeds is not None or grids or unequal):
+        preset.tuning = TuningConfig()
+    if preset.tuning is None:
+        return
+    if seeds is not None:
+        preset.tuning.seeds = tuple(seeds)
+    for item in grids:
+        kind, sep, raw = item.partition("=")
+        try:
+            grid = json.loads(raw) if sep else None
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--tuning-grid {item!r}: VALUE is not JSON ({exc})") from None
+        if not kind or not isinstance(grid, list) or not all(isinstance(c, dict) for c in grid):
+            raise SystemExit(f"--tuning-grid takes KIND=[{{option: value, ...}}, ...] (a JSON list of option dicts), got {item!r}")
+        preset.tuning.grids[kind] = tuple(grid)
+    if unequal:
+        preset.tuning.allow_unequal_grids = True
+    try:
+        check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset))
+    except ValueError as exc:
+        raise SystemExit(f"bpo-compare --tune: {exc}") from exc
 
 
 def check_comparison(preset: Preset) -> None:
@@ -250,6 +310,8 @@ def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> N
             raise SystemExit(f"{flag} is given but no env of this comparison is {env_id} (choose it with --envs)")
         for setup in setups:
             setup.kwargs[option] = str(value)
+            if option == "instances":
+                setup.kwargs.pop("instance_ids", None)  # a preset's pick among the bundled rows
     swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
     apply_swe_train_rows(preset, args, swe)
     if name.startswith("gpu") and swe and not (swe[0].eval_kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
@@ -312,6 +374,7 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
         raise SystemExit(f"--swe-train-instances / --swe-instances: {exc}") from exc
     for setup in setups:
         setup.kwargs["instances"] = str(train)
+        setup.kwargs.pop("instance_ids", None)
         setup.eval_kwargs["instances"] = str(evaluation)
         setup.eval_split = "rows"
 
@@ -334,7 +397,7 @@ def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] 
     settings = {e: env_setting(current, e) for e in preset.envs}
     for env_name, setting in settings.items():
         path = out / "runs" / env_name / "setting.json"
-        saved_setting = json.loads(path.read_text()) if path.exists() else None
+        saved_setting = read_json_or_redo(path)
         if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
             saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
         if saved_setting is None:
@@ -357,9 +420,9 @@ def check_same_data(out: Path, data: dict[str, Any]) -> None:
     """The same preset on other data (a new generator version, other files) is another setting:
     refuse a folder whose ``data.json`` names other data for an env."""
     previous = out / "data.json"
-    if not previous.exists():
+    saved = read_json_or_redo(previous)
+    if saved is None:
         return
-    saved = json.loads(previous.read_text())
     moved = sorted(e for e in data if e in saved and _data_identity(saved[e]) != _data_identity(data[e]))
     if moved:
         raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous}); choose another --out")
@@ -390,7 +453,18 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--swe-images-dir", help="folder of `docker save` tarballs of the SWE-bench instance images")
     parser.add_argument("--webshop-data", help="WebShop data folder (default: the bundled catalog)")
     parser.add_argument("--alfworld-data", help="ALFWorld data folder (default: $ALFWORLD_DATA, the cache, or generated games)")
+    parser.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
+                        help="tune every algorithm's shape options by the fixed protocol first (docs/main-job.md, 'Tuning'); "
+                        "default: the preset's (the cpu preset tunes WebShop)")
+    parser.add_argument("--tuning-seeds", type=int, nargs="+", help="tuning seeds (disjoint from the evaluation seeds)")
+    parser.add_argument("--tuning-grid", action="append", metavar="KIND=JSON",
+                        help='one kind\'s candidates, e.g. rloo=\'[{"group_size": 2}, {"group_size": 4}]\'; repeatable')
+    parser.add_argument("--allow-unequal-grids", action="store_true", help="allow tuning grids of different sizes")
+    parser.add_argument("--env-server", action="append", metavar="URL",
+                        help="step the env that a bpo-serve server at URL serves there (docs/serving.md); repeatable")
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--report-only", action="store_true", help="with --resume: run nothing, report the seeds whose runs "
+                        "have all finished (an interrupted comparison; results.json names the unfinished seeds)")
     parser.add_argument("--jobs", type=_jobs, default=None,
                         help="independent runs in this many worker processes (default: the number of cores); the results of --jobs 1")
     parser.add_argument("--ray", metavar="ADDRESS", help="run the runs as Ray tasks on the cluster at ADDRESS (HOST:PORT, "
@@ -404,6 +478,28 @@ def command_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run ``bpo-compare`` holding the lock on ``--out`` (``--out/.lock``): a second comparison
+    into the same folder refuses at once, naming the holder's pid (docs/main-job.md)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--out", default=command_parser().get_default("out"))
+    for flag in ("--plan", "--list-algorithms", "-h", "--help"):
+        early.add_argument(flag, action="store_true")
+    known = early.parse_known_args(argv)[0]
+    reads_only = known.plan or known.list_algorithms or known.h or known.help
+    if reads_only or int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds it
+        return _main(argv)
+    try:
+        lock = FolderLock(known.out, "another bpo-compare")
+        lock.acquire()
+    except FolderLockedError as exc:
+        raise SystemExit(str(exc)) from None
+    try:
+        return _main(argv)
+    finally:
+        lock.release()
+
+
+def _main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = command_parser()
     # modules named by --import register algorithms (and so flags of their options) first
     imports = argparse.ArgumentParser(add_help=False)
@@ -430,13 +526,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
     check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.resume:
+    if out.exists() and any(p.name != FolderLock.NAME for p in out.iterdir()) and not args.resume:
         raise SystemExit(f"{out} is not empty: pass --resume to continue it, or choose another --out")
     dp.barrier()  # every rank has looked at --out before rank 0 writes into it
     writer = dp.rank() == 0
     out.mkdir(parents=True, exist_ok=True)
     previous_preset = out / "preset.json"
-    saved_preset = json.loads(previous_preset.read_text()) if previous_preset.exists() else None
+    saved_preset = read_json_or_redo(previous_preset)
     if saved_preset is not None:
         wandb_group = preset.trainer.wandb_group or saved_preset.get("trainer", {}).get("wandb_group")
         preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
@@ -454,28 +550,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     previous_data = out / "data.json"
     check_same_data(out, data)
     if writer:
-        (out / "preset.json").write_text(json.dumps(preset_dict(preset), indent=2))
+        write_json(out / "preset.json", preset_dict(preset), indent=2)
         for env_name, setting in settings.items():
             (out / "runs" / env_name).mkdir(parents=True, exist_ok=True)
-            (out / "runs" / env_name / "setting.json").write_text(json.dumps(setting, indent=2))
-        previous_data.write_text(json.dumps({**(json.loads(previous_data.read_text()) if previous_data.exists() else {}), **data}, indent=2))
+            write_json(out / "runs" / env_name / "setting.json", setting, indent=2)
+        write_json(previous_data, {**read_json_or_redo(previous_data, {}), **data}, indent=2)
 
     from tqdm.auto import tqdm
 
     modules = tuple(args.import_modules or ())
     progress = not args.no_progress and sys.stderr.isatty()
     workers = 1 if args.ray is None and jobs == 1 else jobs
+    session = start_session(out, workers, bool(args.resume)) if writer else None
+    kinds = option_kinds(preset.algorithms, preset)
+    tuning = preset.tuning
+    tuned_envs = [e for e in preset.envs if tuning is not None and tuning.tunes(e)]
+    # the tuning criterion's held-out training tasks (never an evaluation task) and its setting
+    tune_tasks = {e: tuning_tasks(task_order(preset.envs[e]), splits[e][0], splits[e][1], tuning.tasks) for e in tuned_envs}
+    tune_preset = {e: tuning_preset(preset, e) for e in tuned_envs}
     pairs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
-    # 1. the initial policies and their evaluation (the warm start), one per (env, seed)
+    tune_pairs = [(e, s) for e in tuned_envs for s in tuning.seeds]
+    # 1. the initial policies and their evaluation (the warm start), one per (env, seed): the
+    #    evaluation seeds' on the evaluation tasks, the tuning seeds' on the held-out training tasks
     initials: dict[tuple[str, int], dict[str, Any]] = {}
     todo = []
-    for env_name, seed in pairs:
+    for env_name, seed in pairs + tune_pairs:
         folder = initial_dir(out, env_name, seed)
-        if (folder / "initial.json").exists():
-            initials[(env_name, seed)] = _load_initial(folder)
+        loaded = _load_initial(folder)
+        if loaded is not None:
+            initials[(env_name, seed)] = loaded
         else:
-            train_tasks, eval_tasks, _ = splits[env_name]
-            todo.append(((env_name, seed), (initial_job, (preset, env_name, seed, train_tasks, eval_tasks))))
+            tuning_seed = (env_name, seed) in tune_pairs
+            train_tasks, eval_tasks = splits[env_name][0], tune_tasks[env_name] if tuning_seed else splits[env_name][1]
+            job_preset = tune_preset[env_name] if tuning_seed else preset
+            todo.append(((env_name, seed), (initial_job, (job_preset, env_name, seed, train_tasks, eval_tasks))))
     bar = tqdm(total=len(todo), desc="initial policies", disable=args.no_progress or not todo)
 
     def initial_done(i: int, value: dict[str, Any]) -> None:
@@ -484,54 +592,124 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             _save_initial(initial_dir(out, *key), value)
         initials[key] = value
         bar.update(1)
+        note_session(out, session)
 
-    execute([call for _, call in todo], workers, args.ray, modules, initial_done)
+    if not args.report_only:
+        execute([call for _, call in todo], workers, args.ray, modules, initial_done)
     bar.close()
-    # 2. the runs, one per (env, algorithm, seed); the longest first (they are independent)
-    keys = [(e, a, s) for e, s in pairs for a in preset.algorithms]
     runs: dict[tuple[str, str, int], dict[str, Any]] = {}
-    calls = []
-    for env_name, algorithm, seed in keys:
-        done = run_dir(out, env_name, algorithm, seed) / "run.json"
-        if done.exists():
-            runs[(env_name, algorithm, seed)] = json.loads(done.read_text())
-            continue
-        train_tasks, eval_tasks, _ = splits[env_name]
+
+    def run_call(env_name: str, label: str, seed: int, run_preset: Preset, eval_tasks: list[Any]) -> Any:
         init = initials[(env_name, seed)]
-        run_args = (out, preset, env_name, algorithm, seed, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
-                    progress and workers == 1)
-        calls.append(((env_name, algorithm, seed), (run_one, run_args)))
-    calls.sort(key=lambda item: -_expected_cost(preset, *item[0]))
-    bar = tqdm(total=len(calls), desc="runs", disable=args.no_progress or not calls)
+        return (run_one, (out, run_preset, env_name, label, seed, init["policy"], init["warm"], init["reference"],
+                          splits[env_name][0], eval_tasks, progress and workers == 1))
 
-    def run_done(i: int, value: dict[str, Any]) -> None:
-        key = calls[i][0]
-        done = run_dir(out, *key) / "run.json"
-        if writer and not done.exists():  # a run on another machine (Ray): its result comes back here
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.write_text(json.dumps(value))
-        runs[key] = value
-        bar.set_postfix(env=key[0], algorithm=key[1], seed=key[2])
-        bar.update(1)
+    def run_all(keys: list[tuple[tuple[str, str, int], Preset, list[Any]]], desc: str) -> None:
+        calls = []
+        for key, run_preset, eval_tasks in keys:
+            done = run_dir(out, *key) / "run.json"
+            saved_run = read_json_or_redo(done)
+            if saved_run is not None:
+                runs[key] = saved_run
+            else:
+                calls.append((key, run_call(*key, run_preset, eval_tasks)))
+        if args.report_only:  # nothing new runs
+            return
+        calls.sort(key=lambda item: -_expected_cost(preset, *item[0]))
+        bar = tqdm(total=len(calls), desc=desc, disable=args.no_progress or not calls)
 
-    execute([call for _, call in calls], workers, args.ray, modules, run_done)
-    bar.close()
-    ordered = [runs[k] for k in keys]
-    results = aggregate(ordered, preset, list(preset.envs))
+        def run_done(i: int, value: dict[str, Any]) -> None:
+            key = calls[i][0]
+            done = run_dir(out, *key) / "run.json"
+            if writer and not done.exists():  # a run on another machine (Ray): its result comes back here
+                done.parent.mkdir(parents=True, exist_ok=True)
+                write_json(done, value)
+            runs[key] = value
+            bar.set_postfix(env=key[0], algorithm=key[1], seed=key[2])
+            bar.update(1)
+            note_session(out, session)
+
+        execute([call for _, call in calls], workers, args.ray, modules, run_done)
+        bar.close()
+
+    # 2. tuning: every candidate on every tuning seed; beside them (independent of the choice)
+    #    the treatment and the comparator at their defaults on the evaluation seeds
+    tuned_kinds = [k for k in dict.fromkeys(kinds.values()) if tuning is not None and k in tuning.grids]
+    candidates = {(e, k): list(tuning.grids[k]) for e in tuned_envs for k in tuned_kinds}
+    phase: list[tuple[tuple[str, str, int], Preset, list[Any]]] = []
+    for (env_name, kind), grid in candidates.items():
+        for i, candidate in enumerate(grid):
+            run_preset = with_options(tune_preset[env_name], env_name, kind, candidate)
+            phase += [((env_name, tuning_label(kind, i), s), run_preset, tune_tasks[env_name]) for s in tuning.seeds]
+    run_all(phase, "tuning runs")
+    missing = [key for key, _, _ in phase if key not in runs]
+    if missing:
+        raise SystemExit(f"--report-only: the tuning has not finished ({len(missing)} tuning run(s) missing, e.g. {missing[0]})")
+    tuned = copy.deepcopy(preset)
+    tuning_results: dict[str, dict[str, Any]] = {}
+    for (env_name, kind), grid in candidates.items():
+        per_seed = [[run_metrics(runs[(env_name, tuning_label(kind, i), s)], tune_preset[env_name], preset.budget_unit)[tuning.criterion]
+                     for s in tuning.seeds] for i in range(len(grid))]
+        best, scores = choose(per_seed)
+        tuned = with_options(tuned, env_name, kind, grid[best])
+        tuning_results.setdefault(env_name, {})[kind] = {
+            "algorithms": [a for a, k in kinds.items() if k == kind],
+            "candidates": grid, "scores": scores, "scores_per_seed": per_seed, "chosen": grid[best], "chosen_index": best,
+            "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(tune_tasks[env_name])} held-out "
+            f"training tasks x {tuning.episodes} episode(s)", "tasks": len(tune_tasks[env_name]),
+        }
+    # 3. the comparison: every algorithm at its tuned options (the controls at their algorithm's),
+    #    and the treatment and the comparator at their defaults (a default equal to the tuned
+    #    choice is the tuned run itself)
+    default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned_kinds]
+    default_seeds = {e: list(preset.for_env("seeds", e))[: tuning.default_seeds] for e in tuned_envs}
+    same = {(e, a) for e in tuned_envs for a in default_labels
+            if build_algorithm(a.split("@")[0], preset, 0, e).config() == build_algorithm(a.split("@")[0], tuned, 0, e).config()}
+    # seed by seed (the runs start in this order: an interrupted comparison has whole seeds)
+    work = []
+    for e, s in pairs:
+        work += [((e, a, s), tuned, splits[e][1]) for a in preset.algorithms]
+        work += [((e, a, s), preset, splits[e][1]) for a in default_labels if s in default_seeds.get(e, ()) and (e, a) not in same]
+    run_all(work, "runs")
+    for e, s in pairs:
+        for a in default_labels:
+            if (e, a) in same and s in default_seeds[e] and (e, a.split("@")[0], s) in runs:
+                runs[(e, a, s)] = {**runs[(e, a.split("@")[0], s)], "algorithm": a, "same_as_tuned": True}
+    finished = {e: [s for s in preset.for_env("seeds", e) if all((e, a, s) in runs for a in preset.algorithms)] for e in preset.envs}
+    if args.report_only:  # the seeds whose every run has finished
+        unfinished = {e: [s for s in preset.for_env("seeds", e) if s not in finished[e]] for e in preset.envs}
+        if not all(len(v) >= 2 for v in finished.values()):
+            raise SystemExit(f"--report-only: fewer than 2 finished seeds per env ({finished})")
+        tuned.seeds = {**({e: tuned.for_env("seeds", e) for e in tuned.envs}), **{e: tuple(v) for e, v in finished.items()}}
+    keys = [(e, a, s) for e in preset.envs for s in finished[e] for a in preset.algorithms]
+    default_keys = [(e, a, s) for e in tuned_envs for a in default_labels for s in default_seeds[e] if (e, a, s) in runs and s in finished[e]]
+    labels = [*preset.algorithms, *default_labels]
+    ordered = [runs[k] for k in keys] + [runs[k] for k in default_keys]
+    results = aggregate(ordered, tuned, list(preset.envs), labels)
+    if args.report_only:
+        results["unfinished_seeds"] = unfinished
     if not writer:  # rank 0 reports
         return results
-    results["example_trees"] = example_trees(ordered, out)
+    results["preset"] = preset_dict(preset)  # as given (the tuned options are under per_env[env]["tuning"])
+    results["example_trees"] = example_trees([runs[k] for k in keys], out)
     for env_name in preset.envs:
         results["per_env"][env_name]["data"] = data[env_name]
-    results["code_versions"] = code_versions(initials.values(), ordered, out)
+        if env_name in tuning_results:
+            results["per_env"][env_name]["tuning"] = tuning_results[env_name]
+    tuning_runs = [r for k, r in runs.items() if "@tune" in k[1]]
+    results["code_versions"] = code_versions(initials.values(), [*ordered, *tuning_runs], out)
+    sessions = note_session(out, session)
     results["timing"] = {
         "wall_seconds": time.perf_counter() - started,
+        "total_wall_seconds": float(sum(s["wall_seconds"] for s in sessions)),
+        "sessions": sessions,
         "jobs": workers,
         "ranks": ranks,
         "ray": args.ray,
         "cpu_count": os.cpu_count(),
-        "resumed": bool(args.resume),
+        "resumed": len(sessions) > 1,
         "run_seconds_total": float(sum(r["seconds"] for r in ordered)),
+        "tuning_run_seconds_total": float(sum(r["seconds"] for r in tuning_runs)),
         "initial_seconds_total": float(sum(i["warm"].get("seconds_build", 0.0) + i["warm"].get("seconds_eval", 0.0)
                                            + i["warm"].get("seconds_reference", 0.0) for i in initials.values())),
     }
@@ -539,10 +717,61 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
+def tuning_preset(preset: Preset, env: str) -> Preset:
+    """The setting of ``env``'s tuning runs: ``preset`` with the tuning's episodes per
+    evaluation (the held-out tasks are passed to the runs)."""
+    out = copy.deepcopy(preset)
+    out.envs[env].eval_split = "held-out"  # the held-out tasks are the training env's
+    episodes = dict(out.eval_episodes) if isinstance(out.eval_episodes, dict) else {e: out.eval_episodes for e in out.envs}
+    episodes[env] = preset.tuning.episodes
+    out.eval_episodes = episodes
+    return out
+
+
+def with_options(preset: Preset, env: str, kind: str, candidate: dict[str, Any]) -> Preset:
+    """A copy of ``preset`` whose ``env`` runs ``kind``'s algorithms (its variants and the
+    controls that collect as it) with ``candidate`` over its current options."""
+    out = copy.deepcopy(preset)
+    setup = out.envs[env]
+    base = setup.options.get(kind) or out.options.get(kind) or option_classes()[kind]()
+    setup.options[kind] = candidate_options(base, candidate)
+    return out
+
+
+def start_session(out: Path, jobs: int, resumed: bool) -> dict[str, Any]:
+    """Record this invocation in ``out/sessions.json`` (its start, jobs, the machine's load) and
+    return its entry; :func:`note_session` keeps its wall time current, so an interrupted session
+    still counts in the total across resumes."""
+    entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_seconds": 0.0, "jobs": jobs,
+             "resume_flag": resumed, "load_start": list(os.getloadavg()), "_t0": time.perf_counter()}
+    path = out / "sessions.json"
+    sessions = read_json_or_redo(path, [])
+    entry["index"] = len(sessions)
+    _write_sessions(path, [*sessions, entry])
+    return entry
+
+
+def note_session(out: Path, entry: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Update this session's wall time and load in ``out/sessions.json``; returns every session."""
+    path = out / "sessions.json"
+    sessions = read_json_or_redo(path, [])
+    if entry is not None:
+        entry["wall_seconds"] = time.perf_counter() - entry["_t0"]
+        entry["load_now"] = list(os.getloadavg())
+        sessions = [s for s in sessions if s.get("index") != entry["index"]] + [entry]
+        sessions.sort(key=lambda s: s.get("index", 0))
+        _write_sessions(path, sessions)
+    return [{k: v for k, v in s.items() if not k.startswith("_")} for s in sessions]
+
+
+def _write_sessions(path: Path, sessions: list[dict[str, Any]]) -> None:
+    write_json(path, [{k: v for k, v in s.items() if not k.startswith("_")} for s in sessions], indent=2)
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
     """``results.json``, ``results.md`` and the plots into ``out``; the Markdown is printed too."""
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(markdown(results))
+    write_json(out / "results.json", results, indent=2)
+    atomic_write(out / "results.md", markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
     print(markdown(results))
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
@@ -569,16 +798,33 @@ def _save_initial(folder: Path, value: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("policy", "reference"):
         if value[name] is not None:
-            (folder / f"{name}.pt").write_bytes(value[name])
-    (folder / "initial.json").write_text(json.dumps(value["warm"]))
+            # policy.pt pickles a whole policy object: sealed, so only this user's files load
+            data = seal(value[name], POLICY_SEAL) if name == "policy" else value[name]
+            atomic_write(folder / f"{name}.pt", data)
+    write_json(folder / "initial.json", value["warm"])  # last: it marks the job done
 
 
-def _load_initial(folder: Path) -> dict[str, Any]:
+POLICY_SEAL = "bpo-compare-initial-policy"
+
+
+def _load_initial(folder: Path) -> dict[str, Any] | None:
+    """The saved initial job in ``folder``; None when it is to be (re)done."""
+    warm = read_json_or_redo(folder / "initial.json")
+    if warm is None:
+        return None
+
     def read(name: str) -> bytes | None:
         path = folder / f"{name}.pt"
         return path.read_bytes() if path.exists() else None
 
-    return {"warm": json.loads((folder / "initial.json").read_text()), "policy": read("policy"), "reference": read("reference")}
+    policy = read("policy")
+    if policy is not None:
+        try:
+            policy = unseal(policy, POLICY_SEAL, str(folder / "policy.pt"))
+        except SealError as exc:
+            print(f"warning: {exc}; redoing it", file=sys.stderr)
+            return None
+    return {"warm": warm, "policy": policy, "reference": read("reference")}
 
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")

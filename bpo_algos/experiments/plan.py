@@ -41,11 +41,13 @@ from bpo_algos.experiments.runner import (
     eval_points,
     evaluate_episodes,
     make_policy,
+    option_kinds,
     probes_on,
     task_split,
     trainer_config,
 )
 from bpo_algos.experiments.stats import METRICS, minimal_detectable_effect
+from bpo_envs.files import CorruptFileError, read_json
 
 PILOT_UPDATES = 3
 """Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
@@ -59,7 +61,10 @@ def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | N
     if plan_from is not None:
         if not plan_from.exists():
             raise SystemExit(f"--plan-from {plan_from}: no such file")
-        return json.loads(plan_from.read_text()), str(plan_from)
+        try:
+            return read_json(plan_from), str(plan_from)
+        except CorruptFileError as exc:
+            raise SystemExit(f"--plan-from: {exc}") from None
     if preset.recorded_results:
         path = REPOSITORY / preset.recorded_results
         if path.exists():
@@ -82,7 +87,7 @@ def _pilot(preset: Preset, env: str) -> dict[str, Any]:
     pool = Pool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
     try:
         t0 = time.perf_counter()
-        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env), seed + 2000)
+        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env), seed)
         evaluation = time.perf_counter() - t0
     finally:
         pool.close()
@@ -105,8 +110,26 @@ def _pilot(preset: Preset, env: str) -> dict[str, Any]:
     }
 
 
+def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
+    """The runs tuning adds on ``env`` (:mod:`bpo_algos.experiments.tuning`), as the algorithm each
+    costs like: ``{"tuning": [...], "defaults": [...]}``: every candidate of every tuned kind
+    once per tuning seed, and the treatment and the comparator at their defaults once per
+    evaluation seed of the secondary row (counted even where a default will equal the tuned choice)."""
+    tuning = preset.tuning
+    if tuning is None or not tuning.tunes(env):
+        return {"tuning": [], "defaults": []}
+    kinds = option_kinds(preset.algorithms, preset)
+    tuned = [k for k in dict.fromkeys(kinds.values()) if k in tuning.grids]
+    runs_as = {k: next(a for a, kind in kinds.items() if kind == k) for k in tuned}
+    tuning_runs = [runs_as[k] for k in tuned for _ in tuning.grids[k] for _ in tuning.seeds]
+    seeds = list(preset.for_env("seeds", env))[: tuning.default_seeds]
+    defaults = [a for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned for _ in seeds]
+    return {"tuning": tuning_runs, "defaults": defaults}
+
+
 def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: bool = True) -> dict[str, Any]:
-    """Print and return the plan of ``preset`` with ``jobs`` parallel runs (module docstring)."""
+    """Print and return the plan of ``preset`` with ``jobs`` parallel runs (module docstring);
+    tuning's runs (:func:`extra_runs`) are counted and costed like their algorithm's."""
     saved, source = recorded(preset, plan_from)
     envs: dict[str, Any] = {}
     total_seconds = 0.0
@@ -116,10 +139,13 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
         updates = preset.trainer_for(env).updates
         points = eval_points(preset, env)
         probing = [s for s in seeds if probes_on(preset, env, s)]
+        extra = extra_runs(preset, env)
         entry: dict[str, Any] = {
             "seeds": seeds,
             "algorithms": list(preset.algorithms),
-            "runs": n * len(preset.algorithms),
+            "runs": n * len(preset.algorithms) + len(extra["tuning"]) + len(extra["defaults"]),
+            "tuning_runs": len(extra["tuning"]),
+            "default_runs": len(extra["defaults"]),
             "updates": updates,
             "budget_per_update": preset.budget[env],
             "budget_unit": preset.budget_unit,
@@ -191,6 +217,9 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
                 f"evaluation noise alone (warm start success {pilot['warm_success']:.3f}, {episodes} episodes per evaluation, {n} seeds): "
                 "a lower bound, training adds its own spread"
             )
+        extra_seconds = sum(entry["seconds_per_run"].get(a, 0.0) for a in extra["tuning"] + extra["defaults"])
+        entry["seconds_extra"] = extra_seconds
+        run_seconds += extra_seconds
         entry["seconds_total"] = run_seconds
         total_seconds += run_seconds
         envs[env] = entry
@@ -225,6 +254,9 @@ def render(result: dict[str, Any]) -> str:
             f"of {e['eval_tasks']} tasks x {e['eval_episodes']} episodes; gradient probes on seeds {e['probe_seeds']}.",
             f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs",
         ]
+        if e.get("tuning_runs") or e.get("default_runs"):
+            lines.append(f"  tuning: {e['tuning_runs']} candidate runs on the tuning seeds and {e['default_runs']} runs of the "
+                         f"treatment and comparator at their defaults ({e['seconds_extra'] / 60:.1f} min, included)")
         if "gpu_hours" in e:
             lines.append(f"  {e['gpu_hours']:,.0f} GPU-hours: {e['days_on_1xH200']:,.0f} days on one H200, {e['days_on_8xH100']:,.0f} days on 8 x H100")
         for a in e["algorithms"]:

@@ -19,6 +19,7 @@ from baselines.grpo import GRPOOptions
 from baselines.rloo import RLOOOptions
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.bpo import BPOOptions
+from bpo_algos.experiments.tuning import TuningConfig
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_envs.reward_settings import REWARD_SETTINGS
 
@@ -59,13 +60,39 @@ class EnvSetup:
     by the group's standard deviation on ALFWorld, not on WebShop); ``--ALGORITHM.KEY`` flags
     still win."""
 
+    servers: tuple[str, ...] = ()
+    """``bpo-serve`` servers of this env (docs/serving.md): the runs step ``BPO-Remote-v0``
+    sessions of them, round robin, instead of envs in their own process (``--env-server``)."""
+
     def __post_init__(self) -> None:
+        self.servers = tuple(self.servers)
         unknown = set(self.trainer) - set(TrainerConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"EnvSetup.trainer: {sorted(unknown)} are not TrainerConfig fields")
         wrong = sorted(k for k, v in self.options.items() if not isinstance(v, Options))
         if wrong:
             raise TypeError(f"EnvSetup.options: {wrong} must be algorithm option dataclasses (e.g. GiGPOOptions)")
+
+
+def with_server(envs: dict[str, EnvSetup], base_url: str) -> dict[str, EnvSetup]:
+    """``envs`` with ``base_url`` added to the servers of every env it serves: those of the
+    served env id, whose kwargs must be the ones the server made its envs with."""
+    from bpo_envs.remote import describe_server  # the serve extra, only when asked for
+
+    health = describe_server(base_url)
+    served = [name for name, setup in envs.items() if setup.env_id == health["env_id"]]
+    if not served:
+        raise ValueError(f"{base_url} serves {health['env_id']}, which none of the envs {sorted(envs)} is")
+    out = dict(envs)
+    for name in served:
+        setup = envs[name]
+        if json.loads(json.dumps(setup.kwargs)) != health["env_kwargs"]:
+            raise ValueError(
+                f"{base_url} makes {health['env_id']} with {health['env_kwargs']}, but {name} needs "
+                f"{setup.kwargs}: serve it with those kwargs"
+            )
+        out[name] = replace(setup, servers=(*setup.servers, base_url))
+    return out
 
 
 RUN_FIELDS = ("tasks_per_update", "budget", "seed", "out_dir", "resume", "progress", "wandb_name", "wandb_config", "save_trees_every")
@@ -116,6 +143,13 @@ class Preset:
     where it does not, every headline of that env is marked underpowered."""
     handicapped_control: str | None = "reinforce"
     """A learner with a known handicap: the report says whether it ranks below the comparator."""
+    calibration_control: str | None = "rloo-2x"
+    """The comparator's estimator at twice the budget per update (half the variance at the same
+    number of updates): its difference to the comparator, reported beside the headline, says
+    whether the instrument can see what halving the variance is worth."""
+    tuning: TuningConfig | None = None
+    """The tuning protocol (``bpo-compare --tune``; :mod:`bpo_algos.experiments.tuning`), or None:
+    every algorithm at the preset's options."""
     target_success: float | dict[str, float] = 1.0
     """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to
     this success (per env)."""
@@ -294,16 +328,17 @@ GPU_COMMON: dict[str, Any] = {
 PRESETS: dict[str, Preset] = {
     # The CPU default (docs/main-job.md, "The CPU default"): the small text-scoring model
     # (TextScorerPolicy, ~1M parameters) warm-started by behaviour cloning on the env experts,
-    # evaluated every 5 updates on the standard splits (WebShop test goals, ALFWorld valid_seen)
-    # with common random numbers. Designed from pilot runs so that the controls are detected
-    # and the headline's detectable effect is small: the treatment, the comparator (RLOO), the
-    # published group baseline GRPO, the positive control (frozen) and the handicapped learner
-    # (reinforce); gradient probes of 32 batches on WebShop's first seed. WebShop's search
-    # candidates are the instruction's phrases (search_actions="instruction": no hidden goal).
+    # evaluated on the standard splits (WebShop: all 500 test goals at updates 0, 10, 20;
+    # ALFWorld valid_seen) with common random numbers. The treatment and the comparator (RLOO),
+    # each tuned on WebShop by the fixed protocol (seeds 1000, 1001; four candidates each; AUC on
+    # 64 held-out training goals), the positive control (frozen) and the calibration control
+    # (rloo-2x: RLOO at twice the budget per update); 20 WebShop seeds, gradient probes of 16
+    # batches on the first 3 (reference: 32 RLOO batches). WebShop's search candidates are the instruction's phrases
+    # (search_actions="instruction": no hidden goal).
     "cpu": Preset(
         envs={
             "webshop": EnvSetup(
-                "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=64, eval_split="test",
+                "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=500, eval_split="test",
             ),
             "alfworld": EnvSetup(
                 "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
@@ -313,24 +348,26 @@ PRESETS: dict[str, Preset] = {
         },
         trainer=_trainer(updates=20, learning_rate=1e-3),
         policy="scorer",
-        algorithms=("bpo", "rloo", "grpo", "frozen", "reinforce"),
-        competitors=("rloo", "grpo"),
+        algorithms=("bpo", "rloo", "frozen", "rloo-2x"),
+        competitors=("rloo",),
         comparator="rloo",
+        handicapped_control=None,
+        tuning=TuningConfig(seeds=(1000, 1001), tasks=64, episodes=1, envs=("webshop",), default_seeds=10),
         sft_epochs=4,
         sft_lr=3e-3,
-        seeds={"webshop": (0, 1, 2, 3, 4, 5), "alfworld": (0, 1, 2)},
+        seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
         # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
         # textworld derives every admissible command's text), so 15 runs of 12 updates x ~950
         # env steps and two evaluations of 48 games x 2 episodes fit in about 13 minutes with
         # --jobs 2 (docs/alfworld.md)
         budget={"webshop": 256, "alfworld": 800},
-        eval_every={"webshop": 5, "alfworld": 6},
-        eval_episodes={"webshop": 4, "alfworld": 2},
-        grad_batches=32,
-        # probes on WebShop's first seed; on ALFWorld 2 x 32 batches of 400 env steps per
+        eval_every={"webshop": 10, "alfworld": 6},
+        eval_episodes={"webshop": 1, "alfworld": 2},
+        grad_batches=16,
+        # probes on WebShop's first 3 seeds; on ALFWorld 2 x 32 batches of 800 env steps per
         # algorithm would cost about as much as the whole comparison there
-        grad_seeds={"webshop": 1, "alfworld": 0},
-        reference_batches=64,
+        grad_seeds={"webshop": 3, "alfworld": 0},
+        reference_batches=32,
         # compute_to_threshold: halfway from the warm start to these
         target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
@@ -371,7 +408,9 @@ PRESETS: dict[str, Preset] = {
     # updates, so the path runs in CI (a few minutes). `--swe-backend docker` runs it in Docker.
     "cpu-swe": Preset(
         envs={"swebench": EnvSetup(
-            "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0},
+            "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0,
+                                # the three small bundled rows (romans' long test log is for tests)
+                                "instance_ids": ["bpo-gym__textkit-1", "bpo-gym__intervals-1", "bpo-gym__inicfg-1"]},
             train_tasks=3, eval_tasks=3, eval_split="train", max_new_tokens=24,
         )},
         policy="tiny",
@@ -387,11 +426,13 @@ PRESETS: dict[str, Preset] = {
         eval_episodes=1,
         pool_size=4,
     ),
+    # CI-sized: every part of the main job (tuning on TreeMDP with two candidates per algorithm
+    # on 4 held-out training tasks, the controls, the calibration control, probes, mechanism)
     "smoke": Preset(
         envs={
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
-                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 8, "seed": 0},
+                {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 12, "seed": 0},
                 train_tasks=4,
                 eval_tasks=4,
                 max_new_tokens=16,
@@ -401,7 +442,12 @@ PRESETS: dict[str, Preset] = {
                 sft_epochs=2, eval_split="test",
             ),
         },
-        algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce"),
+        algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce", "rloo-2x"),
+        tuning=TuningConfig(
+            seeds=(1000,), tasks=4, envs=("treemdp",),
+            grids={"bpo": ({"backbones": 2, "branch_factor": 4}, {"backbones": 2, "branch_factor": 2, "max_branch_points": 2, "max_depth": 2}),
+                   "rloo": ({"group_size": 4}, {"group_size": 8}), "grpo": ({"group_size": 4}, {"group_size": 8})},
+        ),
         sft_lr=3e-3,
         budget={"treemdp": 128, "webshop": 128},
         seeds=(0, 1),
@@ -457,4 +503,4 @@ def preset_dict(preset: Preset) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(preset), default=str))
 
 
-__all__ = ["EnvSetup", "Preset", "PRESETS", "GPU_UPDATE_FLOPS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]
+__all__ = ["EnvSetup", "Preset", "PRESETS", "TuningConfig", "GPU_UPDATE_FLOPS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]

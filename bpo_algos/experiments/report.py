@@ -2,9 +2,12 @@
 
 ``results.md`` leads with the controls (was the positive control detected on each env, is the
 handicapped learner ranked below the comparator, does the comparator rise above its warm
-start), then the headline (the treatment − the comparator, paired by seed, for the three
-metrics fixed before the run, each with its interval and minimal detectable effect), then per
-env the metrics of every algorithm, the gradient diagnostics and every compute meter. The plots
+start), the calibration control (what halving the variance is worth, and whether the
+instrument can see it) and the mechanism (docs/mechanism.md), then the tuning (each algorithm's
+candidates, scores and choice), then the headline (the tuned treatment − the tuned comparator,
+paired by seed, for the three metrics fixed before the run, each with its interval and minimal
+detectable effect; the untuned defaults as a secondary row), then per env the metrics of every
+algorithm, the gradient diagnostics and every compute meter. The plots
 show what the tables say: evaluated success against env steps and flops with the warm start
 and 95% bands, final success, and the gradient signal-to-noise with its bootstrap intervals.
 """
@@ -107,6 +110,77 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
             state = "rises above it" if rise["detected"] and rise["diff"] > 0 else "does not rise detectably above it"
             parts.append(f"{er['comparator']} final − warm start: {_pm(rise['diff'], rise['diff_ci95'])} ({state})")
         lines.append(f"* **{env}** ({metric}): " + "; ".join(parts) + ".")
+        cal = er.get("calibration")
+        if cal:
+            if cal["detected"]:
+                seen = "**detected**: the instrument can see what halving the gradient variance is worth here"
+            else:
+                seen = ("**not detected**: the instrument cannot see an effect of the size a halving of the gradient variance "
+                        "implies here, so a null headline says nothing about the paper's variance claim")
+            lines.append(f"* **{env}** calibration `{cal['algorithm']}` ({cal['budget_multiple']:g}x the budget per update, its "
+                         f"curve read per update) − {cal['comparator']}: {_pm(cal['diff'], cal['diff_ci95'])} "
+                         f"(MDE {cal['mde']:.3f}) — {seen}.")
+    return lines
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+
+
+def tuning_lines(results: dict[str, Any]) -> list[str]:
+    """Each tuned env's tuning: per kind of algorithm its candidates with their scores (the
+    criterion's mean over the tuning seeds) and the one chosen."""
+    lines: list[str] = []
+    for env, er in results["per_env"].items():
+        tuning = er.get("tuning")
+        if not tuning:
+            continue
+        first = next(iter(tuning.values()))
+        lines += [f"**{env}**: {first['criterion']}, tuning seeds {first['seeds']} (disjoint from the evaluation seeds); "
+                  "the highest mean is chosen, before any evaluation run.", "",
+                  "| algorithm | candidate | score (mean over tuning seeds) | per tuning seed | chosen |", "|---|---|---:|---|---|"]
+        for kind, t in tuning.items():
+            for i, (candidate, score) in enumerate(zip(t["candidates"], t["scores"], strict=True)):
+                per_seed = ", ".join(f"{v:.3f}" for v in t["scores_per_seed"][i])
+                lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {'**chosen**' if i == t['chosen_index'] else ''} |")
+        lines.append("")
+    return lines
+
+
+def _eta_cell(m: dict[str, Any] | None) -> str:
+    if not m or m.get("prefix_explained") is None:
+        return "–"
+    ci = m.get("prefix_explained_ci95")
+    return f"{m['prefix_explained']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" ({m['prefix_explained_seeds']} seeds)"
+
+
+def _maybe(value: Any, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def mechanism_lines(results: dict[str, Any]) -> list[str]:
+    """The mechanism per env and algorithm, from its own training batches at the warm start and
+    mid-training (docs/mechanism.md)."""
+    lines: list[str] = []
+    for env, er in results["per_env"].items():
+        mech = er.get("mechanism")
+        if not mech:
+            continue
+        lines += [f"**{env}** (each seed's training batch of the warm-start policy, then of the mid-training policy; η's "
+                  "interval: 95% t over seeds):", "",
+                  "| algorithm | point | η = prefix-explained share of return variance | branch nodes (by depth) | env steps per leaf "
+                  "| steps per independent episode | zero-variance sibling groups | distinct siblings per branch point | tasks per update |",
+                  "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+        for a, points in mech.items():
+            for point, m in points.items():
+                depths = ", ".join(f"d{d}: {n}" for d, n in m["branch_depths"].items())
+                lines.append(
+                    f"| {a} | {point} (update {m.get('update', 0) - 1}) | {_eta_cell(m)} | {m['branch_nodes']} ({depths or '–'}) "
+                    f"| {_maybe(m.get('fork_steps_per_leaf'), '.2f')} | {_maybe(m.get('independent_steps_per_trajectory'), '.2f')} "
+                    f"| {_maybe(m.get('zero_variance_groups'), '.0%')} | {_maybe(m.get('distinct_siblings'), '.2f')} "
+                    f"| {_maybe(m.get('tasks_per_update'), '.1f')} |"
+                )
+        lines.append("")
     return lines
 
 
@@ -131,7 +205,23 @@ def headline_lines(results: dict[str, Any]) -> list[str]:
                 f"| {env} | {name} | {d['diff']:+.{digits}f} | ± {d['diff_ci95']:.{digits}f} | {d['mde']:.{digits}f} | "
                 + ", ".join(f"{v:+.{digits}f}" for v in d["diff_per_seed"]) + f" | {verdict} |"
             )
+        defaults = er.get("defaults_vs_comparator")
+        if defaults:
+            verdict = "detected" if defaults["detected"] else f"not detected (effects below {defaults['mde']:.3g} cannot be excluded)"
+            lines.append(
+                f"| {env} | {defaults['metric']}, **untuned defaults** ({defaults['treatment']} − {defaults['comparator']}; secondary) "
+                f"| {defaults['diff']:+.3f} | ± {defaults['diff_ci95']:.3f} | {defaults['mde']:.3f} | "
+                + ", ".join(f"{v:+.3f}" for v in defaults["diff_per_seed"]) + f" | {verdict} |"
+            )
     return lines
+
+
+def _interrupted(results: dict[str, Any]) -> list[str]:
+    unfinished = {e: v for e, v in (results.get("unfinished_seeds") or {}).items() if v}
+    if not unfinished:
+        return []
+    return [f"**Interrupted**: the comparison was stopped before seeds {unfinished} finished; every figure below is over the "
+            "seeds whose runs had all finished (`--report-only`).", ""]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -146,11 +236,21 @@ def markdown(results: dict[str, Any]) -> str:
         "t-interval and the minimal detectable effect (MDE: the true difference a two-sided 5% paired t-test over these seeds "
         "detects with 80% power, from the per-seed spread; docs/main-job.md).",
         "",
+        *_interrupted(results),
         "## Controls",
         "",
         *controls_lines(results),
         "",
-        f"## Headline: {results['treatment']} − {comparator}",
+    ]
+    mechanism = mechanism_lines(results)
+    if mechanism:
+        lines += ["## Mechanism (docs/mechanism.md)", "", *mechanism]
+    tuning = tuning_lines(results)
+    if tuning:
+        lines += ["## Tuning (fixed before the run; docs/main-job.md, \"Tuning\")", "", *tuning]
+    tuned = " (each tuned; the controls at their algorithm's choice)" if tuning else ""
+    lines += [
+        f"## Headline: {results['treatment']} − {comparator}{tuned}",
         "",
         *headline_lines(results),
         "",
@@ -255,9 +355,18 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"Code: {versions[0]}.", ""]
     timing = results.get("timing")
     if timing:
-        lines += [f"Wall time: {timing['wall_seconds'] / 60:.1f} min with {timing['jobs']} job(s)"
-                  + (f" on Ray ({timing['ray']})" if timing.get("ray") else "") + (" (resumed)" if timing.get("resumed") else "")
-                  + f"; the runs' own time adds up to {timing['run_seconds_total'] / 60:.1f} min.", ""]
+        sessions = timing.get("sessions") or []
+        total = timing.get("total_wall_seconds", timing["wall_seconds"])
+        text = f"Wall time: {total / 60:.1f} min with {timing['jobs']} job(s)" + (f" on Ray ({timing['ray']})" if timing.get("ray") else "")
+        if len(sessions) > 1:
+            text += f", over {len(sessions)} sessions (" + ", ".join(f"{s['wall_seconds'] / 60:.1f}" for s in sessions) + " min)"
+        loads = [s["load_start"][0] for s in sessions if s.get("load_start")] + [s["load_now"][0] for s in sessions if s.get("load_now")]
+        if loads:
+            text += f"; 1-min load average {min(loads):.1f}–{max(loads):.1f} on {timing.get('cpu_count')} cores"
+        text += f"; the runs' own time adds up to {timing['run_seconds_total'] / 60:.1f} min"
+        if timing.get("tuning_run_seconds_total"):
+            text += f", the tuning runs' {timing['tuning_run_seconds_total'] / 60:.1f} min"
+        lines += [text + ".", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -302,7 +411,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     envs = list(results["per_env"])
-    algorithms = list(results["preset"].get("algorithms") or results["algorithms"])
+    algorithms = list(dict.fromkeys(a for e in envs for a in results["per_env"][e]["algorithms"]))
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
     paths = []
     fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
@@ -312,10 +421,13 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             curve = r["eval_curve"]
             mean = np.asarray(curve["success"])
             band = np.asarray(curve["success_ci95"])
+            # a calibration control at k x the budget is drawn per update (its compute / k), as its metrics read it
+            multiple = r.get("budget_multiple", 1.0)
+            name = a if multiple == 1 else f"{a} ({multiple:g}x budget; drawn per update: compute / {multiple:g})"
             for ax, key in ((axes[0][j], "env_steps_per_seed"), (axes[1][j], "flops_per_seed")):
-                xs = np.mean(np.asarray(curve[key], dtype=float), axis=0)
-                style = "--" if a in (er.get("positive_control") or {}).get("algorithm", "") else "-"
-                ax.plot(xs, mean, style, marker="o", markersize=3, label=a, color=colours[a])
+                xs = np.mean(np.asarray(curve[key], dtype=float), axis=0) / multiple
+                style = "--" if a == (er.get("positive_control") or {}).get("algorithm") or "@" in a else "-"
+                ax.plot(xs, mean, style, marker="o", markersize=3, label=name, color=colours[a])
                 ax.fill_between(xs, np.clip(mean - band, 0, 1), np.clip(mean + band, 0, 1), color=colours[a], alpha=0.15, linewidth=0)
         warm = er.get("warm_start", {}).get("mean")
         seeds = len(er.get("seeds") or [])

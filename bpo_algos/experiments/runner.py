@@ -19,7 +19,7 @@ Ray cluster (``--ray``) with the same results (:mod:`bpo_algos.experiments.paral
 from __future__ import annotations
 
 import io
-import json
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,6 +37,19 @@ from bpo_algos.algorithm import Algorithm, AlgorithmConfig
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, signal_to_noise, variance_summary
 from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
+from bpo_algos.experiments.streams import (
+    ALGORITHM,
+    BOOTSTRAP,
+    EVALUATION,
+    MECHANISM,
+    PROBE,
+    PROBE_POINTS,
+    REFERENCE,
+    TRAINING,
+    WARM_START,
+    stream_seed,
+)
+from bpo_algos.mechanism import measure as measure_mechanism
 from bpo_algos.policy import TabularPolicy
 from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
@@ -44,6 +57,7 @@ from bpo_algos.registry import algorithm_factory, make_algorithm
 from bpo_algos.rollout import EnvPool, RolloutEngine
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer, TrainerConfig
+from bpo_envs.files import read_json_or_redo, write_json
 
 
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
@@ -53,8 +67,11 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     with its ALFWorld episode-memory features, ``memory="alfworld"``); ``tabular``
     starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
-    is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder).
+    is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder). Its
+    randomness (initialisation, demos, cloning) is the seed's warm-start stream
+    (:mod:`bpo_algos.experiments.streams`).
     """
+    seed = stream_seed(seed, WARM_START)
     name = setup.policy or preset.policy
     if name in ("scorer", "scorer-memory"):
         from bpo_algos.policy.scorer import TextScorerPolicy
@@ -150,6 +167,21 @@ def algorithm_class(factory: Any) -> type[Algorithm] | None:
     return factory if isinstance(factory, type) and issubclass(factory, Algorithm) else None
 
 
+def option_kinds(names: Any, preset: Preset | None = None) -> dict[str, str | None]:
+    """``{registered name: the kind of algorithm whose options it takes}`` (``bpo-anchored``:
+    ``bpo``; the controls ``frozen`` and ``rloo-2x``: the algorithm they collect as, ``rloo``;
+    None for a factory that is no Algorithm subclass)."""
+    kinds: dict[str, str | None] = {}
+    for name in names:
+        factory = algorithm_factory(name)
+        options_of = getattr(factory, "options_of", None)  # a wrapper: the wrapped algorithm's options
+        if callable(options_of):
+            factory = algorithm_factory(options_of((preset.algorithm_options if preset else {}).get(name, {})))
+        cls = algorithm_class(factory)
+        kinds[name] = cls.name if cls is not None else None
+    return kinds
+
+
 def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = None) -> dict[str, Any]:
     """The options the main job builds algorithm ``name`` with.
 
@@ -184,19 +216,29 @@ def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = No
 
 
 def build_algorithm(name: str, preset: Preset, seed: int, env: str | None = None) -> Algorithm:
-    """Algorithm ``name`` from the registry, with :func:`algorithm_options` (for ``env``)."""
+    """Algorithm ``name`` from the registry, with :func:`algorithm_options` (for ``env``); ``seed``
+    is the algorithm's own stream (the caller's key, :mod:`bpo_algos.experiments.streams`)."""
     return make_algorithm(name, **algorithm_options(name, preset, seed, env))
 
 
-def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: int, **run: Any) -> TrainerConfig:
+def run_budget(preset: Preset, env_name: str, algorithm: Algorithm) -> Budget:
+    """The per-update budget of ``algorithm`` on ``env_name``: the env's budget times the
+    algorithm's :attr:`~bpo_algos.algorithm.Algorithm.budget_multiple` (2 for the calibration
+    control ``rloo-2x``, 1 for every other)."""
+    return Budget(preset.budget_unit, preset.budget[env_name] * algorithm.budget_multiple)
+
+
+def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: int, budget: Budget | None = None,
+                   **run: Any) -> TrainerConfig:
     """The :class:`TrainerConfig` of one run: the env's training settings
     (:meth:`Preset.trainer_for`) with the run's own fields (:data:`RUN_FIELDS`: its tasks, the
-    env's budget, the seed, ``run`` such as ``out_dir``), the last batch's trees saved."""
+    budget (default: the env's), the seed's training stream, ``run`` such as ``out_dir``), the
+    last batch's trees saved."""
     config = preset.trainer_for(env_name)
     fields = {
         "tasks_per_update": tasks_per_update,
-        "budget": Budget(preset.budget_unit, preset.budget[env_name]),
-        "seed": seed,
+        "budget": budget if budget is not None else Budget(preset.budget_unit, preset.budget[env_name]),
+        "seed": stream_seed(seed, TRAINING),
         "save_trees_every": config.updates,  # the last batch's trees, for the report
         **run,
     }
@@ -204,6 +246,9 @@ def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: i
 
 
 def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
+    if setup.servers:  # sessions of bpo-serve servers, round robin
+        turn = itertools.count()
+        return lambda: gym.make("BPO-Remote-v0", base_url=setup.servers[next(turn) % len(setup.servers)])
     return lambda: gym.make(setup.env_id, **setup.kwargs)
 
 
@@ -212,6 +257,9 @@ def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     ``"train"``, else envs made with ``split=setup.eval_split`` (a split of the env itself)."""
     if setup.eval_split in ("held-out", "train"):
         return env_factory(setup)
+    if setup.servers:
+        raise ValueError(f"{setup.env_id}: eval_split={setup.eval_split!r} makes other envs than the served ones; "
+                         "use 'held-out' or 'train' with --env-server")
     kwargs = {**setup.kwargs, **setup.eval_kwargs}
     if setup.eval_split != "rows":
         kwargs["split"] = setup.eval_split
@@ -228,6 +276,12 @@ def _shuffled_ids(make: Callable[[], gym.Env], seed: int = 12345) -> tuple[list[
         env.close()
     rng = np.random.default_rng(seed)
     return [ids[i] for i in rng.permutation(len(ids))], info
+
+
+def task_order(setup: EnvSetup) -> list[Any]:
+    """The training env's tasks in the fixed shuffle the training tasks are the first of (the
+    tuning criterion's held-out training tasks come after them)."""
+    return _shuffled_ids(env_factory(setup))[0]
 
 
 def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
@@ -306,10 +360,11 @@ def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: 
 def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> list[float]:
     """Mean success of ``episodes`` sampled rollouts per eval task, on common random numbers.
 
-    Episode ``j`` of task ``i`` resets with the same env seed and runs the policy's sampler from
-    the same seed for every algorithm and at every evaluation point (the policy's own RNG
-    state is put back afterwards), so two policies' successes differ by the policies, not by
-    their luck. Returns each episode's success (0 or 1), task by task.
+    Episode ``j`` of task ``i`` resets with the env seed of the stream ``(seed, EVALUATION, i,
+    j)`` and runs the policy's sampler from it, for every algorithm and at every evaluation point
+    (the policy's own RNG state is put back afterwards), so two policies' successes differ by the
+    policies, not by their luck; another ``seed`` shares no episode. Returns each episode's
+    success (0 or 1), task by task.
     """
     if not tasks:
         raise ValueError("no evaluation tasks")
@@ -322,7 +377,7 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
             for i in dp.shard_indices(len(tasks)):
                 per_task[i] = []
                 for j in range(max(episodes, 1)):
-                    episode_seed = seed + 1000 * i + j
+                    episode_seed = stream_seed(seed, EVALUATION, i, j)
                     policy.seed(episode_seed)
                     result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [tasks[i]])
                     per_task[i] += [float(e.won) for t in result.trees for e in t.leaf_edges()]
@@ -332,6 +387,9 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     if dp.is_distributed():
         for part in dp.all_gather_objects(per_task):
             per_task.update(part)
+    missing = [tasks[i] for i in sorted(per_task) if not per_task[i]]
+    if missing:
+        raise ValueError(f"evaluation tasks {missing[:5]} gave no episode (not tasks of the evaluation env?)")
     return [w for i in range(len(tasks)) for w in per_task[i]]
 
 
@@ -390,6 +448,8 @@ def _save_policy(policy: Any) -> bytes | None:
 
 
 def _load_policy(data: bytes) -> Any:
+    # a whole policy object (a pickle): bytes of this comparison, from the initial job or a
+    # policy.pt whose seal compare checked (docs/snapshots.md#trust)
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
@@ -426,11 +486,14 @@ REFERENCE_ALGORITHM = "rloo"
 """The unbiased estimator whose large pool of batches gives the reference gradient."""
 
 
-def reference_gradient(preset: Preset, env_name: str, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget) -> tuple[torch.Tensor, float]:
-    """``(mean, signal)`` of ``reference_batches`` RLOO batches at ``policy``: the reference the
-    cosine of :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against."""
+def reference_gradient(preset: Preset, env_name: str, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
+                       point: str = "initial") -> tuple[torch.Tensor, float]:
+    """``(mean, signal)`` of ``reference_batches`` RLOO batches at ``policy`` (the seed's
+    reference stream at probe ``point``): the reference the cosine of
+    :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against."""
     n = preset.for_env("reference_batches", env_name)
-    samples = _gradient_rows(REFERENCE_ALGORITHM, preset, env_name, seed + 5000, policy, pool, tasks, budget, n)
+    key = stream_seed(seed, REFERENCE, PROBE_POINTS[point])
+    samples = _gradient_rows(REFERENCE_ALGORITHM, preset, env_name, key, policy, pool, tasks, budget, n)
     rows = samples.grads.double()
     moments = signal_to_noise(rows, resamples=1)
     return rows.mean(dim=0).float(), float(moments["signal"])
@@ -448,7 +511,7 @@ def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any]
     built = time.perf_counter() - start
     pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
     try:
-        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed + 2000)
+        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed)
     finally:
         pool.close()
     warm = {"success": float(np.mean(wins)), "episodes": len(wins), "seconds_build": built, "seconds_eval": time.perf_counter() - start - built,
@@ -486,20 +549,31 @@ def initial_policy(preset: Preset, env_name: str, seed: int, train_tasks: list[A
 
 
 def _read_json(path: Path, default: Any) -> Any:
-    return json.loads(path.read_text()) if path.exists() else default
+    return read_json_or_redo(path, default)
 
 
 def _write_json(path: Path, value: Any) -> None:
     """Write ``value`` atomically; rank 0 only under torchrun (every rank holds the same value)."""
     if dp.rank() != 0:
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
+    write_json(path, value)
 
 
 def _compute_point(total: Any) -> dict[str, float]:
     return {k: float(v) for k, v in total.to_dict().items()}
+
+
+def base_algorithm(label: str) -> str:
+    """The registered algorithm of a run label: ``bpo`` for ``bpo``, ``bpo@default`` (the
+    untuned defaults beside a tuned comparison) and ``bpo@tune2`` (tuning candidate 2)."""
+    return label.split("@", 1)[0]
+
+
+def mechanism_points(preset: Preset, env_name: str) -> dict[str, int]:
+    """Where a run measures the mechanism (:mod:`bpo_algos.mechanism`) on its own training batch:
+    ``{"warm": 1, "mid": updates // 2 + 1}``, the batches collected by the warm-start policy and
+    by the policy after ``updates // 2`` updates (the gradient probes' points)."""
+    return {"warm": 1, "mid": preset.trainer_for(env_name).updates // 2 + 1}
 
 
 def run_one(
@@ -515,30 +589,38 @@ def run_one(
     eval_tasks: list[Any],
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Train one algorithm from the initial policy and measure it; cached in ``run.json``."""
+    """Train one algorithm from the initial policy and measure it; cached in ``run.json``.
+
+    ``algorithm_name`` is the run's label (:func:`base_algorithm`): its folder and its results'
+    ``"algorithm"``; the algorithm built is the registered one it names, with ``preset``'s options
+    (the caller passes the tuned, default or candidate options in ``preset``)."""
     folder = run_dir(out, env_name, algorithm_name, seed)
     done = folder / "run.json"
-    if done.exists():
-        return json.loads(done.read_text())
+    saved = _read_json(done, None)
+    if saved is not None:
+        return saved
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
     folder.mkdir(parents=True, exist_ok=True)
     setup = preset.envs[env_name]
+    name = base_algorithm(algorithm_name)
     pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
     separate_eval = setup.eval_split not in ("held-out", "train")
     eval_pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers) if separate_eval else pool
-    budget = Budget(preset.budget_unit, preset.budget[env_name])
     policy = initial_policy(preset, env_name, seed, train_tasks, initial)
     episodes = preset.for_env("eval_episodes", env_name)
     points = eval_points(preset, env_name)
-    probing = probes_on(preset, env_name, seed)
+    probing = probes_on(preset, env_name, seed) and name == algorithm_name  # not the tuning and default runs
     probe_at = probe_points(preset, env_name)
-    ref0 = torch.load(io.BytesIO(reference), weights_only=False) if reference is not None else None
+    mechanism_at = mechanism_points(preset, env_name)
+    ref0 = torch.load(io.BytesIO(reference), weights_only=True) if reference is not None else None  # tensors only
     evals: list[dict[str, Any]] = _read_json(folder / "evals.json", [])
     probes: dict[str, Any] = _read_json(folder / "probes.json", {})
+    mechanism: dict[str, Any] = _read_json(folder / "mechanism.json", {})
     timing = _read_json(folder / "timing.json", {"eval": 0.0, "probe": 0.0})
-    algorithm = build_algorithm(algorithm_name, preset, seed, env_name)
-    biased = not getattr(algorithm, "unbiased", True)
+    algorithm = build_algorithm(name, preset, stream_seed(seed, ALGORITHM), env_name)
+    budget = run_budget(preset, env_name, algorithm)
+    biased = not algorithm.unbiased
     start = time.perf_counter()
 
     def measure(trainer: Trainer) -> None:
@@ -550,36 +632,41 @@ def run_one(
             else:
                 trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
                 try:
-                    success = float(np.mean(evaluate_episodes(policy, eval_pool, eval_tasks, episodes, seed + 2000)))
+                    success = float(np.mean(evaluate_episodes(policy, eval_pool, eval_tasks, episodes, seed)))
                 finally:
                     trainer.parallel.shard_weights()
             evals.append({"update": u, "success": success, "compute": _compute_point(trainer.total_compute)})
             _write_json(folder / "evals.json", evals)
             timing["eval"] += time.perf_counter() - t0
             _write_json(folder / "timing.json", timing)
-        for name, at in probe_at.items():
-            if not probing or u != at or name in probes:
+        for point, at in mechanism_at.items():
+            if u == at and point not in mechanism and trainer.last_batch is not None:
+                found = measure_mechanism([trainer.last_batch], seed=stream_seed(seed, MECHANISM, at))
+                mechanism[point] = {**found.to_json(), "update": u}
+                _write_json(folder / "mechanism.json", mechanism)
+        for point, at in probe_at.items():
+            if not probing or u != at or point in probes:
                 continue
             t0 = time.perf_counter()
             n = preset.for_env("grad_batches", env_name)
-            offset = 1000 if name == "initial" else 3000
-            samples = _gradient_rows(algorithm_name, preset, env_name, seed + offset, policy, pool, train_tasks, budget, n)
+            key = PROBE_POINTS[point]
+            samples = _gradient_rows(name, preset, env_name, stream_seed(seed, PROBE, key), policy, pool, train_tasks, budget, n)
             ref = None
-            if name == "initial" and ref0 is not None:
+            if point == "initial" and ref0 is not None:
                 ref = (ref0["mean"], ref0["signal"])
-            elif name != "initial" and biased:
-                ref = reference_gradient(preset, env_name, seed + 7000, policy, pool, train_tasks, budget)
-            result = signal_to_noise(samples, ref, seed=seed)
+            elif point != "initial" and biased:
+                ref = reference_gradient(preset, env_name, seed, policy, pool, train_tasks, budget, point)
+            result = signal_to_noise(samples, ref, seed=stream_seed(seed, BOOTSTRAP, key))
             result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
             result["update"] = u
-            probes[name] = result
+            probes[point] = result
             _write_json(folder / "probes.json", probes)
             timing["probe"] += time.perf_counter() - t0
             _write_json(folder / "timing.json", timing)
 
     try:
         config = trainer_config(
-            preset, env_name, seed, len(train_tasks), out_dir=folder, progress=progress,
+            preset, env_name, seed, len(train_tasks), budget, out_dir=folder, progress=progress,
             wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
             wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
         )
@@ -594,6 +681,8 @@ def run_one(
         "env": env_name,
         "algorithm": algorithm_name,
         "seed": seed,
+        "options": algorithm.config(),
+        "budget_multiple": algorithm.budget_multiple,
         "final_success": evals[-1]["success"],
         "warm_success": warm["success"],
         "evals": evals,
@@ -603,6 +692,7 @@ def run_one(
         "compute_cumulative": [row["compute_total"][preset.budget_unit] for row in history],
         "compute_total": {k: float(v) for k, v in history[-1]["compute_total"].items()},
         "probes": probes,
+        "mechanism": mechanism,
         "grad_norm_var_train": float(norms.var(ddof=1)) if len(norms) > 1 else 0.0,
         "seconds": time.perf_counter() - start,
         "seconds_eval": timing["eval"],

@@ -182,13 +182,19 @@ def curve_metrics(compute: Sequence[float], success: Sequence[float], horizon: f
 
 
 def run_metrics(run: dict[str, Any], preset: Preset, unit: str) -> dict[str, Any]:
-    """:func:`curve_metrics` of one run's evaluated curve, in the budget unit ``unit``."""
+    """:func:`curve_metrics` of one run's evaluated curve, in the budget unit ``unit``.
+
+    A run at ``budget_multiple`` times the per-update budget (the calibration control) is read
+    per update: its compute divided by the multiple, so its metrics are what it reaches after
+    the same number of updates as the others (what an estimator with its lower variance at the
+    others' cost would reach)."""
     env = run["env"]
     horizon = preset.trainer_for(env).updates * preset.budget[env]
     warm = run["evals"][0]["success"]
     target = preset.for_env("target_success", env)
     threshold = warm + preset.threshold_fraction * (target - warm)
-    compute = [e["compute"][unit] for e in run["evals"]]
+    multiple = float(run.get("budget_multiple", 1.0))
+    compute = [e["compute"][unit] / multiple for e in run["evals"]]
     metrics = curve_metrics(compute, [e["success"] for e in run["evals"]], horizon, threshold)
     metrics["threshold"] = threshold
     return metrics
@@ -244,12 +250,56 @@ def _probe_summary(rs: list[dict[str, Any]], name: str) -> dict[str, Any] | None
     return out
 
 
-def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], warm: dict[str, dict[int, dict[str, Any]]] | None = None) -> dict[str, Any]:
+DEFAULTS = "@default"
+"""The label suffix of a run at the preset's untuned options beside a tuned comparison."""
+
+
+def mechanism_summary(rs: list[dict[str, Any]], point: str) -> dict[str, Any] | None:
+    """The mechanism (docs/mechanism.md) of one algorithm at one point, over its seeds: each
+    quantity's mean over the seeds that measured it; ``prefix_explained`` with the 95% t-interval
+    over seeds (each seed's own bootstrap interval over branch nodes in ``per_seed``); the branch
+    depths summed."""
+    found = [(r["seed"], r["mechanism"][point]) for r in rs if (r.get("mechanism") or {}).get(point)]
+    if not found:
+        return None
+
+    def mean_of(key: str) -> float | None:
+        values = [m[key] for _, m in found if m.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
+    etas = [m["prefix_explained"] for _, m in found if m.get("prefix_explained") is not None]
+    depths: dict[str, int] = {}
+    for _, m in found:
+        for d, n in (m.get("branch_depths") or {}).items():
+            depths[d] = depths.get(d, 0) + n
+    out: dict[str, Any] = {
+        "update": found[0][1].get("update"),
+        "seeds": [s for s, _ in found],
+        "prefix_explained": None,
+        "prefix_explained_ci95": None,
+        "prefix_explained_seeds": len(etas),
+        "branch_nodes": int(sum(m.get("branch_nodes", 0) for _, m in found)),
+        "branch_depths": dict(sorted(depths.items(), key=lambda kv: int(kv[0]))),
+        **{k: mean_of(k) for k in ("fork_steps_per_leaf", "independent_steps_per_trajectory", "fork_cost_ratio",
+                                   "zero_variance_groups", "distinct_siblings", "tasks_per_update")},
+        "per_seed": {str(s): m for s, m in found},
+    }
+    if etas:
+        mean, half = mean_ci(etas)
+        out["prefix_explained"] = mean
+        out["prefix_explained_ci95"] = [mean - half, mean + half] if len(etas) > 1 else None
+    return out
+
+
+def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], labels: Sequence[str] | None = None) -> dict[str, Any]:
     """``results.json``: per env and algorithm, evaluated curves and metrics with intervals over
-    seeds; per env the treatment and every algorithm against the comparator, the controls, the
-    comparator against its warm start, and the post-hoc best-of-the-others; across envs."""
+    seeds; per env the treatment and every algorithm against the comparator, the controls (the
+    calibration control among them), the comparator against its warm start, the mechanism, the
+    untuned defaults' headline (labels ``NAME@default``, against the comparator's defaults), and
+    the post-hoc best-of-the-others; across envs. ``labels``: the runs' algorithm labels
+    (default: the preset's algorithms)."""
     unit = preset.budget_unit
-    algorithms = list(preset.algorithms)
+    algorithms = list(labels) if labels is not None else list(preset.algorithms)
     comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
     per_env: dict[str, Any] = {}
     for env in envs:
@@ -297,6 +347,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], warm:
                 "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
                 "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
                 "seconds_per_run": float(np.mean([r["seconds"] for r in rs])),
+                "budget_multiple": float(rs[0].get("budget_multiple", 1.0)),
             }
             for m in METRICS:
                 values = [metrics[(a, r["seed"])][m] for r in rs]
@@ -308,12 +359,12 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], warm:
                 if probe is not None:
                     summary[f"gradient_{name}"] = probe
             env_result["algorithms"][a] = summary
-        # every algorithm against the comparator, paired by seed
+        # every algorithm against the comparator (a default against the comparator's default), paired by seed
         vs: dict[str, Any] = {}
-        if rows.get(comparator):
-            for a, rs in rows.items():
-                if a != comparator and rs:
-                    vs[a] = compare_with(rs, rows[comparator], metrics, a, comparator)
+        for a, rs in rows.items():
+            against = comparator + DEFAULTS if a.endswith(DEFAULTS) else comparator
+            if a != against and rs and rows.get(against):
+                vs[a] = compare_with(rs, rows[against], metrics, a, against)
         env_result["vs_comparator"] = vs
         env_result["comparator"] = comparator
         env_result["primary_metric"] = primary
@@ -342,6 +393,30 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], warm:
                 "underpowered": detected is False,
                 "metrics": head,
             }
+        calibration = preset.calibration_control if preset.calibration_control in vs else None
+        if calibration is not None:
+            d = vs[calibration][primary]
+            multiple = float(rows[calibration][0].get("budget_multiple", 1.0))
+            env_result["calibration"] = {
+                "algorithm": calibration, "comparator": comparator, "metric": primary, "budget_multiple": multiple,
+                **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
+                "verdict": verdict(d, primary),
+            }
+        defaults = treatment + DEFAULTS
+        if defaults in vs:
+            d = vs[defaults][primary]
+            env_result["defaults_vs_comparator"] = {
+                "treatment": defaults, "comparator": comparator + DEFAULTS, "metric": primary,
+                **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
+                "verdict": verdict(d, primary),
+            }
+        mechanism = {}
+        for a, rs in rows.items():
+            points = {p: mechanism_summary(rs, p) for p in ("warm", "mid")}
+            if any(points.values()):
+                mechanism[a] = {p: v for p, v in points.items() if v is not None}
+        if mechanism:
+            env_result["mechanism"] = mechanism
         if rows.get(comparator):
             rises = paired_difference([metrics[(comparator, r["seed"])]["final"] - r["evals"][0]["success"] for r in rows[comparator]])
             env_result["comparator_vs_warm_start"] = {"metric": "final", **rises}
@@ -374,9 +449,9 @@ def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any
     """Secondary, chosen after seeing the results: the treatment against the baseline with the
     highest mean final success, paired by seed (biased against the treatment when nothing
     differs: it is the maximum of several noisy means)."""
-    controls = {preset.positive_control, preset.handicapped_control}
+    controls = {preset.positive_control, preset.handicapped_control, preset.calibration_control}
     pool = preset.competitors or tuple(summary)
-    baselines = [b for b in pool if b in summary and b != treatment and b not in controls]
+    baselines = [b for b in pool if b in summary and b != treatment and b not in controls and DEFAULTS not in b]
     if treatment not in summary or not baselines:
         return None
     best = max(baselines, key=lambda b: summary[b]["success"])

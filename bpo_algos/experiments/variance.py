@@ -19,7 +19,6 @@ Writes ``variance.json`` and ``variance.md`` to ``--out``; ratios are against RL
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from bpo_algos import BPO, Budget, TabularPolicy
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import GradientSamples, flat_gradient, gradient_samples, variance_summary
 from bpo_algos.policy.tabular import _key
+from bpo_envs.files import atomic_write, write_json
 
 REFERENCE = "rloo-4"
 
@@ -301,8 +301,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = measure(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "variance.json").write_text(json.dumps(results, indent=2))
-    (out / "variance.md").write_text(markdown(results))
+    write_json(out / "variance.json", results, indent=2)
+    atomic_write(out / "variance.md", markdown(results))
     print(markdown(results))
     print(f"wrote {out / 'variance.json'} and {out / 'variance.md'}")
     return results

@@ -26,12 +26,14 @@ import logging
 import os
 import pickle
 import sys
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from bpo_envs.files import atomic_write
+from bpo_envs.sealed import seal, unseal
 
 log = logging.getLogger(__name__)
 
@@ -226,13 +228,10 @@ def _game_digest(game: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def translation_path(game_path: Path) -> Path:
-    """Where the translation of the game at ``game_path`` is kept: beside it
-    (``game.tw-pddl.translated.pkl``)."""
-    return game_path.with_name(game_path.name + TRANSLATION_SUFFIX)
-
-
-def _fallback_path(game: dict[str, Any]) -> Path:
+def translation_path(game: dict[str, Any]) -> Path:
+    """Where the translation of ``game`` is kept: this library's cache folder,
+    ``cache_root()/translations/``, under a hash of the game's texts and the engine versions.
+    Never beside the game: a file there may come with someone else's games."""
     return cache_root() / "translations" / f"{_game_digest(game)}{TRANSLATION_SUFFIX}"
 
 
@@ -250,36 +249,36 @@ def has_translation(game: dict[str, Any]) -> bool:
 def load_translation(game_path: Path | None, game: dict[str, Any]) -> bool:
     """Fill the in-process caches with the game's on-disk translation (the problem's two
     PDDL -> SAS translations and the grammar's parse), if one is stored for exactly this game
-    text and these engine versions (beside the game, else in this project's cache folder).
-    Returns whether one was. A damaged or stale file is ignored (and later rewritten). A game
-    with no file (``game_path=None``: e.g. a generator's candidate) has none."""
+    text and these engine versions in this library's cache folder (:func:`translation_path`).
+    Returns whether one was. The file is a pickle sealed with the user's key
+    (:mod:`bpo_envs.sealed`), checked before it is unpickled; a damaged, stale or foreign file
+    is ignored (and later rewritten). A game with no file (``game_path=None``: e.g. a
+    generator's candidate) has none."""
     if game_path is None:
         return False
-    digest = _game_digest(game)
-    for path in (translation_path(game_path), _fallback_path(game)):
-        if not path.is_file():
-            continue
-        try:
-            with open(path, "rb") as f:
-                payload = pickle.load(f)  # noqa: S301 - a file this module wrote beside the game
-        except Exception as exc:  # noqa: BLE001 - a damaged cache file is ignored
-            log.info("ALFWorld: ignoring unreadable translation cache %s (%s)", path, exc)
-            continue
-        if not isinstance(payload, dict) or payload.get("format") != TRANSLATION_FORMAT or payload.get("digest") != digest:
-            continue
-        domain, problem = game["pddl_domain"], game["pddl_problem"]
-        with _LOCK:
-            for optimize, result in ((False, payload["plain"]), (True, payload["optimized"])):
-                _store_translation(_key(domain, problem, optimize), result)
-            _LOGIC_PARSES[_logic_key((game["grammar"],), {"rule_name": "pddlStart"})] = payload["logic"]
-        return True
-    return False
+    path = translation_path(game)
+    try:
+        blob = unseal(path.read_bytes(), TRANSLATION_FORMAT, f"the translation cache {path}")
+        payload = pickle.loads(blob)  # noqa: S301 - sealed with the user's key: written by this library
+    except FileNotFoundError:
+        return False
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign cache file is ignored
+        log.info("ALFWorld: ignoring the translation cache %s (%s)", path, exc)
+        return False
+    if not isinstance(payload, dict) or payload.get("format") != TRANSLATION_FORMAT or payload.get("digest") != _game_digest(game):
+        return False
+    domain, problem = game["pddl_domain"], game["pddl_problem"]
+    with _LOCK:
+        for optimize, result in ((False, payload["plain"]), (True, payload["optimized"])):
+            _store_translation(_key(domain, problem, optimize), result)
+        _LOGIC_PARSES[_logic_key((game["grammar"],), {"rule_name": "pddlStart"})] = payload["logic"]
+    return True
 
 
 def save_translation(game_path: Path | None, game: dict[str, Any]) -> Path | None:
-    """Write the game's translation (from the in-process caches, right after it was loaded)
-    beside the game, or in this project's cache folder where that is not writable. Returns
-    the file written (None when the caches no longer hold it, or for ``game_path=None``)."""
+    """Write the game's translation (from the in-process caches, right after it was loaded),
+    sealed, to :func:`translation_path`. Returns the file written (None when the caches no
+    longer hold it, when the cache folder is not writable, or for ``game_path=None``)."""
     if game_path is None:
         return None
     domain, problem = game["pddl_domain"], game["pddl_problem"]
@@ -293,17 +292,14 @@ def save_translation(game_path: Path | None, game: dict[str, Any]) -> Path | Non
         "format": TRANSLATION_FORMAT, "digest": _game_digest(game),
         "plain": plain[0], "optimized": optimized[0], "logic": logic,
     }  # fmt: skip
-    blob = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    for path in (translation_path(game_path), _fallback_path(game)):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-translation-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, path)
-            return path
-        except OSError as exc:
-            log.info("ALFWorld: cannot write the translation cache %s (%s)", path, exc)
+    blob = seal(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL), TRANSLATION_FORMAT)
+    path = translation_path(game)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, blob)
+        return path
+    except OSError as exc:
+        log.info("ALFWorld: cannot write the translation cache %s (%s)", path, exc)
     return None
 
 

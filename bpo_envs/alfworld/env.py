@@ -70,9 +70,9 @@ class _Saved:
     names: tuple[tuple[str, str], ...]
     predicates: frozenset[str]
     problem_key: str
-    # the handcoded expert: the episode's steps so far (command, feedback, game state), its
+    # the handcoded expert: its inputs so far (command, feedback, admissible commands, facts, won) as plain data, its
     # intro, and the expert's own state where it was asked during the episode
-    trace: tuple[tuple[str, str, Any], ...] | None = None
+    trace: tuple[tuple[Any, ...], ...] | None = None
     intro: str = ""
     expert: ExpertState | None = None
 
@@ -251,23 +251,27 @@ class ALFWorldEnv(SnapshotEnv):
     def _record(self, command: str, feedback: str) -> None:
         if self.expert != "handcoded":
             return
-        game_state = self._engine.game_state()
-        if self._trace is not None:  # None after a portable restore: the expert's state came instead
-            self._trace.append((command, feedback, game_state))
+        state = self._engine.game_state()
+        # plain data (strings and tuples), so that the history travels in portable bytes
+        facts = tuple((f.name, tuple((v.name, v.type) for v in f.arguments)) for f in state["_facts"])
+        told = (command, feedback, tuple(state["admissible_commands"]), facts, bool(state["won"]))
+        if self._trace is not None:
+            self._trace.append(told)
         if self._handcoded is not None:
-            self._tell(self._handcoded, command, feedback, game_state, dict(self._engine.names))
+            self._tell(self._handcoded, told, dict(self._engine.names))
 
     @staticmethod
-    def _tell(expert: HandcodedExpert, command: str, feedback: str, game_state: Any, names: dict[str, str]) -> None:
-        expert.update(
-            command, feedback, list(game_state["admissible_commands"]),
-            readable_facts(game_state["_facts"], names), bool(game_state["won"]),
-        )  # fmt: skip
+    def _tell(expert: HandcodedExpert, told: tuple[Any, ...], names: dict[str, str]) -> None:
+        from textworld.logic import Proposition, Variable
+
+        command, feedback, admissible, facts, won = told
+        propositions = [Proposition(name, [Variable(v, t) for v, t in args]) for name, args in facts]
+        expert.update(command, feedback, list(admissible), readable_facts(propositions, names), bool(won))
 
     def _build_expert(self, task_id: str, intro: str, trace: Any, names: dict[str, str]) -> HandcodedExpert:
         expert = HandcodedExpert(self.games.game_path(task_id), task_id, intro)
-        for command, feedback, game_state in trace:
-            self._tell(expert, command, feedback, game_state, names)
+        for told in trace:
+            self._tell(expert, told, names)
         return expert
 
     def _handcoded_expert(self) -> HandcodedExpert:
@@ -318,11 +322,8 @@ class ALFWorldEnv(SnapshotEnv):
         facts = inner.fact_state()
         out = {"task_id": inner.task_id, "facts": facts.facts, "names": facts.names, "at_start": inner.at_start, "intro": inner.intro}
         if self.expert == "handcoded":
-            # the trace holds engine objects; the expert's own state (plain data) travels instead
-            expert = inner.expert
-            if expert is None:
-                expert = self._build_expert(inner.task_id, inner.intro, inner.trace or (), dict(inner.names)).state()
-            out["expert"] = expert
+            # the expert's inputs (plain data) travel; the expert is rebuilt from them when asked
+            out["trace"] = tuple(inner.trace or ())
         return out
 
     def _task_state_from_portable(self, obj: dict[str, Any]) -> _Saved:
@@ -330,7 +331,7 @@ class ALFWorldEnv(SnapshotEnv):
         facts = FactState(key, tuple(obj["facts"]), tuple(map(tuple, obj["names"])))
         return _Saved(
             obj["task_id"], None, facts, bool(obj["at_start"]), facts.names, frozenset(), key,
-            trace=None, intro=str(obj.get("intro", "")), expert=obj.get("expert"),
+            trace=tuple(obj["trace"]) if "trace" in obj else None, intro=str(obj.get("intro", "")), expert=None,
         )  # fmt: skip
 
     def _release_task_state(self, inner: _Saved) -> None:

@@ -32,7 +32,6 @@ extras={"task_id": 3})`` works, and so does ``SkyRLEnv(env_config, extras)`` dir
 from __future__ import annotations
 
 import copy
-import pickle
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,9 +40,17 @@ from typing import Any
 import gymnasium as gym
 
 import bpo_envs
-from bpo_envs.core import check_step_limit
+from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
 from bpo_envs.integrations import require
-from bpo_envs.prompting import Context, PromptConfig, build_messages, env_action
+from bpo_envs.portable import dumps
+from bpo_envs.prompting import (
+    Context,
+    PromptConfig,
+    build_messages,
+    context_data,
+    context_from_data,
+    env_action,
+)
 
 skyrl_gym = require("skyrl_gym", "skyrl-gym", "skyrl", minimum="0.1.1")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
@@ -188,8 +195,13 @@ class SkyRLEnv(BaseTextEnv):
             payload = _decode(bytes(snap))
             if payload["env_id"] != self.env_id:
                 raise ValueError(f"a state of {payload['env_id']} cannot resume a {self.env_id} env")
+            saved = payload["progress"]
+            turns, done, won = saved.get("turns"), saved.get("done"), saved.get("won")
+            if isinstance(turns, bool) or not isinstance(turns, int) or not isinstance(done, bool) or not isinstance(won, bool):
+                raise ValueError("SkyRLEnv.portable_state() bytes: the turn count or flags have the wrong types")
+            progress = _Progress(context_from_data(saved.get("context")), turns, done, won)
             bpo_envs.restore(self.env, payload["env"])
-            self._progress = copy.deepcopy(payload["progress"])
+            self._progress = progress
         elif isinstance(snap, bpo_envs.Snapshot):
             progress = _ALL_STATES.get(snap)
             if progress is None:
@@ -204,16 +216,16 @@ class SkyRLEnv(BaseTextEnv):
         self.turns = self._progress.turns
 
     def portable_state(self) -> bytes:
-        """This episode as bytes for ``extras["state"]`` or ``restore`` in another process (a
-        pickle: load only states you made)."""
+        """This episode as bytes for ``extras["state"]`` or ``restore`` in another process:
+        plain data (:mod:`bpo_envs.portable`), restoring from them never runs code."""
         progress = self._need_progress()
         payload = {
-            "format": _STATE_FORMAT,
             "env_id": self.env_id,
             "env": bpo_envs.snapshot(self.env).portable(),
-            "progress": progress,
+            "progress": {"context": context_data(progress.context), "turns": progress.turns, "done": progress.done,
+                         "won": progress.won},
         }
-        return pickle.dumps(payload)
+        return dumps(_STATE_FORMAT, payload)
 
     # helpers
 
@@ -235,12 +247,10 @@ class SkyRLEnv(BaseTextEnv):
 
 def _decode(blob: bytes) -> dict[str, Any]:
     try:
-        payload = pickle.loads(blob)
-    except Exception as exc:
-        raise ValueError(f"not SkyRLEnv.portable_state() bytes: {exc}") from exc
-    if not isinstance(payload, dict) or payload.get("format") != _STATE_FORMAT:
-        raise ValueError("not SkyRLEnv.portable_state() bytes")
-    return payload
+        return decode_portable(blob, format=_STATE_FORMAT, what="SkyRLEnv.portable_state() bytes",
+                               fields={"env_id": str, "env": bytes, "progress": dict})
+    except SnapshotError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _creator(env_id: str) -> Any:

@@ -31,7 +31,6 @@ every turn, so per-step advantages (BPO, docs/unbiasedness.md, rule 4) and branc
 from __future__ import annotations
 
 import copy
-import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,14 @@ import gymnasium as gym
 import bpo_envs
 from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
 from bpo_envs.integrations import require
-from bpo_envs.prompting import Context, PromptConfig, build_messages
+from bpo_envs.portable import dumps
+from bpo_envs.prompting import (
+    Context,
+    PromptConfig,
+    build_messages,
+    context_data,
+    context_from_data,
+)
 
 require("trl", "trl", "trl", minimum="1.8", below="2")
 
@@ -299,31 +305,44 @@ def portable_state(tool_env: BPOToolEnv, *, keep_rewards: bool = False) -> bytes
 
     The resumed episode's prompt shows the task and the recent steps, as this project's
     policies see a mid-episode decision point. ``get_reward`` counts only the rewards after the
-    resume unless ``keep_rewards``. The bytes are a pickle: load only states you made.
+    resume unless ``keep_rewards``. The bytes are plain data (:mod:`bpo_envs.portable`):
+    resuming from them never runs code (docs/snapshots.md#trust).
     """
-    episode = copy.deepcopy(tool_env._current())
-    if not keep_rewards:
-        episode.rewards = []
+    episode = tool_env._current()
     payload = {
-        "format": _STATE_FORMAT,
         "env_id": type(tool_env).env_id,
         "env": bpo_envs.snapshot(tool_env.env).portable(),
-        "episode": episode,
+        "episode": {
+            "task_id": episode.task_id,
+            "context": context_data(episode.context),
+            "rewards": [float(r) for r in episode.rewards] if keep_rewards else [],
+            "done": episode.done,
+            "won": episode.won,
+            "invalid_actions": episode.invalid_actions,
+            "calls_after_end": episode.calls_after_end,
+        },
     }
-    return pickle.dumps(payload)
+    return dumps(_STATE_FORMAT, payload)
 
 
 def _restore_portable(tool_env: BPOToolEnv, state: bytes) -> None:
     try:
-        payload = decode_portable(state, format=_STATE_FORMAT, what="portable_state() bytes")
+        payload = decode_portable(state, format=_STATE_FORMAT, what="portable_state() bytes",
+                                  fields={"env_id": str, "env": bytes, "episode": dict})
     except SnapshotError as exc:
-        raise ValueError(f"the row's state column is {exc}") from exc
+        raise ValueError(f"the row's state column: {exc}") from exc
     if payload["env_id"] != type(tool_env).env_id:
         raise ValueError(f"a state of {payload['env_id']} cannot resume a {type(tool_env).env_id} env")
+    saved = payload["episode"]
+    rewards, counts = saved.get("rewards"), (saved.get("invalid_actions"), saved.get("calls_after_end"))
+    if not (isinstance(rewards, list) and all(isinstance(r, float) for r in rewards)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+            and isinstance(saved.get("done"), bool) and isinstance(saved.get("won"), bool)):
+        raise ValueError("the row's state column: the episode's rewards, flags or counts have the wrong types")
+    context = context_from_data(saved.get("context"))
     bpo_envs.restore(tool_env.env, payload["env"])
-    episode: Episode = payload["episode"]
-    episode.resumed = True
-    tool_env._episode = episode
+    tool_env._episode = Episode(saved.get("task_id"), context, rewards, saved["done"], saved["won"], counts[0], counts[1],
+                                resumed=True)
 
 
 def episodes(environments: Sequence[BPOToolEnv] | None) -> list[Episode]:

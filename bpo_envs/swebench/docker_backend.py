@@ -12,8 +12,9 @@ with ``remove(force=True)`` (a plain stop waits for the grace period).
 Grading applies the diff of ``/testbed`` against ``base_commit`` (taken in a fork of the final
 state) to a fresh container of the instance image with swebench's fallbacks and runs the
 swebench eval script there as the harness does (``bash eval.sh``, no ``BASH_ENV``: the script
-activates the env itself), on Docker's default network unless ``grading_network=False`` (eval
-scripts may ``pip install -e .``). ``portable()`` carries ``/testbed`` only (a tar), rebuilt on
+activates the env itself), with no network unless ``grading_network=True`` (an opt-in for eval
+scripts that ``pip install``: the agent's patch runs during grading and could then reach the
+host's services and the internet). ``portable()`` carries ``/testbed`` only (a tar), rebuilt on
 the instance image by the receiver. As in the local backend, nothing outlives its step: when a
 command ends, every process but the container's init and main process is killed (with bash
 builtins only, so it works under a fork bomb at ``pids_limit``); a snapshot (a filesystem
@@ -71,6 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.core import SnapshotError
 from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-exported
     MIN_FREE_DISK_BYTES,
     DaemonUnavailableError,
@@ -102,6 +104,11 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "
 """The capabilities a container keeps (all others are dropped)."""
 KILLED_RC = 199
 """The wrapper's exit code for a command killed by SIGKILL (reported as 137)."""
+HOST_GRACE_S = 3.0
+"""Seconds past a command's timeout after which the host kills it (its own ``timeout`` inside
+the container may be frozen or killed by the agent)."""
+HOST_KILL_WAIT_S = 5.0
+"""Seconds a kill from a fresh exec (then a restart) is given to end a command."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -145,6 +152,33 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def _note(text: str, note: str) -> str:
+    """``text`` with ``note`` on a line of its own."""
+    return f"{text}{'' if not text or text.endswith(chr(10)) else chr(10)}{note}"
+
+
+class _StreamReader(io.RawIOBase):
+    """A file over an iterator of byte chunks (``get_archive``'s stream), read in order."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, out: Any) -> int:
+        while not len(self._buf):
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._buf = memoryview(chunk)
+        n = min(len(out), len(self._buf))
+        out[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
 @dataclass(frozen=True)
 class DockerState:
     """A committed image holding the container's filesystem (removed when the state is released
@@ -179,6 +213,27 @@ def _retry_pending_images() -> None:
         _remove_image(client, name)
 
 
+def check_testbed_archive(data: Any) -> None:
+    """Raise ``SnapshotError`` unless ``data`` is a tar of ``testbed/`` only: regular files,
+    folders and links whose names stay inside it, no devices (portable bytes may come from
+    elsewhere, and ``put_archive`` writes at the container's root)."""
+    if not isinstance(data, bytes):
+        raise SnapshotError("portable bytes: a docker SWE-bench state holds a tar of /testbed")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, EOFError) as exc:
+        raise SnapshotError(f"portable bytes: the /testbed archive is not a tar ({exc})") from None
+    for m in members:
+        inside = [m.name] + ([m.linkname] if m.islnk() else [])
+        for name in inside:
+            parts = Path(name).parts
+            if name.startswith("/") or ".." in parts or not parts or parts[0] != "testbed":
+                raise SnapshotError(f"portable bytes: {name!r} in the archive is outside testbed/")
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            raise SnapshotError(f"portable bytes: {m.name!r} in the archive is a device or fifo")
+
+
 def _tracked(client: Any, name: str) -> DockerState:
     """A state for image ``name`` whose garbage collection (or exit) removes the image."""
     state = DockerState(name)
@@ -191,10 +246,11 @@ class DockerBackend:
 
     _build_lock = threading.Lock()
     _warned_quota = False
+    _host_deadline = True  # False only to measure what the host's deadline costs (bench_swebench)
 
     def __init__(
         self, kind: Hashable, image: str | None = None, limits: SandboxLimits | None = None,
-        *, images_dir: str | Path | None = None, grading_network: bool = True,
+        *, images_dir: str | Path | None = None, grading_network: bool = False,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.client = docker_client()
@@ -383,7 +439,15 @@ class DockerBackend:
 
     def _exec(self, box: Any, script: str, timeout: float, cap: int, agent: bool = True) -> CommandResult:
         """Run ``script``; ``agent``: in the agent's environment (``BASH_ENV``, ``AGENT_ENV``),
-        with the disk quota watched, and every process it leaves killed afterwards."""
+        with the disk quota watched, and every process it leaves killed afterwards.
+
+        The host keeps the deadline: a command not ended ``timeout`` + :data:`HOST_GRACE_S`
+        seconds after it started (its own ``timeout`` was frozen or killed) has its processes
+        killed from a fresh exec, else the container restarted on its filesystem
+        (:meth:`_kill_from_host`); the result says so and counts as timed out. A command that
+        stopped the container itself (``kill -9 -1``, ``kill 1``: the container's init ended)
+        is an observation too: the container is started again on its filesystem. A container
+        stopped by anything else raises :class:`SandboxLostError` naming the cause seen."""
         # only the inner shell reads BASH_ENV (sourcing a conda activation twice costs time)
         bash_env = f"BASH_ENV={BASH_ENV} " if agent else ""
         # head reads a pipe that processes the command leaves behind may hold open: they are
@@ -399,10 +463,13 @@ class DockerBackend:
         exec_id = self._exec_create(box, ["bash", "-c", wrapped], workdir="/testbed",
                                     environment=dict(AGENT_ENV) if agent else None)
         collector = OutputCollector(cap)
-        started = time.monotonic()
+        started, since = time.monotonic(), time.time()
         upper = self._upper_dir(box) if agent else None
         over = threading.Event()
         done = threading.Event()
+        ended = threading.Event()
+        feeding = threading.Lock()  # a stream left behind by a host kill stops feeding
+        failure: list[BaseException] = []
         quota = self.limits.disk_quota_bytes
 
         def watch() -> None:
@@ -415,42 +482,115 @@ class DockerBackend:
                         log.debug("killing an over-quota command failed", exc_info=True)
                     return
 
+        def read() -> None:
+            try:
+                for chunk in docker_call(api.exec_start, exec_id, stream=True):
+                    with feeding:
+                        if ended.is_set():
+                            return
+                        collector.feed(chunk)
+            except Exception as exc:  # noqa: BLE001 - sorted by _lost below
+                failure.append(exc)
+            finally:
+                ended.set()
+
         watcher = threading.Thread(target=watch, daemon=True) if upper is not None else None
         if watcher is not None:
             watcher.start()
+        host_kill: str | None = None
         try:
-            for chunk in docker_call(api.exec_start, exec_id, stream=True):
-                collector.feed(chunk)
-            rc = docker_call(api.exec_inspect, exec_id)["ExitCode"]
-        except Exception as exc:  # noqa: BLE001 - sorted by _lost
-            raise self._lost(box, exc) from exc
+            if self._host_deadline:
+                threading.Thread(target=read, daemon=True, name="bpo-swe-exec").start()
+                if not ended.wait(timeout + HOST_GRACE_S):
+                    host_kill = self._kill_from_host(box, ended)
+            else:
+                read()
         finally:
             done.set()
             if watcher is not None:
                 watcher.join()
+        with feeding:
+            ended.set()
+            text, elided = collector.result()
+            total_bytes = collector.total_bytes
+        if host_kill is not None:
+            return CommandResult(
+                _note(text, f"[it was still running {HOST_GRACE_S:g} s past its timeout: {host_kill}]"),
+                124, True, False, elided)
+        try:
+            if failure:
+                raise failure[0]
+            rc = docker_call(api.exec_inspect, exec_id)["ExitCode"]
+        except Exception as exc:  # noqa: BLE001 - sorted by _lost
+            raise self._lost(box, exc, since=since) from exc
+        stopped: tuple[bool, str] | None = None
         if rc is None or (rc == 137 and not over.is_set()):
-            # no exit code, or the wrapper itself was killed: the container is dying (the output
-            # is not the command's: raise, so the path is rebuilt instead of seeing a wrong
-            # observation), unless it still runs after a while (the OOM killer chose the wrapper)
-            lost = self._lost(box, RuntimeError(f"the command's shell ended with exit code {rc}"), wait=2.0)
-            if rc is None or isinstance(lost, SandboxLostError):
-                raise lost
+            # no exit code, or the wrapper itself was killed: the container may have stopped
+            # (unless it still runs after a while: the OOM killer chose the wrapper)
+            stopped = self._stop_cause(box, since, wait=2.0)
+            if stopped is None and rc is None:
+                raise self._lost(box, RuntimeError("the command's shell ended with no exit code"))
+            if stopped is not None:
+                by_itself, cause = stopped
+                if not by_itself:
+                    raise SandboxLostError(self._lost_text(box, cause))
+                if agent:
+                    self._start_again(box, cause)
+                rc = 137
         elif rc == KILLED_RC:
             rc = 137
-        text, elided = collector.result()
         # timeout(1) -s KILL exits 128 + 9 when it fired
-        timed_out = rc == 137 and time.monotonic() - started >= timeout - 0.5 and not over.is_set()
-        killed = collector.total_bytes >= cap
-        if upper is not None and (over.is_set() or disk_usage(upper) > quota):
-            sep = "" if not text or text.endswith("\n") else "\n"
+        timed_out = (rc == 137 and time.monotonic() - started >= timeout - 0.5 and not over.is_set()
+                     and stopped is None)
+        killed = total_bytes >= cap
+        if stopped is not None:
+            again = "; it was started again on its filesystem: files are kept, processes are not" if agent else ""
+            text = _note(text, f"[the command killed every process of the sandbox ({stopped[1]}){again}]")
+        elif upper is not None and (over.is_set() or disk_usage(upper) > quota):
             what = "the command was killed" if over.is_set() else "after this command"
-            text += (f"{sep}[disk quota exceeded ({what}): the container's writes since its last "
-                     f"reset or restore exceed {quota} bytes; delete files before going on]")
+            text = _note(text, f"[disk quota exceeded ({what}): the container's writes since its last "
+                               f"reset or restore exceed {quota} bytes; delete files before going on]")
         elif agent and rc == 137 and not timed_out:
-            sep = "" if not text or text.endswith("\n") else "\n"
-            text += (f"{sep}[killed by SIGKILL: most likely the container's memory limit of "
-                     f"{self.limits.memory_bytes} bytes]")
+            text = _note(text, f"[killed by SIGKILL: by a kill, or by the container's memory limit of "
+                               f"{self.limits.memory_bytes} bytes]")
         return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
+
+    def _kill_from_host(self, box: Any, ended: threading.Event) -> str:
+        """Kill a command that outlived its deadline; say how. First every process but the
+        container's init and main one, from a fresh exec (this works when the command froze
+        its own ``timeout`` with SIGSTOP or ignores SIGTERM); when that exec cannot start (a fork
+        bomb holds every pid) or the command still runs, the container is restarted on its
+        filesystem (files kept, processes gone)."""
+        api = self.client.api
+        try:
+            reaper = api.exec_create(box.id, ["bash", "-c", REAP + "__bpo_reap"])["Id"]
+            thread = threading.Thread(target=api.exec_start, args=(reaper,), daemon=True)
+            thread.start()
+            if ended.wait(HOST_KILL_WAIT_S):
+                return "the host killed its processes from a fresh exec"
+        except Exception:  # noqa: BLE001 - no exec starts: restart below
+            log.debug("killing a command from a fresh exec failed", exc_info=True)
+        try:
+            docker_call(box.restart, timeout=0)
+        except Exception as exc:  # noqa: BLE001 - the container is gone
+            raise self._lost(box, exc) from exc
+        ended.wait(HOST_KILL_WAIT_S)
+        return "the host restarted the container on its filesystem (files kept, processes gone)"
+
+    def _start_again(self, box: Any, cause: str) -> None:
+        """Start the stopped ``box`` again (its filesystem as the command left it)."""
+        try:
+            docker_call(box.start)
+            deadline = time.monotonic() + 10.0
+            while True:
+                docker_call(box.reload)
+                if box.status == "running" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - it cannot run again
+            raise SandboxLostError(self._lost_text(box, f"{cause}; starting it again failed: {exc}")) from exc
+        if box.status != "running":
+            raise SandboxLostError(self._lost_text(box, f"{cause}; it did not start again"))
 
     def _exec_create(self, box: Any, cmd: list[str], **kwargs: Any) -> str:
         import docker
@@ -460,31 +600,61 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             raise self._lost(box, exc) from exc
 
-    def _lost(self, box: Any, exc: BaseException, wait: float = 0.0) -> BaseException:
-        """``exc`` as a :class:`SandboxLostError` when ``box`` is no longer running (polled for
-        up to ``wait`` seconds: a killed container is marked exited a little later)."""
-        import docker
-
+    def _lost(self, box: Any, exc: BaseException, wait: float = 0.0,
+              since: float | None = None) -> BaseException:
+        """``exc`` as a :class:`SandboxLostError` naming the cause seen when ``box`` is no
+        longer running (polled for up to ``wait`` seconds: a killed container is marked exited
+        a little later)."""
         if isinstance(exc, SandboxLostError | DaemonUnavailableError):
             return exc
+        stopped = self._stop_cause(box, since, wait)
+        if stopped is None:
+            return exc
+        return SandboxLostError(f"{self._lost_text(box, stopped[1])} ({type(exc).__name__}: {exc})")
+
+    @staticmethod
+    def _lost_text(box: Any, cause: str) -> str:
+        return f"the container {box.short_id} is gone: {cause}; its state since the last snapshot is lost"
+
+    def _stop_cause(self, box: Any, since: float | None, wait: float = 0.0) -> tuple[bool, str] | None:
+        """None while ``box`` runs (polled for up to ``wait`` s), else ``(by_itself, cause)``:
+        ``by_itself`` when the container's init ended during the command begun at ``since``
+        (its processes were killed from inside: the daemon recorded a ``die`` and no ``kill``),
+        False when it was killed from outside, removed, or the daemon restarted or is gone."""
+        import docker
+
         deadline = time.monotonic() + wait
         while True:
             try:
                 docker_call(box.reload)
-                running = box.status == "running"
             except docker.errors.NotFound:
-                running = False
-            except Exception:  # noqa: BLE001 - the daemon is unreachable: the container is lost too
-                running = False
-            if not running or time.monotonic() >= deadline:
+                return False, "the container was removed"
+            except Exception as exc:  # noqa: BLE001 - the daemon is unreachable
+                return False, f"the Docker daemon does not answer ({type(exc).__name__})"
+            if box.status != "running":
                 break
+            if time.monotonic() >= deadline:
+                return None
             time.sleep(0.05)
-        if running:
-            return exc
-        return SandboxLostError(
-            f"the container {box.short_id} is gone (status {getattr(box, 'status', '?')}: the Docker "
-            f"daemon restarted or the container died); its state since the last snapshot is lost "
-            f"({type(exc).__name__}: {exc})")
+        state = box.attrs.get("State") or {}
+        what = f"status {box.status}, exit code {state.get('ExitCode')}"
+        if state.get("OOMKilled"):
+            what += ", out of memory"
+        if since is None:
+            return False, f"it stopped before the command ran ({what}): the Docker daemon restarted or it was killed"
+        try:
+            events = list(self.client.events(since=since - 1, until=time.time(), decode=True,
+                                             filters={"container": box.id}))
+        except Exception as exc:  # noqa: BLE001 - the daemon went away
+            return False, f"{what}; the Docker daemon does not answer ({type(exc).__name__})"
+        actions = [e.get("Action") or e.get("status") for e in events]
+        if "kill" in actions:
+            signal_ = next(e for e in events if (e.get("Action") or e.get("status")) == "kill")
+            sig = ((signal_.get("Actor") or {}).get("Attributes") or {}).get("signal", "?")
+            return False, f"it was killed from outside the sandbox (signal {sig}; {what})"
+        if "die" not in actions:
+            return False, f"{what}, with no record of its exit: the Docker daemon restarted"
+        return True, f"the container's init ended: {what}"
 
     def _retry_if_fresh(self, fn: Any) -> Any:
         """``fn()``; if it finds the container gone while nothing had run in it yet (a warm
@@ -541,6 +711,7 @@ class DockerBackend:
             self._remove(box)
 
     def from_portable(self, data: bytes, row: dict[str, Any]) -> DockerState:
+        check_testbed_archive(data)  # the row names the image; the bytes only the files of /testbed
         box = self._start(self.instance_image(row))
         try:
             docker_call(box.exec_run, ["rm", "-rf", "/testbed"])
@@ -576,21 +747,43 @@ class DockerBackend:
         result = self._exec(self.container, script, 120, 256 << 20, agent=False)
         return result.output if result.exit_code == 0 else ""
 
-    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
+    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
+                 log_path: Path) -> CommandResult:
+        """Grade in a fresh container of the instance image; its whole log
+        (``harness.runner_script``) is copied out to ``log_path``."""
         from bpo_envs.swebench import harness
 
         box = self._start(self.instance_image(row), network=self.grading_network)
         try:
             docker_call(box.put_archive, "/", _tar({"bpo_eval/patch.diff": patch.encode(),
                                                     "bpo_eval/eval.sh": script.encode()}))
-            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
+            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
+                                           "/bpo_eval/test_output.txt")
             result = self._exec(box, runner, timeout, 256 << 20, agent=False)
+            harness.write_log(self._copy_out(box, "/bpo_eval/test_output.txt", harness.MAX_LOG_COPY),
+                              log_path, result.timed_out)
+            return result
         finally:
             self._remove(box)
-        log = result.output
-        if result.timed_out:
-            log += "\n" + harness.timeout_marker() + "\n"
-        return log
+
+    @staticmethod
+    def _copy_out(box: Any, path: str, limit: int) -> bytes:
+        """The first ``limit`` + 1 bytes of the regular file ``path`` in ``box`` (empty when it
+        is missing or not a regular file: code under test wrote it)."""
+        import docker
+
+        try:
+            stream, _ = docker_call(box.get_archive, path)
+        except docker.errors.NotFound:
+            return b""
+        reader = _StreamReader(stream)
+        with tarfile.open(fileobj=reader, mode="r|") as tar:
+            for member in tar:
+                if member.isreg():
+                    fh = tar.extractfile(member)
+                    return fh.read(limit + 1) if fh is not None else b""
+                return b""
+        return b""
 
     def close(self) -> None:
         for image in list(self._warm):

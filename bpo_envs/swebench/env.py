@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_envs.core import SnapshotEnv
+from bpo_envs.core import SnapshotEnv, SnapshotError
 from bpo_envs.swebench import harness
 from bpo_envs.swebench.instances import load_instances
 from bpo_envs.swebench.local import SandboxLimits
@@ -106,13 +106,22 @@ class SWEBenchEnv(SnapshotEnv):
             rows, or None for the bundled instances (small real repos, built on first use).
         backend: ``"local"`` (bubblewrap sandbox over a working copy; rows need ``repo_path``)
             or ``"docker"`` (real SWE-bench images or a local image, via docker-py).
-        step_timeout: seconds one command may run before it is killed.
-        eval_timeout: seconds the grading test run may take (the harness's default, 1,800).
+        step_timeout: seconds one command may run before it is killed. The deadline is kept
+            from the host (docker: 3 s later the host kills what the command left running,
+            even when it froze or killed its own ``timeout``); the agent's own kills of its
+            sandbox (``kill -9 -1``, ``kill 1``) are observations (the container is started
+            again on its filesystem). See docs/reliability.md.
+        eval_timeout: seconds the grading test run may take (the harness's default, 1,800),
+            kept from the host the same way. The whole test log is graded (up to
+            ``harness.TEST_LOG_BYTES``), not the observation's head and tail.
         max_episode_steps: steps before truncation.
         grade_on_truncation: at the step limit without a submission, grade the diff as if
             submitted (False, as mini-swe-agent and the leaderboards: no submission scores 0).
-        grading_network: docker backend: the grading container is on Docker's default network
-            (as the harness; eval scripts may ``pip install -e .``); False cuts it off. The local
+        grading_network: docker backend: put the grading container on Docker's default network
+            (False, the default: grading runs offline, as the agent's own container). The
+            agent's patch runs during grading (a ``conftest.py`` is enough), so True lets it
+            reach the host's services (a Ray head, a vLLM server, through the bridge's gateway)
+            and the internet: an opt-in for rows whose eval script installs packages. The local
             sandbox never has a network (its eval runs the host's Python; nothing to install).
         prompt: ``"bpo"`` (the intro below, ``[exit code: N]`` observations) or
             ``"mini-swe-agent"`` (its PR-description intro and ``<returncode>``/``<output>``
@@ -164,7 +173,7 @@ class SWEBenchEnv(SnapshotEnv):
         eval_timeout: float = 1800.0,
         max_episode_steps: int = 50,
         grade_on_truncation: bool = False,
-        grading_network: bool = True,
+        grading_network: bool = False,
         prompt: str = "bpo",
         images_dir: str | Path | None = None,
         split: str | None = None,
@@ -299,9 +308,10 @@ class SWEBenchEnv(SnapshotEnv):
         plan = harness.eval_plan(row)
         with tempfile.TemporaryDirectory(prefix="eval-", dir=run_dir()) as tmp:
             log_path = Path(tmp) / "test_output.txt"
-            log = self._backend.run_eval(row, patch, plan.script, self.eval_timeout)
-            log_path.write_text(log, encoding="utf-8")
+            # the whole log (up to harness.TEST_LOG_BYTES) is graded, not an observation of it
+            self._backend.run_eval(row, patch, plan.script, self.eval_timeout, log_path)
             verdict = harness.grade(plan, str(log_path))
+            tail = harness.log_tail(log_path, TEST_OUTPUT_CHARS)
         reward = 1.0 if verdict.resolved else 0.0
         obs = (
             f"{prefix}\nGrading: {'RESOLVED' if verdict.resolved else 'not resolved'} "
@@ -317,7 +327,7 @@ class SWEBenchEnv(SnapshotEnv):
             "tests_status": verdict.report,
             "patch": patch,
             "submitted": True,
-            "test_output": log[-TEST_OUTPUT_CHARS:],
+            "test_output": tail,
         }
         hint = grading_hint(verdict, row)
         if hint:
@@ -342,6 +352,8 @@ class SWEBenchEnv(SnapshotEnv):
         return task_id, self._backend.portable(state, self._rows[task_id])
 
     def _task_state_from_portable(self, obj: Any) -> Any:
+        if not (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and obj[0] in self._rows):
+            raise SnapshotError("portable bytes: not a state of one of this env's instances")
         task_id, data = obj
         return task_id, self._backend.from_portable(data, self._rows[task_id])
 

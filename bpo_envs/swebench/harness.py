@@ -16,7 +16,10 @@ We never call ``make_test_spec``: for many Verified repos it downloads requireme
 from __future__ import annotations
 
 import importlib
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _PARSER_MODULES = ("python", "javascript", "c", "go", "java", "php", "ruby", "rust")
@@ -153,18 +156,68 @@ def apply_commands() -> list[str]:
     return ["git apply --verbose", "git apply --verbose --reject", "patch --batch --fuzz=5 -p1 -i"]
 
 
-def runner_script(patch_path: str, eval_path: str) -> str:
-    """Bash that applies the model patch like swebench's ``run_instance``, then runs the eval."""
+TEST_LOG_BYTES = 64 << 20
+"""The grading log kept in the sandbox: the first 64 MiB of the eval run's output (then
+:data:`LOG_CUT_MARKER`). It is graded whole; only the agent's observations are cut to
+``OUTPUT_LIMIT_CHARS`` (``bpo_envs.swebench.output``)."""
+LOG_CUT_MARKER = ">>>>> bpo-gym: the test log was cut here (it is longer than the TEST_LOG_BYTES limit)"
+"""The line that ends a grading log longer than :data:`TEST_LOG_BYTES`."""
+MAX_LOG_COPY = TEST_LOG_BYTES + 4096
+"""Bytes of a grading log copied out of the sandbox (the log, its cut marker, some slack)."""
+
+
+def runner_script(patch_path: str, eval_path: str, log_path: str) -> str:
+    """Bash that applies the model patch like swebench's ``run_instance``, then runs the eval,
+    writing everything it prints (at most :data:`TEST_LOG_BYTES`, then :data:`LOG_CUT_MARKER`)
+    to ``log_path`` and nothing to its own output."""
     c = swebench_modules()["constants"]
     tries = " || ".join(f"{cmd} {patch_path}" for cmd in apply_commands())
     return (
+        "{\n"
         "cd /testbed\n"
         f"if [ -s {patch_path} ]; then\n"
         f"  if {tries}; then echo '{c.APPLY_PATCH_PASS}'; "
         f"else echo '{c.APPLY_PATCH_FAIL}'; exit 0; fi\n"
         "fi\n"
         f"bash {eval_path}\n"
+        f"}} 2>&1 | head -c {TEST_LOG_BYTES + 1} > {log_path}\n"
+        f"if [ \"$(stat -c %s {log_path})\" -gt {TEST_LOG_BYTES} ]; then\n"
+        f"  truncate -s {TEST_LOG_BYTES} {log_path}; printf '\\n%s\\n' '{LOG_CUT_MARKER}' >> {log_path}\n"
+        "fi\n"
     )
+
+
+def write_log(raw: bytes, dest: Path, timed_out: bool) -> None:
+    """Write a grading log copied out of a sandbox to ``dest`` as UTF-8 (bytes that are not
+    are replaced: swebench reads the file as text), at most :data:`TEST_LOG_BYTES` plus the
+    cut marker, and swebench's timeout marker when the run was killed at its deadline."""
+    text = raw[:MAX_LOG_COPY].decode("utf-8", "replace")
+    if len(raw) > MAX_LOG_COPY:
+        text += f"\n{LOG_CUT_MARKER}\n"
+    if timed_out:
+        text += f"\n{timeout_marker()}\n"
+    dest.write_text(text, encoding="utf-8")
+
+
+def read_log_file(path: Path) -> bytes:
+    """The first :data:`MAX_LOG_COPY` bytes of the log file at ``path``, on the host, written
+    by code under test: a link, a fifo or anything but a regular file reads as empty."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return fh.read(MAX_LOG_COPY + 1)
+
+
+def log_tail(path: Path, chars: int) -> str:
+    """The last ``chars`` characters of the log at ``path``."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        fh.seek(max(0, fh.tell() - 4 * chars))
+        return fh.read().decode("utf-8", "replace")[-chars:]
 
 
 def timeout_marker() -> str:

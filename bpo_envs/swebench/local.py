@@ -36,8 +36,21 @@ Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
   the command's pids cgroup killed when the step ends (``setsid``/``nohup``/double forks stay in
   both the namespace and the cgroup).
 
-Not limited: total memory of all processes together (each is under ``RLIMIT_AS``, and there
-are at most ``max_processes`` of them), disk bandwidth, CPU shares.
+* memory, for the whole command: a memory cgroup (``MemoryCgroup``: v2 ``memory.max`` where a
+  delegated v2 hierarchy has the memory controller, else v1 ``memory.limit_in_bytes`` and
+  ``memory.memsw.limit_in_bytes``) of ``memory_bytes``; past it the kernel's OOM killer kills
+  inside the group and the observation says so. Without a writable memory cgroup
+  (``BwrapSandbox.memory`` is None) only ``RLIMIT_AS`` bounds memory, per process;
+* the host's OOM killer takes the sandbox first: ``oom_score_adj`` 1000 for every process in it;
+* no new user namespaces (``--unshare-user --disable-userns``): ``unshare -U`` fails inside;
+* the disk quota counts every entry as at least ``INODE_BYTES`` (inodes cost space) and a
+  folder the host cannot read as over quota (``UNREADABLE``).
+
+Not limited: disk bandwidth, CPU shares.
+
+Snapshot storage: a snapshot's state is kept in the store until ``release()``; every
+``ObjectStore.PRUNE_EVERY`` releases, loose objects no kept state, initial checkout or live
+working copy reaches (and older than ``PRUNE_GRACE``) are deleted.
 
 Ownership: every file of this backend lives in the process's run folder and every cgroup is
 named after its process (``bpo_envs.swebench.owners``); making a sandbox removes what dead
@@ -49,6 +62,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -57,11 +71,13 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from bpo_envs.core import SnapshotError
 from bpo_envs.swebench._git import git, git_text, require_git
 from bpo_envs.swebench.harness import CONDA_SHIM
 from bpo_envs.swebench.output import CommandResult, OutputCollector
@@ -120,28 +136,42 @@ class SandboxLimits:
         return self.cpu_seconds if self.cpu_seconds is not None else max(1, math.ceil(timeout))
 
 
+INODE_BYTES = 4096
+"""What a file, folder or link counts at least in the disk quota: an inode costs space even
+when its file is empty (100,000 empty files are 400 MB of quota, not zero)."""
+UNREADABLE = 1 << 62
+"""The usage :func:`disk_usage` reports for a tree with a folder it cannot read: over any quota
+(what cannot be measured cannot be allowed)."""
+
+
 def disk_usage(root: Path) -> int:
-    """Bytes allocated under ``root`` (not following links; each hard-linked inode once)."""
+    """Bytes ``root`` takes: each entry's allocated blocks, at least :data:`INODE_BYTES` (not
+    following links; each hard-linked inode once). :data:`UNREADABLE` when a folder in it
+    cannot be read (one removed meanwhile is skipped)."""
     total = 0
     seen: set[tuple[int, int]] = set()
     stack = [str(root)]
     while stack:
         try:
             entries = os.scandir(stack.pop())
-        except OSError:
+        except FileNotFoundError:
             continue
+        except OSError:
+            return UNREADABLE
         with entries:
             for entry in entries:
                 try:
                     st = entry.stat(follow_symlinks=False)
-                except OSError:
+                except FileNotFoundError:
                     continue
+                except OSError:
+                    return UNREADABLE
                 if st.st_nlink > 1 and not entry.is_dir(follow_symlinks=False):
                     key = (st.st_dev, st.st_ino)
                     if key in seen:
                         continue
                     seen.add(key)
-                total += st.st_blocks * 512
+                total += max(st.st_blocks * 512, INODE_BYTES)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
     return total
@@ -210,6 +240,77 @@ class PidsCgroup:
         self._rmdir(self.path)
 
 
+class MemoryCgroup:
+    """A memory cgroup capping all of a command's processes together: RAM, and swap where the
+    kernel accounts it. Past the limit the kernel's OOM killer kills inside the group only.
+
+    cgroup v2 (``memory.max``, ``memory.swap.max``) where a delegated v2 hierarchy has the
+    memory controller, else cgroup v1 (``memory.limit_in_bytes``,
+    ``memory.memsw.limit_in_bytes``), in this process's own memory cgroup or the hierarchy's
+    root; None when neither can be written (the per-process ``RLIMIT_AS`` is then all that
+    bounds memory: see the module docstring)."""
+
+    def __init__(self, path: Path, version: int) -> None:
+        self.path = path
+        self.version = version
+        self.procs = path / "cgroup.procs"
+
+    @classmethod
+    def create(cls, limit: int) -> MemoryCgroup | None:
+        name = f"{CGROUP_PREFIX}{os.getpid()}-{process_start(os.getpid())}-{uuid.uuid4().hex[:8]}-mem"
+        candidates: list[tuple[Path, int]] = []
+        try:
+            for line in Path("/proc/self/cgroup").read_text().splitlines():
+                number, controllers, where = line.split(":", 2)
+                if number == "0":
+                    v2 = Path("/sys/fs/cgroup") / where.lstrip("/")
+                    if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
+                        candidates.append((v2, 2))
+                elif "memory" in controllers.split(","):
+                    candidates.append((Path("/sys/fs/cgroup/memory") / where.lstrip("/"), 1))
+        except (OSError, ValueError):
+            pass
+        candidates.append((Path("/sys/fs/cgroup/memory"), 1))
+        files = {2: ("memory.max", "memory.swap.max"), 1: ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")}
+        for parent, version in candidates:
+            if not (parent / "cgroup.procs").exists():
+                continue
+            path = parent / name
+            try:
+                path.mkdir()
+                (path / files[version][0]).write_text(str(limit))
+            except OSError:
+                PidsCgroup._rmdir(path)
+                continue
+            try:  # no swap beyond the limit (v2: none at all; v1: memory + swap <= limit)
+                (path / files[version][1]).write_text("0" if version == 2 else str(limit))
+            except OSError:
+                pass  # the kernel does not account swap (or there is none)
+            group = cls(path, version)
+            atexit.register(group.remove)
+            return group
+        return None
+
+    def oom_kills(self) -> int:
+        """Processes the OOM killer has killed in this group so far."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def remove(self) -> None:
+        for _ in range(100):  # the kernel empties a group shortly after its processes die
+            if not self.procs.exists() or not self.procs.read_text().split():
+                break
+            time.sleep(0.01)
+        PidsCgroup._rmdir(self.path)
+
+
 def require_bwrap() -> str:
     path = shutil.which("bwrap")
     if path is None:
@@ -247,6 +348,7 @@ class BwrapSandbox:
             raise RuntimeError("the local SWE-bench backend needs prlimit (util-linux)")
         self.limits = limits or SandboxLimits()
         self.cgroup = PidsCgroup.create(self.limits.max_processes)
+        self.memory = MemoryCgroup.create(self.limits.memory_bytes)
         self._lock = threading.Lock()  # one command at a time per cgroup
         self.python = python or sys.executable
         self._dirs = _python_dirs(self.python)
@@ -262,10 +364,11 @@ class BwrapSandbox:
         (self._shim / "bin" / "activate").write_text(CONDA_SHIM)
         atexit.register(shutil.rmtree, self._shim, True)
 
-    def args(self, testbed: Path, ro_binds: Sequence[tuple[str, str]] = ()) -> list[str]:
+    def args(self, testbed: Path, ro_binds: Sequence[tuple[str, str]] = (),
+             rw_binds: Sequence[tuple[str, str]] = ()) -> list[str]:
         a = [
-            self.bwrap, "--unshare-all", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--hostname", "sandbox",
+            self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
         ]
         for name in ("bin", "lib", "lib32", "lib64", "sbin"):
@@ -284,6 +387,8 @@ class BwrapSandbox:
         a += ["--ro-bind", str(self._shim), "/opt/miniconda3"]
         for src, dst in ro_binds:
             a += ["--ro-bind", src, dst]
+        for src, dst in rw_binds:
+            a += ["--bind", src, dst]
         a += [
             "--bind", str(testbed), "/testbed", "--chdir", "/testbed", "--clearenv",
             "--setenv", "PATH", f"{self._venv_bin}:{SANDBOX_PATH}",
@@ -294,6 +399,15 @@ class BwrapSandbox:
         ]
         return a
 
+    def enter_cgroups(self, argv: list[str]) -> list[str]:
+        """``argv`` behind a shell that makes itself the first victim of the host's OOM killer
+        (``oom_score_adj`` 1000: the sandbox dies before the trainer) and joins the pids and
+        memory cgroups before it execs, so every descendant is counted and inherits both."""
+        groups = [str(g.procs) for g in (self.cgroup, self.memory) if g is not None]
+        script = ('echo 1000 > /proc/self/oom_score_adj || exit 125; n=$0; '
+                  'while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"')
+        return ["/bin/sh", "-c", script, str(len(groups)), *groups, *argv]
+
     def run(
         self,
         testbed: Path,
@@ -302,6 +416,7 @@ class BwrapSandbox:
         kill_after_bytes: int,
         ro_binds: Sequence[tuple[str, str]] = (),
         watch: Callable[[], bool] | None = None,
+        rw_binds: Sequence[tuple[str, str]] = (),
         grading: bool = False,
     ) -> CommandResult:
         """Run ``command``; ``watch`` (polled every second) returning True kills it.
@@ -313,12 +428,11 @@ class BwrapSandbox:
         argv = [
             self.prlimit, f"--cpu={cpu}:{cpu + 1}", f"--as={lim.memory_bytes}",
             f"--fsize={lim.max_file_bytes}", f"--nproc={lim.max_processes}", "--",
-            *self.args(testbed, ro_binds), "bash", "-c", command,
+            *self.args(testbed, ro_binds, rw_binds), "bash", "-c", command,
         ]
         with self._lock:
-            if self.cgroup is not None:
-                # the shell joins the cgroup before it execs, so every descendant is counted
-                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup.procs), *argv]
+            argv = self.enter_cgroups(argv)
+            ooms = self.memory.oom_kills() if self.memory is not None else 0
             try:
                 result = run_collected(argv, timeout, kill_after_bytes, watch)
             finally:
@@ -326,6 +440,9 @@ class BwrapSandbox:
                     self.cgroup.kill_all()
         notes = {152: f"[killed: CPU time limit of {cpu} s per process]",
                  153: f"[killed: file size limit of {lim.max_file_bytes} bytes]"}
+        if self.memory is not None and self.memory.oom_kills() > ooms:
+            notes[result.exit_code] = (f"[a process was killed: the command's processes together passed the memory "
+                                       f"limit of {lim.memory_bytes} bytes]")
         if not result.timed_out and result.exit_code in notes:
             sep = "" if not result.output or result.output.endswith("\n") else "\n"
             result = replace(result, output=result.output + sep + notes[result.exit_code])
@@ -419,7 +536,40 @@ class ObjectStore:
         self._alternates: list[str] = []
         self.initial: dict[str, TreeState] = {}
         self.lock = threading.Lock()
+        self._kept: dict[TreeState, int] = {}  # live snapshots' states, counted
+        self._workspaces: weakref.WeakSet[Workspace] = weakref.WeakSet()
+        self._releases = 0
         atexit.register(shutil.rmtree, self.path, True)
+
+    PRUNE_EVERY = 16
+    """Releases between two prunes of the store's unreachable objects."""
+    PRUNE_GRACE = "2.minutes.ago"
+    """Objects written more recently are never pruned (another thread may be writing a tree
+    that uses them); ``git prune --expire``'s syntax."""
+
+    def keep(self, state: TreeState) -> None:
+        """Keep ``state``'s objects until as many :meth:`release` calls."""
+        with self.lock:
+            self._kept[state] = self._kept.get(state, 0) + 1
+
+    def release(self, state: TreeState) -> None:
+        """Drop one :meth:`keep` of ``state``; every :data:`PRUNE_EVERY` releases, delete the
+        loose objects that no kept state, initial checkout or live working copy reaches."""
+        with self.lock:
+            count = self._kept.get(state, 0)
+            if count <= 1:
+                self._kept.pop(state, None)
+            else:
+                self._kept[state] = count - 1
+            self._releases += 1
+            if self._releases % self.PRUNE_EVERY == 0:
+                self.prune()
+
+    def prune(self) -> None:
+        """Delete unreachable loose objects older than :data:`PRUNE_GRACE` (call with ``lock``)."""
+        states = [*self._kept, *self.initial.values(), *(ws.last for ws in list(self._workspaces) if ws.last is not None)]
+        heads = sorted({t for s in states for t in (s.worktree, s.gitdir) if t is not None})
+        git("prune", f"--expire={self.PRUNE_GRACE}", "--", *heads, env={"GIT_DIR": str(self.path)})
 
     @classmethod
     def for_kind(cls, kind: Hashable) -> ObjectStore:
@@ -469,6 +619,9 @@ class Workspace:
         self._idx_wt = self.root / "index-worktree"
         self._idx_gd = self.root / "index-gitdir"
         self._current: TreeState | None = None  # what the testbed holds, when known
+        # the state last written or checked out: its objects back the stat-cache indexes
+        self.last: TreeState | None = None
+        store._workspaces.add(self)
 
     # ---- the working copy ------------------------------------------------------------
     def mark_dirty(self) -> None:
@@ -496,7 +649,7 @@ class Workspace:
         gd_empty: tuple[str, ...] = ()
         if self._gitdir().is_dir() and not self._gitdir().is_symlink():
             gd, gd_empty = self._tree_of(self._gitdir(), self._idx_gd)
-        self._current = TreeState(wt, gd, wt_empty, gd_empty)
+        self._current = self.last = TreeState(wt, gd, wt_empty, gd_empty)
         return self._current
 
     def _checkout(self, work_tree: Path, index: Path, tree: str, empty: Sequence[str]) -> None:
@@ -529,7 +682,7 @@ class Workspace:
                 gitdir.unlink()
             gitdir.mkdir(exist_ok=True)
             self._checkout(gitdir, self._idx_gd, state.gitdir, state.gitdir_empty_dirs)
-        self._current = state
+        self._current = self.last = state
 
     def init_from_repo(self, repo_path: str, base_commit: str) -> TreeState:
         """Fill the testbed with ``repo_path`` at ``base_commit`` (history up to it, nothing after)."""
@@ -568,12 +721,38 @@ class Workspace:
 
 
 def portable_state(store: ObjectStore, state: TreeState, base_commit: str) -> dict[str, Any]:
-    return {"tree": state, "pack": store.pack(state, base_commit)}
+    tree = {"worktree": state.worktree, "gitdir": state.gitdir, "empty_dirs": state.empty_dirs,
+            "gitdir_empty_dirs": state.gitdir_empty_dirs}
+    return {"tree": tree, "pack": store.pack(state, base_commit)}
 
 
-def state_from_portable(store: ObjectStore, obj: dict[str, Any]) -> TreeState:
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def _relative_dirs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, tuple) or not all(isinstance(d, str) for d in value):
+        raise SnapshotError("portable bytes: empty_dirs is not a tuple of paths")
+    for d in value:
+        parts = PurePosixPath(d).parts
+        if not d or d.startswith("/") or ".." in parts:
+            raise SnapshotError(f"portable bytes: {d!r} is not a path inside the testbed")
+    return value
+
+
+def state_from_portable(store: ObjectStore, obj: Any) -> TreeState:
+    """The tree a portable state names, after checking its fields (object ids, relative paths)
+    and adding its objects to the store (git checks a pack as it does a fetched one)."""
+    if not (isinstance(obj, dict) and isinstance(obj.get("tree"), dict) and isinstance(obj.get("pack"), bytes)):
+        raise SnapshotError("portable bytes: not a local SWE-bench state")
+    tree = obj["tree"]
+    worktree, gitdir = tree.get("worktree"), tree.get("gitdir")
+    if not (isinstance(worktree, str) and _OBJECT_ID.fullmatch(worktree)) or not (
+        gitdir is None or (isinstance(gitdir, str) and _OBJECT_ID.fullmatch(gitdir))
+    ):
+        raise SnapshotError("portable bytes: the tree ids are not git object ids")
+    state = TreeState(worktree, gitdir, _relative_dirs(tree.get("empty_dirs")), _relative_dirs(tree.get("gitdir_empty_dirs")))
     store.unpack(obj["pack"])
-    return obj["tree"]
+    return state
 
 
 class LocalBackend:
@@ -636,14 +815,18 @@ class LocalBackend:
         if used > limit:
             self.ws.apply(before)
             sep = "" if not result.output or result.output.endswith("\n") else "\n"
+            grew = "has a folder the quota check cannot read" if used >= UNREADABLE else f"grew by {used - self._base_size} bytes"
             result = replace(result, output=(
-                f"{result.output}{sep}[disk quota exceeded: /testbed grew by {used - self._base_size}"
-                f" bytes, the limit is {quota}; the command was killed and its changes undone]"
+                f"{result.output}{sep}[disk quota exceeded: /testbed {grew}"
+                f" (files and folders count at least {INODE_BYTES} bytes each), the limit is {quota};"
+                " the command was killed and its changes undone]"
             ))
         return result
 
     def capture(self) -> TreeState:
-        return self.ws.capture()
+        state = self.ws.capture()
+        self.store.keep(state)  # a snapshot's: freed by release()
+        return state
 
     def apply(self, state: TreeState, row: dict[str, Any] | None) -> None:
         if row is not None:
@@ -659,13 +842,15 @@ class LocalBackend:
         return state_from_portable(self.store, obj)
 
     def release(self, state: TreeState) -> None:
-        return None  # objects stay in the store until the process exits (git dedups them)
+        self.store.release(state)
 
     def model_patch(self, row: dict[str, Any]) -> str:
         return self.ws.model_patch(row["base_commit"])
 
-    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float) -> str:
-        """Apply ``patch`` to a fresh copy at base_commit and run the eval script there."""
+    def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
+                 log_path: Path) -> CommandResult:
+        """Apply ``patch`` to a fresh copy at base_commit and run the eval script there; its
+        whole log (``harness.runner_script``) is written to ``log_path``."""
         from bpo_envs.swebench import harness
 
         fork = Workspace(self.store)
@@ -675,13 +860,13 @@ class LocalBackend:
             eval_dir.mkdir()
             (eval_dir / "patch.diff").write_text(patch, encoding="utf-8")
             (eval_dir / "eval.sh").write_text(script, encoding="utf-8")
-            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh")
+            runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
+                                           "/bpo_eval/test_output.txt")
             result = self.sandbox.run(fork.testbed, runner, timeout, 256 << 20,
-                                      ro_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
-            log = result.output
-            if result.timed_out:
-                log += "\n" + harness.timeout_marker() + "\n"
-            return log
+                                      rw_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
+            harness.write_log(harness.read_log_file(eval_dir / "test_output.txt"), log_path,
+                              result.timed_out)
+            return result
         finally:
             fork.close()
 
@@ -689,3 +874,5 @@ class LocalBackend:
         self.ws.close()
         if self.sandbox.cgroup is not None:
             self.sandbox.cgroup.remove()
+        if self.sandbox.memory is not None:
+            self.sandbox.memory.remove()

@@ -211,12 +211,17 @@ def _dead(pid: int, start: str) -> bool:
 
 
 def _cgroup_parents() -> list[Path]:
-    parents = [Path("/sys/fs/cgroup/pids")]
+    """Where the local sandbox makes its pids and memory cgroups (v1 roots, this process's own
+    v1 memory group, its v2 group)."""
+    parents = [Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup/memory")]
     try:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                parents.append(Path("/sys/fs/cgroup") / line[3:].lstrip("/"))
-    except OSError:
+            number, controllers, where = line.split(":", 2)
+            if number == "0":
+                parents.append(Path("/sys/fs/cgroup") / where.lstrip("/"))
+            elif "memory" in controllers.split(",") and where != "/":
+                parents.append(Path("/sys/fs/cgroup/memory") / where.lstrip("/"))
+    except (OSError, ValueError):
         pass
     return [p for p in parents if p.is_dir()]
 

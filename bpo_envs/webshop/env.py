@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bpo_envs.core import SnapshotEnv
+from bpo_envs.core import SnapshotEnv, SnapshotError
 from bpo_envs.reward_settings import REWARD_SETTINGS, VERL_AGENT_REWARD, reward_settings
 from bpo_envs.webshop import pages
 from bpo_envs.webshop.data import SHUFFLE_SEED, Catalog, get_catalog
@@ -205,6 +205,9 @@ class WebShopEnv(SnapshotEnv):
         return (*inner[:5], tuple(sorted(inner.visited)), *inner[6:])
 
     def _task_state_from_portable(self, obj: tuple[Any, ...]) -> Session:
+        if not (isinstance(obj, tuple) and len(obj) == len(Session._fields) and isinstance(obj[0], str)
+                and isinstance(obj[5], tuple | frozenset) and isinstance(obj[4], tuple)):
+            raise SnapshotError("portable bytes: not a WebShop session")
         return Session(*obj[:5], frozenset(obj[5]), *obj[6:])
 
     # ---- pages ---------------------------------------------------------------------------

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from bpo_envs.swebench._git import git, git_text, require_git
-from bpo_envs.swebench.bundled import inicfg, intervals, textkit
+from bpo_envs.swebench.bundled import inicfg, intervals, romans, textkit
 from bpo_envs.swebench.bundled.spec import Commit, RepoSource
 
-SOURCES: tuple[RepoSource, ...] = (textkit.REPO, intervals.REPO, inicfg.REPO)
+SOURCES: tuple[RepoSource, ...] = (textkit.REPO, intervals.REPO, inicfg.REPO, romans.REPO)
 _FORMAT = "bpo-swebench-bundled/1"
 
 __all__ = ["SOURCES", "Commit", "RepoSource", "build_repo", "bundled_instances", "cache_root"]

@@ -1,0 +1,421 @@
+"""``bpo-regime``: where branching pays, mapped on exact TreeMDPs (docs/regime.md).
+
+A *cell* is a TreeMDP (``observe="state"``, so every value is exact by dynamic programming), a
+pretrained-agent prior (:meth:`~bpo_envs.tree_mdp.TreeMDPEnv.agent_prior`) and a number of tasks
+per update. The cells vary one axis at a time from a base setting: where the outcome is decided,
+the horizon, reward sparsity, slip, early-decision entropy and tasks per update.
+
+In every cell:
+
+1. **tuning** (seeds disjoint from the evaluation seeds): every configuration (RLOO and GRPO at
+   each group size, BPO's tree shapes) trains ``updates`` updates at a fixed env-step budget per
+   update; the best independent one and the best BPO shape are chosen by mean AUC;
+2. **evaluation**: the two chosen train on ``seeds`` seeds at matched env steps and at matched
+   flops (the flops RLOO-4 spends on the same env-step budget at the prior); each run's curve is
+   the exact expected return over all the cell's tasks after every update (no evaluation
+   noise), its AUC the curve's mean after update 0. Reported: BPO minus the best independent,
+   paired by seed, with its 95% interval;
+3. **mechanism and variance** at the prior: the gradient of ``variance_batches`` batches of each
+   BPO shape and of RLOO at its best group size, at the same env-step budget;
+   :func:`bpo_algos.mechanism.measure` on BPO's batches; the measured ratio
+   ``tr Cov(g_BPO) / tr Cov(g_RLOO)`` beside :func:`~bpo_algos.mechanism.predict_variance_ratio`
+   (with the task-sampling share computed from the exact per-task gradients).
+
+Over all cells and shapes, the predictor's Spearman rank correlation with the measured ratio,
+with a bootstrap interval. Writes ``regime.json`` and ``regime.png`` to ``--out``::
+
+    bpo-regime --quick --out /tmp/regime           # < 2 min
+    nice -n 5 bpo-regime --out docs/results/regime  # the full map, < 30 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from baselines import GRPO, RLOO
+from bpo_algos import BPO, Budget, TabularPolicy
+from bpo_algos.algorithm import Algorithm, Batch
+from bpo_algos.diagnostics import flat_gradient
+from bpo_algos.experiments.stats import paired_difference
+from bpo_algos.mechanism import measure, predict_variance_ratio
+from bpo_algos.rollout import EnvPool
+from bpo_envs.tree_mdp import TreeMDPEnv
+
+COMMON: dict[str, Any] = {"aggregation": "step-sum"}
+CONFIGS: dict[str, Callable[[int], Algorithm]] = {
+    "rloo-2": lambda seed: RLOO(group_size=2, seed=seed, **COMMON),
+    "rloo-4": lambda seed: RLOO(group_size=4, seed=seed, **COMMON),
+    "rloo-8": lambda seed: RLOO(group_size=8, seed=seed, **COMMON),
+    "grpo-4": lambda seed: GRPO(group_size=4, seed=seed, **COMMON),
+    "grpo-8": lambda seed: GRPO(group_size=8, seed=seed, **COMMON),
+    "bpo-2x4-q0.8": lambda seed: BPO(backbones=2, branch_factor=4, entropy_quantile=0.8, seed=seed, **COMMON),
+    "bpo-4x2-q0.8": lambda seed: BPO(backbones=4, branch_factor=2, entropy_quantile=0.8, seed=seed, **COMMON),
+    "bpo-2x4-q0.95": lambda seed: BPO(backbones=2, branch_factor=4, entropy_quantile=0.95, seed=seed, **COMMON),
+}
+QUICK_CONFIGS = ("rloo-2", "rloo-4", "grpo-4", "bpo-2x4-q0.8", "bpo-4x2-q0.8")
+GROUP_SIZE = {"rloo-2": 2, "rloo-4": 4, "rloo-8": 8}
+SHAPES = {"bpo-2x4-q0.8": (2, 4), "bpo-4x2-q0.8": (4, 2), "bpo-2x4-q0.95": (2, 4)}
+TUNING_SEED_OFFSET = 1000
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the map: a TreeMDP, the agent prior's settings and tasks per update."""
+
+    name: str
+    axis: str
+    value: str
+    env: dict[str, Any]
+    prior: dict[str, float] = field(default_factory=dict)
+    tasks_per_update: int = 4
+
+    def make_env(self) -> TreeMDPEnv:
+        return TreeMDPEnv(observe="state", **self.env)
+
+    @property
+    def budget_steps(self) -> int:
+        """Env steps per update: four independent episodes per task of the update."""
+        return 4 * self.tasks_per_update * self.env["depth"]
+
+
+BASE: dict[str, Any] = {"depth": 12, "n_actions": 3, "seed": 0, "decisive_levels": (8,), "n_tasks": 8}
+
+
+def cells(quick: bool = False) -> list[Cell]:
+    """The map's cells: the base and one-axis variations of it."""
+    def with_(**kwargs: Any) -> dict[str, Any]:
+        return {**BASE, **kwargs}
+
+    grid = [
+        Cell("base", "base", "decided 2/3, depth 12, dense, no slip, T=4", with_()),
+        Cell("decided-first", "decided", "level 1 of 12", with_(decisive_levels=(1,))),
+        Cell("decided-1/3", "decided", "level 4 of 12", with_(decisive_levels=(4,))),
+        Cell("decided-last", "decided", "level 11 of 12", with_(decisive_levels=(11,))),
+        Cell("horizon-6", "horizon", "depth 6 (decided at 4)", with_(depth=6, decisive_levels=(4,))),
+        Cell("horizon-24", "horizon", "depth 24 (decided at 16)", with_(depth=24, decisive_levels=(16,))),
+        Cell("binary", "reward", "binary, base success 1/3", with_(reward="binary", success_rate=1 / 3)),
+        Cell("binary-sparse", "reward", "binary, 2 decisions, success 1/9", with_(decisive_levels=(5, 8), reward="binary", success_rate=1 / 9)),
+        Cell("slip-0.1", "slip", "slip 0.1", with_(slip=0.1)),
+        Cell("slip-0.3", "slip", "slip 0.3", with_(slip=0.3)),
+        Cell("early-random", "early entropy", "routine steps before the decision uniform", with_(), {"early_confidence": 0.0}),
+        Cell("tasks-2", "tasks per update", "T=2", with_(), tasks_per_update=2),
+        Cell("tasks-8", "tasks per update", "T=8", with_(), tasks_per_update=8),
+    ]
+    if quick:
+        keep = ("base", "decided-first", "binary")
+        grid = [c for c in grid if c.name in keep]
+    return grid
+
+
+# ---- one run ------------------------------------------------------------------------------
+def prior_policy(cell: Cell) -> TabularPolicy:
+    policy = TabularPolicy.from_logits(cell.make_env().agent_prior(**cell.prior))
+    for p in policy.parameters():
+        p.requires_grad_(True)
+    return policy
+
+
+def exact_return(env: TreeMDPEnv, policy: TabularPolicy) -> float:
+    """The mean over every task of the exact expected return."""
+    with torch.no_grad():
+        return float(np.mean([float(env.expected_return(policy.log_probs, t)) for t in range(env.n_tasks)]))
+
+
+def task_draws(cell: Cell, seed: int, n: int) -> list[list[int]]:
+    """The tasks of each of ``n`` updates (the same for every configuration of a seed)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x7265]))
+    return [rng.choice(cell.env["n_tasks"], cell.tasks_per_update, replace=False).tolist() for _ in range(n)]
+
+
+def train(cell: Cell, config: str, seed: int, budget: Budget, updates: int, lr: float, pool: EnvPool) -> dict[str, Any]:
+    """One training run: the exact expected-return curve and what it spent."""
+    env = cell.make_env()
+    policy = prior_policy(cell)
+    algorithm = CONFIGS[config](seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+    curve = [exact_return(env, policy)]
+    spent: dict[str, float] = {"env_steps": 0.0, "flops": 0.0, "leaves": 0.0}
+    for update, tasks in enumerate(task_draws(cell, seed, updates)):
+        batch = algorithm.collect(policy, pool, tasks, budget, seed=seed * 1000 + update)
+        optimizer.zero_grad()
+        algorithm.loss(policy, batch).backward()
+        optimizer.step()
+        for unit in spent:
+            spent[unit] += float(batch.compute.get(unit))
+        curve.append(exact_return(env, policy))
+    return {"curve": curve, "auc": float(np.mean(curve[1:])), "spent": spent}
+
+
+# ---- gradients at the prior ----------------------------------------------------------------
+def gradient_batches(cell: Cell, config: str, n: int, warmup: int, pool: EnvPool, seed: int = 0) -> tuple[np.ndarray, list[Batch]]:
+    """``n`` gradient estimates (ascent direction) at the prior, each from one batch at the
+    cell's env-step budget on freshly drawn tasks, and the batches (after ``warmup`` batches
+    that set BPO's adaptive threshold)."""
+    policy = prior_policy(cell)
+    algorithm = CONFIGS[config](seed)
+    budget = Budget("env_steps", cell.budget_steps)
+    grads, batches = [], []
+    draws = task_draws(cell, seed + 77, n + warmup)
+    params = list(policy.parameters())
+    for i, tasks in enumerate(draws):
+        batch = algorithm.collect(policy, pool, tasks, budget, seed=seed * 100_000 + i)
+        if i < warmup:
+            continue
+        for p in params:
+            p.grad = None
+        algorithm.loss(policy, batch).backward()
+        grads.append(-flat_gradient(params).double().numpy())
+        batches.append(batch)
+    return np.stack(grads), batches
+
+
+def task_gradient_spread(cell: Cell) -> float:
+    """``tr Cov_t(grad J_t)`` over the cell's tasks at the prior (exact): the variance a batch
+    gets from which tasks it holds."""
+    env = cell.make_env()
+    policy = prior_policy(cell)
+    rows = []
+    for task in range(env.n_tasks):
+        policy.zero_grad()
+        env.expected_return(policy.log_probs, task).backward()
+        rows.append(flat_gradient(list(policy.parameters())).double().numpy())
+    policy.zero_grad()
+    g = np.stack(rows)
+    return float(g.var(axis=0, ddof=0).sum())
+
+
+def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: EnvPool) -> dict[str, Any]:
+    """Measured and predicted ``Var(g_BPO) / Var(g_RLOO)`` for each shape, with the mechanism."""
+    g_ref, ref_batches = gradient_batches(cell, rloo, n, 0, pool)
+    ref_var = float(g_ref.var(axis=0, ddof=1).sum())
+    ref_mech = measure(ref_batches)
+    tasks, n_tasks = ref_mech.tasks_per_update, cell.env["n_tasks"]
+    between = task_gradient_spread(cell) * (n_tasks - tasks) / max((n_tasks - 1) * tasks, 1e-9)
+    task_share = float(np.clip(between / ref_var, 0.0, 1.0)) if ref_var > 0 else 0.0
+    out: dict[str, Any] = {"reference": rloo, "reference_trace_var": ref_var, "task_share": task_share,
+                           "reference_mechanism": ref_mech.to_json(), "shapes": {}}
+    for shape in shapes:
+        g, batches = gradient_batches(cell, shape, n, 2, pool)
+        m = measure(batches)
+        k0, k = SHAPES[shape]
+        predicted = predict_variance_ratio(
+            m, backbones=k0, branch_factor=k, group_size=GROUP_SIZE[rloo], independent_steps=cell.env["depth"],
+            horizon=cell.env["depth"], task_share=task_share, independent_tasks_per_update=tasks,
+        )
+        out["shapes"][shape] = {
+            "measured_ratio": float(g.var(axis=0, ddof=1).sum()) / ref_var if ref_var > 0 else None,
+            "predicted_ratio": predicted,
+            "mechanism": m.to_json(),
+        }
+    return out
+
+
+# ---- the map -------------------------------------------------------------------------------
+def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> dict[str, Any]:
+    start = time.perf_counter()
+    pool = EnvPool([cell.make_env, cell.make_env])
+    steps = Budget("env_steps", cell.budget_steps)
+    try:
+        tuning: dict[str, float] = {}
+        for config in configs:
+            runs = [train(cell, config, TUNING_SEED_OFFSET + s, steps, args.updates, args.lr, pool) for s in range(args.tuning_seeds)]
+            tuning[config] = float(np.mean([r["auc"] for r in runs]))
+        independent = max((c for c in configs if not c.startswith("bpo")), key=tuning.__getitem__)
+        branching = max((c for c in configs if c.startswith("bpo")), key=tuning.__getitem__)
+        rloo = max((c for c in configs if c in GROUP_SIZE), key=tuning.__getitem__)
+        # matched flops: what RLOO-4 spends on the env-step budget at the prior
+        probe = CONFIGS["rloo-4"](0).collect(prior_policy(cell), pool, task_draws(cell, 0, 1)[0], steps, seed=0)
+        flops = Budget("flops", float(probe.compute.flops))
+        matched: dict[str, Any] = {}
+        for unit, budget in (("env_steps", steps), ("flops", flops)):
+            runs = {c: [train(cell, c, s, budget, args.updates, args.lr, pool) for s in range(args.seeds)] for c in (independent, branching)}
+            diff = paired_difference([b["auc"] - i["auc"] for b, i in zip(runs[branching], runs[independent], strict=True)])
+            matched[unit] = {
+                **diff,
+                "budget": budget.amount,
+                "auc": {c: float(np.mean([r["auc"] for r in rs])) for c, rs in runs.items()},
+                "mean_curve": {c: np.mean([r["curve"] for r in rs], axis=0).tolist() for c, rs in runs.items()},
+                "spent_per_update": {c: {u: float(np.mean([r["spent"][u] for r in rs])) / args.updates for u in ("env_steps", "flops", "leaves")} for c, rs in runs.items()},
+            }
+        shapes = [c for c in configs if c.startswith("bpo")]
+        variance = variance_study(cell, rloo, shapes, args.variance_batches, pool)
+    finally:
+        pool.close()
+    return {
+        **asdict(cell),
+        "budget_env_steps": cell.budget_steps,
+        "prior_return": exact_return(cell.make_env(), prior_policy(cell)),
+        "variance_by_depth": cell.make_env().variance_by_depth(prior_policy(cell).log_probs, 0),
+        "tuning": {"seeds": [TUNING_SEED_OFFSET + s for s in range(args.tuning_seeds)], "scores": tuning,
+                   "chosen": {"independent": independent, "bpo": branching, "rloo": rloo}},
+        "matched": matched,
+        "variance": variance,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def spearman(x: Sequence[float], y: Sequence[float], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Spearman's rank correlation with a percentile bootstrap interval over the points."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+
+    def rho(a: np.ndarray, b: np.ndarray) -> float:
+        ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+        if ra.std() == 0 or rb.std() == 0:
+            return float("nan")
+        return float(np.corrcoef(ra, rb)[0, 1])
+
+    if len(x) < 3:
+        return {"rho": None, "ci95": None, "n": len(x)}
+    rng = np.random.default_rng(seed)
+    boot = [rho(x[i], y[i]) for i in (rng.integers(len(x), size=len(x)) for _ in range(n_boot))]
+    boot = [b for b in boot if np.isfinite(b)]
+    return {"rho": rho(x, y), "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))] if boot else None, "n": len(x)}
+
+
+def predictor_summary(results: dict[str, Any]) -> dict[str, Any]:
+    pred, meas, points = [], [], []
+    for name, cell in results["cells"].items():
+        for shape, row in cell["variance"]["shapes"].items():
+            if row["predicted_ratio"] is not None and row["measured_ratio"] is not None:
+                pred.append(row["predicted_ratio"])
+                meas.append(row["measured_ratio"])
+                points.append([name, shape, row["predicted_ratio"], row["measured_ratio"]])
+    return {**spearman(pred, meas), "points": points}
+
+
+def figure(results: dict[str, Any], path: Path) -> None:
+    """The map at a glance: BPO minus the best independent AUC per cell (95% interval) at
+    matched env steps and flops, eta and the fork cost beside, predicted against measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["cells"])
+    rows = [results["cells"][n] for n in names]
+    y = np.arange(len(names))[::-1]
+    fig, axes = plt.subplots(1, 4, figsize=(17, 0.45 * len(names) + 2.2), gridspec_kw={"width_ratios": [3, 1.2, 1.2, 2.2]})
+    ax = axes[0]
+    for offset, unit, color in ((0.15, "env_steps", "tab:blue"), (-0.15, "flops", "tab:orange")):
+        d = [r["matched"][unit]["diff"] for r in rows]
+        ci = [r["matched"][unit]["diff_ci95"] for r in rows]
+        ax.errorbar(d, y + offset, xerr=ci, fmt="o", color=color, label=f"matched {unit.replace('_', ' ')}", capsize=3)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(y)
+    ax.set_yticklabels([f"{n}\n{r['tuning']['chosen']['bpo']} vs {r['tuning']['chosen']['independent']}" for n, r in zip(names, rows, strict=True)], fontsize=7)
+    ax.set_xlabel("AUC: BPO - best independent (exact expected return)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("where branching pays (95% CI over seeds)", fontsize=9)
+    chosen = [r["variance"]["shapes"].get(r["tuning"]["chosen"]["bpo"], {}).get("mechanism", {}) for r in rows]
+    eta = [m.get("prefix_explained") or 0.0 for m in chosen]
+    lo = [max(0.0, (m.get("prefix_explained") or 0.0) - (m.get("prefix_explained_ci95") or [0, 0])[0]) for m in chosen]
+    hi = [max(0.0, (m.get("prefix_explained_ci95") or [0, 0])[1] - (m.get("prefix_explained") or 0.0)) for m in chosen]
+    axes[1].barh(y, eta, xerr=[lo, hi], color="tab:green", alpha=0.7)
+    axes[1].set_yticks([])
+    axes[1].set_xlabel("eta at branch points")
+    axes[1].axvline(0, color="k", lw=0.8)
+    cost = [m.get("fork_cost_ratio") or 0.0 for m in chosen]
+    axes[2].barh(y, cost, color="tab:purple", alpha=0.7)
+    axes[2].axvline(1, color="k", lw=0.8)
+    axes[2].set_yticks([])
+    axes[2].set_xlabel("fork cost (steps/leaf / steps/episode)")
+    pts = results["predictor"]["points"]
+    ax = axes[3]
+    if pts:
+        ax.scatter([p[2] for p in pts], [p[3] for p in pts], s=14)
+        lim = [min(min(p[2], p[3]) for p in pts) * 0.8, max(max(p[2], p[3]) for p in pts) * 1.2]
+        ax.plot(lim, lim, "k--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    s = results["predictor"]
+    ci = s.get("ci95") or [float("nan")] * 2
+    ax.set_title(f"gradient-variance ratio vs RLOO: Spearman {s.get('rho') or float('nan'):.2f} [{ci[0]:.2f}, {ci[1]:.2f}]", fontsize=8)
+    ax.set_xlabel("predicted (mechanism model)")
+    ax.set_ylabel("measured")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "| cell | BPO vs best independent | matched env steps: diff [95% CI] | matched flops: diff [95% CI] | eta | fork cost | var ratio measured / predicted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results["cells"].items():
+        c = r["tuning"]["chosen"]
+        shape = r["variance"]["shapes"].get(c["bpo"], {})
+        m = shape.get("mechanism", {})
+        eta = m.get("prefix_explained")
+        fmt = {
+            unit: f"{d['diff']:+.4f} [{d['diff'] - d['diff_ci95']:+.4f}, {d['diff'] + d['diff_ci95']:+.4f}]"
+            for unit, d in r["matched"].items()
+        }
+
+        lines.append(
+            f"| {name} | {c['bpo']} vs {c['independent']} | {fmt['env_steps']} | {fmt['flops']} "
+            f"| {'-' if eta is None else f'{eta:.2f}'} | {m.get('fork_cost_ratio') or float('nan'):.2f} "
+            f"| {shape.get('measured_ratio') or float('nan'):.2f} / {shape.get('predicted_ratio') or float('nan'):.2f} |"
+        )
+    s = results["predictor"]
+    lines.append("")
+    lines.append(f"Predictor: Spearman {s.get('rho')} (95% CI {s.get('ci95')}) over {s.get('n')} (cell, shape) points.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/regime", help="output folder (regime.json, regime.png, regime.md)")
+    parser.add_argument("--quick", action="store_true", help="3 cells, 3 seeds, fewer configurations (< 2 min)")
+    parser.add_argument("--cells", nargs="+", help="only these cells")
+    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds per cell")
+    parser.add_argument("--tuning-seeds", type=int, default=2)
+    parser.add_argument("--updates", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=0.3, help="Adam learning rate of the tabular policy")
+    parser.add_argument("--variance-batches", type=int, default=24, help="gradient batches per configuration at the prior")
+    args = parser.parse_args(argv)
+    configs: Sequence[str] = list(CONFIGS)
+    if args.quick:
+        args.seeds, args.tuning_seeds, args.updates, args.variance_batches = 3, 1, 4, 10
+        configs = QUICK_CONFIGS
+    grid = cells(args.quick)
+    if args.cells:
+        grid = [c for c in cells(False) if c.name in args.cells]
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    results: dict[str, Any] = {"args": vars(args), "configs": list(configs), "cells": {}}
+    for cell in grid:
+        results["cells"][cell.name] = run_cell(cell, args, configs)
+        print(f"{cell.name}: {results['cells'][cell.name]['seconds']:.0f} s", flush=True)
+    results["predictor"] = predictor_summary(results)
+    results["seconds"] = time.perf_counter() - start
+    results["load_average"] = list(os.getloadavg())
+    results["cpu_count"] = os.cpu_count()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "regime.json").write_text(json.dumps(results, indent=1, default=float))
+    (out / "regime.md").write_text(markdown(results))
+    figure(results, out / "regime.png")
+    print(markdown(results))
+    print(f"wrote {out / 'regime.json'}, {out / 'regime.md'} and {out / 'regime.png'} in {results['seconds']:.0f} s")
+    return results
+
+
+def cli() -> None:
+    """Console entry point (``bpo-regime``)."""
+    main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,174 @@
+"""Tuning fixed in advance: every algorithm's shape options chosen by one protocol before the run.
+
+``bpo-compare --tune`` (``Preset.tuning``, a :class:`TuningConfig`) chooses, per env and per
+kind of algorithm in the comparison (``bpo``, ``rloo``, ``grpo``, ...), one candidate of a
+fixed grid of its shape options (docs/main-job.md, "Tuning"):
+
+* the grids have the same number of candidates for every tuned algorithm (unless
+  ``allow_unequal_grids``): RLOO / GRPO / GiGPO group size {2, 4, 8, 16}; BPO four shapes of
+  backbones x branch factor x branch points x nesting (:data:`DEFAULT_GRIDS`);
+* each candidate trains from the warm start on the *tuning seeds* (disjoint from the evaluation
+  seeds: an error otherwise) exactly as a run of the comparison does;
+* the criterion, fixed before the run, is the AUC of its evaluated success (the comparison's
+  primary metric's formula, :func:`~bpo_algos.experiments.stats.curve_metrics`) on *held-out
+  training tasks*: tasks of the training env after the training tasks, never an evaluation
+  task (:func:`tuning_tasks` checks it). The candidate with the highest mean over the tuning
+  seeds is chosen (the first on a tie);
+* the controls take their algorithm's choice (``frozen`` and ``rloo-2x`` collect as the tuned
+  RLOO); the treatment and the comparator are also run at their defaults on the evaluation
+  seeds, a secondary row beside the tuned headline.
+
+Everything a bad setting would waste is checked before any run (:func:`check_tuning`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from bpo_algos.algorithm import Options
+
+CRITERIA = ("auc",)
+"""The tuning criteria: ``auc`` of evaluated success on held-out training tasks."""
+
+DEFAULT_GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
+    "rloo": tuple({"group_size": n} for n in (2, 4, 8, 16)),
+    "grpo": tuple({"group_size": n} for n in (2, 4, 8, 16)),
+    "gigpo": tuple({"group_size": n} for n in (2, 4, 8, 16)),
+    "bpo": (
+        {"backbones": 2, "branch_factor": 4, "max_branch_points": 1, "max_depth": 1},  # the defaults
+        {"backbones": 4, "branch_factor": 2, "max_branch_points": 3, "max_depth": 1},  # more backbones, more forks
+        {"backbones": 2, "branch_factor": 2, "max_branch_points": 2, "max_depth": 2},  # nested
+        {"backbones": 8, "branch_factor": 2, "max_branch_points": 1, "max_depth": 1},  # wide, thin forks
+    ),
+}
+"""Each kind of algorithm's candidates (its own options, over the preset's), four each."""
+
+
+def _default_grids() -> dict[str, tuple[dict[str, Any], ...]]:
+    return copy.deepcopy(DEFAULT_GRIDS)
+
+
+@dataclass
+class TuningConfig:
+    """The tuning protocol of a comparison (module docstring)."""
+
+    seeds: tuple[int, ...] = (1000, 1001)
+    """Tuning seeds: each candidate trains once per seed; none may be an evaluation seed."""
+    grids: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=_default_grids)
+    """Candidates per kind of algorithm (its options class's owner name: ``bpo``, ``rloo``, ...)."""
+    criterion: str = "auc"
+    """``auc``: area under the evaluated-success curve against compute on held-out training tasks."""
+    tasks: int = 64
+    """Held-out training tasks the criterion evaluates on (fewer when the env has fewer)."""
+    episodes: int = 1
+    """Episodes per held-out task at each evaluation."""
+    envs: tuple[str, ...] | None = None
+    """The envs tuned (None: every env of the comparison); the others run at the preset's options."""
+    allow_unequal_grids: bool = False
+    """Allow grids of different sizes (a bigger grid favours its algorithm: the maximum of more
+    noisy scores)."""
+    default_seeds: int | None = None
+    """The secondary row (the treatment and the comparator at their untuned defaults) runs on
+    the first this many evaluation seeds (None: all); a default equal to the tuned choice reuses
+    the tuned runs."""
+
+    def tunes(self, env: str) -> bool:
+        return self.envs is None or env in self.envs
+
+
+def tuned_kinds(preset: Any, option_classes: dict[str, type[Options]], kind_of: dict[str, str | None]) -> list[str]:
+    """The kinds of algorithm tuned: those of the comparison's algorithms (``kind_of``: the
+    registered name to the kind whose options it takes, controls included) that have a grid,
+    in the comparison's order, each once."""
+    grids = preset.tuning.grids
+    kinds: list[str] = []
+    for name in preset.algorithms:
+        kind = kind_of.get(name)
+        if kind is not None and kind in grids and kind in option_classes and kind not in kinds:
+            kinds.append(kind)
+    return kinds
+
+
+def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of: dict[str, str | None]) -> list[str]:
+    """Refuse a tuning setting that would waste or bias the run, before any run; returns the
+    tuned kinds. Errors (``ValueError``): an unknown criterion, a tuning seed that is also an
+    evaluation seed, an empty grid, grids of different sizes (without
+    ``allow_unequal_grids``), a candidate naming an option its algorithm does not have or a
+    value it refuses, a tuned env that is not in the comparison."""
+    t = preset.tuning
+    if t.criterion not in CRITERIA:
+        raise ValueError(f"tuning criterion {t.criterion!r}: one of {', '.join(CRITERIA)}")
+    if not t.seeds:
+        raise ValueError("tuning needs at least one tuning seed (--tuning-seeds)")
+    if t.tasks < 1 or t.episodes < 1:
+        raise ValueError(f"tuning needs >= 1 held-out task and episode, got tasks={t.tasks}, episodes={t.episodes}")
+    if t.envs is not None:
+        unknown = [e for e in t.envs if e not in preset.envs]
+        if unknown:
+            raise ValueError(f"tuning envs {unknown} are not in the comparison ({list(preset.envs)})")
+    for env in preset.envs:
+        if not t.tunes(env):
+            continue
+        shared = sorted(set(t.seeds) & set(preset.for_env("seeds", env)))
+        if shared:
+            raise ValueError(f"tuning seed(s) {shared} are also evaluation seeds of {env}: the tuning seeds must be disjoint "
+                             "from the evaluation seeds (--tuning-seeds)")
+    for kind, grid in t.grids.items():
+        if len(grid) == 0:
+            raise ValueError(f"the tuning grid of {kind!r} is empty: give it at least one candidate")
+    kinds = tuned_kinds(preset, option_classes, kind_of)
+    if not kinds:
+        raise ValueError(f"no algorithm of the comparison ({list(preset.algorithms)}) has a tuning grid (grids: {sorted(t.grids)})")
+    sizes = {k: len(t.grids[k]) for k in kinds}
+    if len(set(sizes.values())) > 1 and not t.allow_unequal_grids:
+        raise ValueError(f"tuning grids of different sizes {sizes}: a bigger grid favours its algorithm; give every tuned "
+                         "algorithm as many candidates, or pass --allow-unequal-grids")
+    for kind in kinds:
+        cls = option_classes[kind]
+        for candidate in t.grids[kind]:
+            unknown = sorted(set(candidate) - set(cls.field_names()))
+            if unknown:
+                raise ValueError(f"tuning candidate {candidate} of {kind!r}: {unknown} are not {cls.__name__} fields")
+            try:
+                cls(**candidate)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"tuning candidate {candidate} of {kind!r}: {exc}") from exc
+    return kinds
+
+
+def tuning_tasks(order: Sequence[Any], train_tasks: Sequence[Any], eval_tasks: Sequence[Any], count: int) -> list[Any]:
+    """The criterion's held-out training tasks: the first ``count`` of the training env's task
+    order (``order``) that are neither training nor evaluation tasks. Raises when there is none,
+    and never returns an evaluation task."""
+    excluded = {repr(t) for t in train_tasks} | {repr(t) for t in eval_tasks}
+    held_out = [t for t in order if repr(t) not in excluded][:count]
+    if not held_out:
+        raise ValueError(f"no held-out training task for tuning ({len(order)} tasks, {len(train_tasks)} train, "
+                         f"{len(eval_tasks)} evaluation): lower train_tasks or eval_tasks")
+    return held_out
+
+
+def candidate_options(base: Options, candidate: dict[str, Any]) -> Options:
+    """``base`` (the preset's options of the kind, or its defaults) with ``candidate``'s fields."""
+    return replace(base, **candidate)
+
+
+def choose(scores_per_seed: Sequence[Sequence[float]]) -> tuple[int, list[float]]:
+    """``(index, means)``: the candidate with the highest mean score over the tuning seeds (the
+    first on a tie), and every candidate's mean."""
+    means = [float(np.mean(s)) for s in scores_per_seed]
+    return int(np.argmax(means)), means
+
+
+def label(kind: str, index: int) -> str:
+    """The run label of candidate ``index`` of ``kind`` (``bpo@tune2``)."""
+    return f"{kind}@tune{index}"
+
+
+DEFAULTS_SUFFIX = "@default"
+"""Run label suffix of the untuned treatment and comparator (the secondary row)."""

@@ -1,0 +1,85 @@
+"""Files only this user's processes can have written: bytes sealed with an HMAC-SHA256 under a
+per-user key, checked before anything of them is loaded (docs/snapshots.md#trust).
+
+For the few files that must stay pickles (a whole policy object, the ALFWorld translation
+cache): their content is only unpickled after :func:`unseal` has checked that a process
+holding the user's key wrote it. The key lives in ``$BPO_GYM_KEY_FILE``, by default
+``$XDG_CACHE_HOME/bpo_gym/user.key`` (``~/.cache/...``): 32 random bytes, created on first
+use with mode 0600. Machines that share sealed files (a cluster) share the key file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+MAGIC = b"BPO\x00SEAL1"
+_DIGEST = hashlib.sha256().digest_size
+
+
+class SealError(ValueError):
+    """Bytes that are not sealed with this user's key (written elsewhere, or changed since)."""
+
+
+def key_path() -> Path:
+    """The user's key file: ``$BPO_GYM_KEY_FILE``, else ``$XDG_CACHE_HOME/bpo_gym/user.key``."""
+    explicit = os.environ.get("BPO_GYM_KEY_FILE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "bpo_gym" / "user.key"
+
+
+def user_key() -> bytes:
+    """The user's key, created (0600, 32 random bytes) when missing; refuses a key file that
+    others can read or write, or that is too short."""
+    path = key_path()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_bytes(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process made it first
+            return user_key()
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return key
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        key = fh.read()
+    if mode & 0o077:
+        raise SealError(f"the key file {path} is readable or writable by others (mode {mode & 0o777:o}): chmod 600 it")
+    if len(key) < 16:
+        raise SealError(f"the key file {path} holds {len(key)} bytes, fewer than 16: delete it to make a new key")
+    return key
+
+
+def _tag(purpose: str, data: bytes) -> bytes:
+    return hmac.new(user_key(), purpose.encode() + b"\x00" + data, hashlib.sha256).digest()
+
+
+def seal(data: bytes, purpose: str) -> bytes:
+    """``data`` with a tag that :func:`unseal` checks (``purpose`` names what the bytes are:
+    bytes sealed for one purpose do not unseal for another)."""
+    return MAGIC + _tag(purpose, data) + bytes(data)
+
+
+def unseal(blob: bytes, purpose: str, what: str = "the file") -> bytes:
+    """The data :func:`seal` sealed for ``purpose``; :class:`SealError` naming ``what`` when
+    the bytes were not sealed with this user's key (nothing of them is interpreted)."""
+    blob = bytes(blob)
+    if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + _DIGEST:
+        raise SealError(f"{what} is not sealed by bpo_envs (it was written elsewhere or by an older version); "
+                        "it is not loaded: delete it to have it made again")
+    tag, data = blob[len(MAGIC) : len(MAGIC) + _DIGEST], blob[len(MAGIC) + _DIGEST :]
+    if not hmac.compare_digest(tag, _tag(purpose, data)):
+        raise SealError(f"{what} is not sealed with this user's key ({key_path()}) or was changed since; "
+                        "it is not loaded: delete it to have it made again")
+    return data

@@ -1,0 +1,1 @@
+"""BPO-TreeMDP-v0 as an OpenEnv environment (deploy/openenv/; docs/serving.md)."""

@@ -1,0 +1,1 @@
+"""BPO-WebShop-v0 as an OpenEnv environment (deploy/openenv/; docs/serving.md)."""

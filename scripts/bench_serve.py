@@ -1,0 +1,224 @@
+"""Served envs against in-process ones: steps/s, step latency, fork latency, memory per session.
+
+For each env, a ``bpo-serve`` server runs in its own process on 127.0.0.1 and one client process
+(this one, asyncio, one WebSocket per session) plays random admissible actions, resetting when
+an episode ends, in 1 and in 32 concurrent sessions for ``--seconds`` each. Latency is one
+``step`` message to its answer; throughput counts steps only (resets are extra messages).
+Fork: ``state`` (which snapshots) then ``reset(snapshot_id=...)`` on a second session. Memory:
+the server's resident set with 0 and with ``--memory-sessions`` reset sessions open.
+The in-process figure is the same walk calling ``env.step`` directly, one env.
+
+    python scripts/bench_serve.py --out docs/results/serve/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from websockets.asyncio.client import connect
+
+import bpo_envs  # noqa: F401 - registers the ids
+from bpo_envs.serve.protocol import dumps, loads
+
+ENVS = {
+    "webshop": ("BPO-WebShop-v0", {}),
+    "alfworld": ("BPO-ALFWorld-v0", {"games_per_type": 2}),
+}
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(env_id: str, kwargs: dict[str, Any], extra: list[str]) -> tuple[subprocess.Popen, str]:
+    words = [f"{k}={json.dumps(v)}" for k, v in kwargs.items()]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bpo_envs.serve.cli", env_id, *words, "--port", "0", *extra],
+        stdout=subprocess.PIPE, text=True,
+    )
+    line = proc.stdout.readline()
+    if not line.startswith("serving"):
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, line.split()[-1].replace("http://", "ws://") + "/ws"
+
+
+async def call(ws, message: dict[str, Any]) -> dict[str, Any]:
+    await ws.send(dumps(message))
+    reply = loads(await ws.recv())
+    if reply["type"] == "error":
+        raise RuntimeError(reply["data"])
+    return reply["data"]
+
+
+async def walker(url: str, seed: int, stop_at: float, latencies: list[float]) -> int:
+    rng = np.random.default_rng(seed)
+    steps = 0
+    async with connect(url, compression=None, max_size=None) as ws:
+        episode = 0
+        data = await call(ws, {"type": "reset", "data": {"seed": seed * 100_000 + episode}})
+        while time.perf_counter() < stop_at:
+            actions = data["observation"]["admissible_actions"] or ["look"]
+            message = {"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}}
+            t = time.perf_counter()
+            data = await call(ws, message)
+            latencies.append(time.perf_counter() - t)
+            steps += 1
+            if data["done"]:
+                episode += 1
+                data = await call(ws, {"type": "reset", "data": {"seed": seed * 100_000 + episode}})
+    return steps
+
+
+async def served_throughput(url: str, pid: int, sessions: int, seconds: float) -> dict[str, Any]:
+    warm: list[float] = []
+    await asyncio.gather(*(walker(url, 1000 + i, time.perf_counter() + 1.0, warm) for i in range(sessions)))
+    latencies: list[float] = []
+    server0, client0 = cpu_seconds(pid), time.process_time()
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(walker(url, i, t0 + seconds, latencies) for i in range(sessions)))
+    elapsed = time.perf_counter() - t0
+    server_cpu, client_cpu = cpu_seconds(pid) - server0, time.process_time() - client0
+    lat = np.array(latencies) * 1000
+    return {
+        "sessions": sessions,
+        "steps": int(sum(counts)),
+        "steps_per_s": round(sum(counts) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 3),
+        "p99_ms": round(float(np.percentile(lat, 99)), 3),
+        "server_cpu_us_per_step": round(server_cpu / sum(counts) * 1e6, 1),
+        "client_cpu_us_per_step": round(client_cpu / sum(counts) * 1e6, 1),
+    }
+
+
+def in_process(env_id: str, kwargs: dict[str, Any], seconds: float) -> dict[str, Any]:
+    env = gym.make(env_id, **kwargs)
+    rng = np.random.default_rng(0)
+    episode = 0
+    _, info = env.reset(seed=episode)
+    lat = []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        actions = info.get("admissible_actions") or ["look"]
+        t = time.perf_counter()
+        _, _, term, trunc, info = env.step(actions[int(rng.integers(len(actions)))])
+        lat.append(time.perf_counter() - t)
+        if term or trunc:
+            episode += 1
+            _, info = env.reset(seed=episode)
+    elapsed = time.perf_counter() - t0
+    env.close()
+    ms = np.array(lat) * 1000
+    return {
+        "sessions": 1,
+        "steps": len(lat),
+        "steps_per_s": round(len(lat) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+    }
+
+
+async def fork_latency(url: str, count: int) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    times, state_ms, restore_ms = [], [], []
+    async with connect(url, compression=None) as a, connect(url, compression=None) as b:
+        for i in range(count):
+            data = await call(a, {"type": "reset", "data": {"seed": i}})
+            actions = data["observation"]["admissible_actions"] or ["look"]
+            await call(a, {"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}})
+            t = time.perf_counter()
+            state = await call(a, {"type": "state"})
+            t1 = time.perf_counter()
+            await call(b, {"type": "reset", "data": {"snapshot_id": state["snapshot_id"]}})
+            t2 = time.perf_counter()
+            times.append(t2 - t)
+            state_ms.append(t1 - t)
+            restore_ms.append(t2 - t1)
+    ms = np.array(times) * 1000
+    return {
+        "forks": count,
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "state_p50_ms": round(float(np.percentile(np.array(state_ms) * 1000, 50)), 3),
+        "restore_p50_ms": round(float(np.percentile(np.array(restore_ms) * 1000, 50)), 3),
+    }
+
+
+async def memory_per_session(url: str, pid: int, sessions: int) -> dict[str, Any]:
+    await asyncio.sleep(0.5)
+    before = rss_mb(pid)
+    conns = [await connect(url, compression=None) for _ in range(sessions)]
+    for i, ws in enumerate(conns):
+        await call(ws, {"type": "reset", "data": {"seed": i}})
+    await asyncio.sleep(0.5)
+    after = rss_mb(pid)
+    for ws in conns:
+        await ws.close()
+    return {
+        "sessions": sessions,
+        "server_rss_mb_idle": round(before, 1),
+        "server_rss_mb_with_sessions": round(after, 1),
+        "mb_per_session": round((after - before) / sessions, 4),
+    }
+
+
+def bench_env(name: str, seconds: float, memory_sessions: int, forks: int, extra: list[str]) -> dict[str, Any]:
+    env_id, kwargs = ENVS[name]
+    out: dict[str, Any] = {"env_id": env_id, "kwargs": kwargs}
+    out["in_process"] = in_process(env_id, kwargs, seconds)
+    proc, url = start_server(env_id, kwargs, ["--max-sessions", str(max(64, memory_sessions + 2)), *extra])
+    try:
+        out["served"] = [asyncio.run(served_throughput(url, proc.pid, n, seconds)) for n in (1, 32)]
+        out["fork"] = asyncio.run(fork_latency(url, forks))
+        out["memory"] = asyncio.run(memory_per_session(url, proc.pid, memory_sessions))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--forks", type=int, default=300)
+    p.add_argument("--memory-sessions", type=int, default=128)
+    p.add_argument("--server-args", default="", help="extra bpo-serve flags, e.g. '--threads 2'")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    result: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg()},
+        "envs": {},
+    }
+    for name in args.envs:
+        result["envs"][name] = bench_env(name, args.seconds, args.memory_sessions, args.forks, args.server_args.split())
+        print(json.dumps({name: result["envs"][name]}, indent=1), flush=True)
+    result["machine"]["loadavg_after"] = os.getloadavg()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

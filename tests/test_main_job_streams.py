@@ -1,0 +1,59 @@
+"""The main job's random streams: independent across seeds, common across algorithms of a seed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gymnasium as gym
+
+import bpo_envs  # noqa: F401
+from bpo_algos import EnvPool, TabularPolicy
+from bpo_algos.experiments.presets import PRESETS
+from bpo_algos.experiments.runner import build_algorithm, evaluate_episodes, trainer_config
+from bpo_algos.experiments.streams import ROLES, stream_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_two_seeds_share_no_stream():
+    keys = [(role, task, episode) for role in ROLES.values() for task in range(40) for episode in range(4)]
+    by_seed = {seed: {stream_seed(seed, *key) for key in keys} for seed in range(6)}
+    assert all(len(streams) == len(keys) for streams in by_seed.values())  # no two streams of a seed coincide
+    for a in by_seed:
+        for b in by_seed:
+            if a < b:
+                assert not by_seed[a] & by_seed[b], (a, b)
+    # the collision of the additive offsets it replaces: seed s's episode j+1 was seed s+1's episode j
+    assert stream_seed(0, ROLES["evaluation"], 3, 1) != stream_seed(1, ROLES["evaluation"], 3, 0)
+    # broken case the test must catch: additive offsets do collide
+    assert (0 + 2000 + 1000 * 3 + 1) == (1 + 2000 + 1000 * 3 + 0)
+
+
+def test_algorithms_of_one_seed_share_their_streams():
+    preset = PRESETS["smoke"]
+    # the same training stream (tasks, trees) and evaluation episodes for every algorithm of a seed
+    seeds = {trainer_config(preset, "treemdp", 3, 4).seed for _ in preset.algorithms}
+    assert len(seeds) == 1 and seeds != {trainer_config(preset, "treemdp", 4, 4).seed}
+    assert build_algorithm("bpo", preset, 7, "treemdp").seed == build_algorithm("rloo", preset, 7, "treemdp").seed == 7
+
+    def make():
+        return gym.make("BPO-TreeMDP-v0", depth=3, n_actions=2, n_tasks=6, seed=0)
+
+    pool = EnvPool([make] * 2)
+    try:
+        policy = TabularPolicy(seed=11)
+        first = evaluate_episodes(policy, pool, list(range(6)), 3, seed=5)
+        again = evaluate_episodes(TabularPolicy(seed=99), pool, list(range(6)), 3, seed=5)
+        other = evaluate_episodes(policy, pool, list(range(6)), 3, seed=6)
+    finally:
+        pool.close()
+    assert first == again  # common random numbers: the same policy plays the same episodes
+    assert first != other  # another seed's episodes are its own (the uniform policy's 18 episodes)
+
+
+def test_no_additive_seed_offset_is_left():
+    pattern = re.compile(r"\bseed\s*\+\s*(\d|offset)")
+    files = [*(ROOT / "bpo_algos" / "experiments").glob("*.py"), ROOT / "scripts" / "alfworld_per_type.py"]
+    found = [f"{p.name}:{i + 1}" for p in files for i, line in enumerate(p.read_text().splitlines()) if pattern.search(line)]
+    assert not found, found
