@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.mechanism import Mechanism, predict_variance_ratio
-from bpo_algos.tree import Node, RolloutTree
+from bpo_algos.mechanism import Mechanism, _leaf_returns, _pooled_variance, predict_variance_ratio
+from bpo_algos.tree import RolloutTree
 
 BRANCH_RULES = ("entropy", "measured", "entropy+measured")
 
@@ -68,21 +68,8 @@ class DepthStats:
 def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
     """One tree's contribution: its task, weighted return moments and length, and per inner
     branch node ``(depth, Var of its children's Q)``."""
-    returns, weights, lengths = [], [], []
-    stack: list[tuple[Node, float]] = [(tree.root, 0.0)]
-    while stack:
-        node, collected = stack.pop()
-        for edge in node.children:
-            total = collected + edge.reward
-            if edge.child.children:
-                stack.append((edge.child, total))
-            else:
-                returns.append(total)
-                weights.append(edge.weight)
-                lengths.append(edge.child.depth)
-    w = np.asarray(weights, float)
-    w = w / w.sum() if w.sum() > 0 else np.full(len(w), 1.0 / max(len(w), 1))
-    r = np.asarray(returns, float)
+    r, weights, lengths = _leaf_returns(tree)  # the mechanism's own reading of the leaves
+    w = weights / weights.sum() if weights.sum() > 0 else np.full(len(weights), 1.0 / max(len(weights), 1))
     nodes = [
         (node.depth, float(np.var([e.q for e in node.children], ddof=1)))
         for node in tree.branch_nodes()
@@ -95,8 +82,8 @@ def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
         "task": repr(tree.task_id),
         "m1": float(w @ r),
         "m2": float(w @ r**2),
-        "length": float(w @ np.asarray(lengths, float)),
-        "max_length": int(max(lengths, default=0)),
+        "length": float(w @ lengths),
+        "max_length": int(lengths.max(initial=0)),
         "nodes": nodes,
         "surprise": {d: (float(sum(v)), len(v)) for d, v in surprise.items()},
     }
@@ -132,12 +119,7 @@ class DepthMeasure:
         by_task: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for s in summaries:
             by_task[s["task"]].append((s["m1"], s["m2"]))
-        task_var = {}
-        for task, moments in by_task.items():
-            m1 = np.array([m[0] for m in moments])
-            m2 = np.array([m[1] for m in moments])
-            extra = m1.var(ddof=1) / len(m1) if len(m1) > 1 else 0.0
-            task_var[task] = max(float(m2.mean() - m1.mean() ** 2 + extra), 0.0)
+        task_var = {task: _pooled_variance(moments) for task, moments in by_task.items()}
         length = float(np.mean([s["length"] for s in summaries]))
         totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for s in summaries:
