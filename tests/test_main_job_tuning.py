@@ -41,6 +41,8 @@ def test_unequal_grids_need_the_flag_and_no_tune_turns_tuning_off():
     assert _preset("--no-tune").tuning is None
     assert _preset().tuning.seeds == (1000,)  # the smoke preset tunes by default
     assert _preset("--tune", "--tuning-seeds", "50", "51").tuning.seeds == (50, 51)
+    # the smoke preset tunes TreeMDP only: a comparison without it runs, untuned
+    assert _preset("--envs", "webshop").tuning.envs == ("treemdp",)
 
 
 @pytest.mark.parametrize("preset_name, env", [("smoke", "treemdp"), ("smoke", "webshop"), ("cpu", "webshop")])
