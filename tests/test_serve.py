@@ -330,3 +330,13 @@ def test_fault_injection_leaves_the_server_unharmed(tmp_path):
     assert result["episodes"] >= 150 and result["server_crashes"] == 0 and result["wrong_answer_count"] == 0
     assert result["health_after"]["sessions"] == 0 and result["health_after"]["snapshots"] == 0
     assert sum(result["faults"].values()) > 20 and result["faults"].get("vanish_mid_step", 0) > 0
+
+
+def test_deploy_layouts_pass_openenv_validate():
+    """deploy/openenv/<env>: OpenEnv's own local check (openenv validate) of each env's layout."""
+    from openenv.cli._validation import validate_multi_mode_deployment
+    from serve_support import ROOT
+
+    for env in ("webshop", "treemdp"):
+        ok, issues = validate_multi_mode_deployment(ROOT / "deploy" / "openenv" / env)
+        assert ok, (env, issues)

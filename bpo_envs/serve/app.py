@@ -284,11 +284,21 @@ def _package_version() -> str:
         return "0"
 
 
-def create_app(config: ServeConfig, server: EnvServer | None = None) -> ServedApp:
-    """The ASGI app serving ``config.env_id`` (makes one env now, so bad kwargs fail here)."""
+def _schemas() -> dict[str, Any]:
+    from bpo_envs.serve.models import schemas  # openenv-core: seconds to import, so only when asked
+
+    return schemas()
+
+
+def create_app(config: ServeConfig, server: EnvServer | None = None, preload_schema: bool = False) -> ServedApp:
+    """The ASGI app serving ``config.env_id`` (makes one env now, so bad kwargs fail here).
+
+    ``/schema`` imports openenv-core on its first call, which takes seconds; ``preload_schema``
+    does it now (containers, where a validator's first ``/schema`` must answer at once)."""
     server = server or EnvServer(config)
     if not server._idle_envs:
         server.warm()
+    schema_cache: list[dict[str, Any]] = [_schemas()] if preload_schema else []
     app = FastAPI(
         title=f"bpo-gym {config.env_id} (OpenEnv)",
         version=_package_version(),
@@ -312,9 +322,9 @@ def create_app(config: ServeConfig, server: EnvServer | None = None) -> ServedAp
 
     @app.get("/schema")
     def schema() -> dict[str, Any]:
-        from bpo_envs.serve.models import schemas  # openenv-core takes seconds to import
-
-        return schemas()
+        if not schema_cache:
+            schema_cache.append(_schemas())
+        return schema_cache[0]
 
     @app.post("/mcp")
     async def mcp(request: Request) -> dict[str, Any]:

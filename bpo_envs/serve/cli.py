@@ -38,14 +38,14 @@ def parse_env_kwargs(words: list[str]) -> dict[str, Any]:
 def app_from_environ(env_id: str) -> ServedApp:
     """The app of ``env_id`` configured from the environment, for a container's
     ``server/app.py`` (deploy/openenv/): ``$BPO_ENV_KWARGS`` (JSON), ``$BPO_MAX_SESSIONS``,
-    ``$BPO_SERVE_TOKEN``."""
+    ``$BPO_SERVE_TOKEN``; ``/schema`` preloaded."""
     config = ServeConfig(
         env_id=env_id,
         env_kwargs=json.loads(os.environ.get("BPO_ENV_KWARGS") or "{}"),
         max_sessions=int(os.environ.get("BPO_MAX_SESSIONS") or 64),
         token=os.environ.get(TOKEN_VARIABLE) or None,
     )
-    return create_app(config)
+    return create_app(config, preload_schema=True)
 
 
 def run(app: ServedApp, host: str, port: int, max_message_bytes: int = 1 << 20, log_level: str = "warning") -> None:
