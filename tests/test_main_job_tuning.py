@@ -27,6 +27,8 @@ def _preset(*argv: str):
     (["--tuning-grid", 'rloo=[{"groupsize": 2}, {"group_size": 4}]'], "not RLOOOptions fields"),
     (["--tuning-grid", 'rloo=[{"group_size": 0}, {"group_size": 4}]'], "group_size"),
     (["--no-tune", "--tuning-seeds", "7"], "choose one"),
+    (["--algorithms", "bpo", "rloo", "gigpo", "--tuning-grid", 'gigpo=[]'], "is empty"),
+    (["--algorithms", "bpo", "rloo", "tree-grpo"], "would run untuned"),
 ])
 def test_a_bad_tuning_setting_is_an_error_before_any_run(tmp_path, argv, message):
     out = tmp_path / "out"

@@ -82,7 +82,7 @@ def test_users_algorithm_joins_the_comparison(tmp_path, clean_registry, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "cmp"
     results = compare.main(["--smoke", "--out", str(out), "--import", "my_algos", "--algorithms", "bpo", "rloo-4",
-                            "--comparator", "rloo-4", "--algorithm-option", "bpo.max_branch_points=2", *TINY])
+                            "--comparator", "rloo-4", "--algorithm-option", "bpo.max_branch_points=2", "--no-tune", *TINY])
     assert set(results["algorithms"]) == {"bpo", "rloo-4"}
     head = results["per_env"]["treemdp"]["treatment_vs_comparator"]
     assert head["treatment"] == "bpo" and head["comparator"] == "rloo-4"

@@ -423,7 +423,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], label
         env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, preset)
         per_env[env] = env_result
     overall: dict[str, Any] = {}
-    for a in algorithms:
+    for a in (a for a in algorithms if DEFAULTS not in a):  # the comparison's own algorithms
         items = [per_env[e]["algorithms"][a] for e in envs if a in per_env[e]["algorithms"]]
         if items:
             overall[a] = {

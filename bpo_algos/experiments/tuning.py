@@ -99,8 +99,8 @@ def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of:
     """Refuse a tuning setting that would waste or bias the run, before any run; returns the
     tuned kinds. Errors (``ValueError``): an unknown criterion, a tuning seed that is also an
     evaluation seed, an empty grid, grids of different sizes (without
-    ``allow_unequal_grids``), a candidate naming an option its algorithm does not have or a
-    value it refuses. A tuned env left out of the comparison (``--envs``) is simply not run."""
+    ``allow_unequal_grids``), an algorithm (not a control) without a grid beside tuned ones, a
+    candidate naming an option its algorithm does not have or a value it refuses. A tuned env left out of the comparison (``--envs``) is simply not run."""
     t = preset.tuning
     if t.criterion not in CRITERIA:
         raise ValueError(f"tuning criterion {t.criterion!r}: one of {', '.join(CRITERIA)}")
@@ -119,6 +119,11 @@ def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of:
         if len(grid) == 0:
             raise ValueError(f"the tuning grid of {kind!r} is empty: give it at least one candidate")
     kinds = tuned_kinds(preset, option_classes, kind_of)
+    controls = {preset.positive_control, preset.handicapped_control, preset.calibration_control}
+    untuned = [a for a in preset.algorithms if a not in controls and kind_of.get(a) not in kinds]
+    if untuned and not t.allow_unequal_grids:
+        raise ValueError(f"{untuned} would run untuned beside tuned algorithms (no tuning grid for their kind): give them a grid "
+                         "(--tuning-grid KIND=JSON), pass --no-tune, or --allow-unequal-grids")
     if not kinds:
         raise ValueError(f"no algorithm of the comparison ({list(preset.algorithms)}) has a tuning grid (grids: {sorted(t.grids)})")
     sizes = {k: len(t.grids[k]) for k in kinds}
