@@ -299,6 +299,7 @@ def _without_times(value):
     return value
 
 
+@pytest.mark.slow
 def test_bpo_compare_on_a_server_matches_in_process(tmp_path):
     from bpo_algos.experiments import compare
     from bpo_algos.experiments.presets import PRESETS
