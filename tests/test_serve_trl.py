@@ -55,7 +55,7 @@ def test_trl_grpo_trains_on_a_served_env(tmp_path, env_id, kwargs, args, stepped
     answered = health["answered"]
     assert answered["reset"] >= len(episodes)  # every rollout began with a reset on the server
     assert answered.get("step", 0) >= sum(len(e["actions"]) for e in episodes)
-    assert health["sessions_total"] >= len(episodes) and health["sessions"] == 0
+    assert health["sessions_total"] >= len(episodes)  # TRL keeps its env objects (open sessions) until it drops them
     if stepped:  # TRL's tool calls stepped the served env, and its leaves paid
         assert sum(len(e["actions"]) for e in episodes) > 0 and answered["step"] > 0
         assert any(e["done"] for e in episodes) and any(e["reward"] > 0 for e in episodes)
