@@ -107,10 +107,6 @@ class TreeMDPEnv(SnapshotEnv):
             raise ValueError("success_rate sets the binary reward's threshold: it needs reward='binary'")
         if not 0.0 <= slip <= 1.0:
             raise ValueError(f"slip must be in [0, 1], got {slip}")
-        if observe == "path" and n_actions**depth > 3**14:
-            raise ValueError(
-                f"observe='path' enumerates {n_actions}**{depth} leaves: use observe='state' for deep trees"
-            )
         if not 0.0 <= routine_weight <= 1.0:
             raise ValueError(f"routine_weight must be in [0, 1], got {routine_weight}")
         super().__init__(
@@ -251,6 +247,15 @@ class TreeMDPEnv(SnapshotEnv):
             return probs
         return (1.0 - self.slip) * probs + self.slip / self.n_actions
 
+    def _require_exact(self) -> None:
+        """Exact values enumerate every node: with ``observe="path"`` that is ``n_actions ** depth``
+        leaves, so deep path trees can be played and drawn but not solved exactly."""
+        if self.observe == "path" and self.n_actions**self.depth > 3**14:
+            raise ValueError(
+                f"exact values with observe='path' enumerate {self.n_actions}**{self.depth} leaves: "
+                "use observe='state' for deep trees"
+            )
+
     def _best_from(self, task: int, level: int, memory: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
         if level == self.depth:
             return self._leaf_value(task, memory), ()
@@ -267,6 +272,7 @@ class TreeMDPEnv(SnapshotEnv):
         ``log_probs`` returns log-probabilities over ``actions`` (a tensor or array); with a
         differentiable one the result is differentiable and its gradient is exact.
         """
+        self._require_exact()
         memo: dict[tuple[int, tuple[int, ...]], Any] = {}
 
         def value(level: int, memory: tuple[int, ...]) -> Any:
@@ -295,6 +301,7 @@ class TreeMDPEnv(SnapshotEnv):
         of the first ``d`` steps). Entry 0 is ``Var(R)``; ``1 - v[d] / v[0]`` is the share of the
         return variance the first ``d`` steps explain, and ``v[d] - v[d + 1]`` is what the
         decision at depth ``d`` (and its slip) settles."""
+        self._require_exact()
         probs: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
         def executed(level: int, memory: tuple[int, ...]) -> np.ndarray:

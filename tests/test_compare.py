@@ -17,7 +17,7 @@ ARGS = ["--envs", "treemdp", "--seeds", "0", "1", "--updates", "3", "--budget", 
 def test_compare_writes_results_and_resumes(tmp_path):
     out = tmp_path / "cmp"
     results = compare.main(["--smoke", "--out", str(out), *ARGS])
-    names = ("bpo", "grpo", "rloo", "frozen", "reinforce")
+    names = ("bpo", "grpo", "rloo", "frozen", "reinforce", "rloo-2x")
     assert set(results["algorithms"]) == set(names)
     saved = json.loads((out / "results.json").read_text())
     assert saved["budget_unit"] == "env_steps" and saved["seeds"] == [0, 1] and saved["envs"] == ["treemdp"]
@@ -30,9 +30,11 @@ def test_compare_writes_results_and_resumes(tmp_path):
         # evaluated at update 0 (the warm start: the same for every algorithm of a seed) and along training
         curve = per_env[a]["eval_curve"]
         assert curve["updates"] == [0, 2, 3] and curve["success_per_seed"][0][0] == per_env["rloo"]["eval_curve"]["success_per_seed"][0][0]
-    used = [per_env[a]["compute"]["env_steps"] for a in names]
+    used = [per_env[a]["compute"]["env_steps"] for a in names if a != "rloo-2x"]
     assert max(used) / min(used) < 1.25  # the same budget per update
-    assert (out / "results.md").read_text().startswith("# BPO vs GRPO vs RLOO vs FROZEN vs REINFORCE")
+    # the calibration control spends twice the budget per update, by design
+    assert 1.75 < per_env["rloo-2x"]["compute"]["env_steps"] / per_env["rloo"]["compute"]["env_steps"] < 2.25
+    assert (out / "results.md").read_text().startswith("# BPO vs GRPO vs RLOO vs FROZEN vs REINFORCE vs RLOO-2X")
     for picture in ("success.png", "final_success.png", "gradient_snr.png", "training_success.png", "grad_norm_variance.png"):
         assert (out / picture).read_bytes().startswith(b"\x89PNG")
     # one example tree per env and algorithm, linked from results.md

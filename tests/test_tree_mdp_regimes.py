@@ -192,7 +192,13 @@ def test_deep_state_tree_is_exact_and_fast():
 
 def test_bad_regime_arguments():
     for kwargs, name in (({"reward": "sparse"}, "reward"), ({"slip": 1.5}, "slip"),
-                         ({"success_rate": 0.3}, "success_rate"), ({"depth": 20}, "observe='state'")):
+                         ({"success_rate": 0.3}, "success_rate")):
         with pytest.raises(ValueError, match=name):
             TreeMDPEnv(**{"depth": 4, **kwargs})
+    # a deep path tree plays (and draws) but is not solved exactly: a clear error, not a hang
+    deep = TreeMDPEnv(depth=20)
+    deep.reset(seed=0)
+    deep.step(deep.actions[0])
+    with pytest.raises(ValueError, match="observe='state'"):
+        deep.expected_return(lambda obs, actions: np.full(len(actions), -np.log(len(actions))))
     assert bpo_envs.TreeMDPEnv is TreeMDPEnv

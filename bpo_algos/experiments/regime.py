@@ -131,9 +131,10 @@ def exact_return(env: TreeMDPEnv, policy: TabularPolicy) -> float:
         return float(np.mean([float(env.expected_return(policy.log_probs, t)) for t in range(env.n_tasks)]))
 
 
-def task_draws(cell: Cell, seed: int, n: int) -> list[list[int]]:
-    """The tasks of each of ``n`` updates (the same for every configuration of a seed)."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x7265]))
+def task_draws(cell: Cell, seed: int, n: int, stream: int = 0) -> list[list[int]]:
+    """The tasks of each of ``n`` updates (the same for every configuration of a seed): stream 0
+    for training, stream 1 for the gradient batches, each its own ``SeedSequence`` key."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x7265, *([stream] if stream else [])]))
     return [rng.choice(cell.env["n_tasks"], cell.tasks_per_update, replace=False).tolist() for _ in range(n)]
 
 
@@ -165,7 +166,7 @@ def gradient_batches(cell: Cell, config: str, n: int, warmup: int, pool: EnvPool
     algorithm = CONFIGS[config](seed)
     budget = Budget("env_steps", cell.budget_steps)
     grads, batches = [], []
-    draws = task_draws(cell, seed + 77, n + warmup)
+    draws = task_draws(cell, seed, n + warmup, stream=1)
     params = list(policy.parameters())
     for i, tasks in enumerate(draws):
         batch = algorithm.collect(policy, pool, tasks, budget, seed=seed * 100_000 + i)
