@@ -21,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 
+def user_cache_dir(name: str) -> Path:
+    """The library's per-user cache folder ``name``: ``$XDG_CACHE_HOME/bpo_gym/<name>``, with
+    ``~/.cache`` when ``XDG_CACHE_HOME`` is unset (each caller's own override comes first)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "bpo_gym" / name
+
+
 class CorruptFileError(ValueError):
     """A file exists but does not hold what it should (truncated, or not JSON)."""
 

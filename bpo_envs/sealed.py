@@ -16,6 +16,8 @@ import os
 import secrets
 from pathlib import Path
 
+from bpo_envs.files import user_cache_dir
+
 MAGIC = b"BPO\x00SEAL1"
 _DIGEST = hashlib.sha256().digest_size
 
@@ -29,8 +31,7 @@ def key_path() -> Path:
     explicit = os.environ.get("BPO_GYM_KEY_FILE")
     if explicit:
         return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "bpo_gym" / "user.key"
+    return user_cache_dir("user.key")
 
 
 def user_key() -> bytes:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bpo_envs.files import atomic_write
+from bpo_envs.files import atomic_write, user_cache_dir
 from bpo_envs.sealed import seal, unseal
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,7 @@ def cache_root() -> Path:
     explicit = os.environ.get("BPO_ALFWORLD_CACHE")
     if explicit:
         return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "bpo_gym" / "alfworld"
+    return user_cache_dir("alfworld")
 
 
 def _import_upstream() -> dict[str, Any]:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.files import user_cache_dir
+
 GENERATOR_VERSION = 2
 DEFAULT_N_PRODUCTS = 3000
 DEFAULT_SEED = 0
@@ -340,8 +342,7 @@ def default_cache_dir() -> Path:
     env = os.environ.get("BPO_WEBSHOP_CACHE")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "bpo_gym" / "webshop"
+    return user_cache_dir("webshop")
 
 
 def write_catalog(directory: str | os.PathLike, n_products: int = DEFAULT_N_PRODUCTS, seed: int = DEFAULT_SEED) -> Path:
