@@ -20,6 +20,9 @@ ALLOWED_UNDER_FULL_SETUP: tuple[tuple[str, str], ...] = (
     (r"\bvllm\b", "vLLM is not installed by the set-up (bpo-gym-setup vllm, in its own venv: "
                   ".ci/run's vLLM stage runs these tests there)"),
     (r"no writable pids cgroup", "the host has no writable pids cgroup (a kernel setting)"),
+    (r"no writable memory cgroup", "the host has no writable memory cgroup (a kernel setting)"),
+    (r"without CAP_SYS_RESOURCE", "the host withholds CAP_SYS_RESOURCE (a container setting), so "
+                                  "oom_score_adj cannot be made to stick"),
     (r"no VmRSS", "the kernel reports no VmRSS (not Linux)"),
 )
 """``(pattern, why)``: skip reasons allowed under ``BPO_REQUIRE_ALL=1``."""
