@@ -113,10 +113,12 @@ def test_the_main_job_runs_under_torchrun_with_rank_0_writing(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["timing"]["ranks"] == 2 and results["timing"]["jobs"] == 1
     algorithms = results["per_env"]["webshop"]["algorithms"]
-    assert set(algorithms) == {"bpo", "grpo", "rloo", "frozen", "reinforce"}
+    assert set(algorithms) == {"bpo", "grpo", "rloo", "frozen", "reinforce", "rloo-2x"}
     for name, row in algorithms.items():
-        # the budget is split over the ranks, each starting trees while its half lasts
-        assert 0.7 <= row["budget_used_ratio"] <= 1.1, (name, row["budget_used_ratio"])
+        # the budget is split over the ranks, each starting trees while its half lasts;
+        # the calibration arm rloo-2x runs at twice the budget by design
+        scale = 2.0 if name == "rloo-2x" else 1.0
+        assert 0.7 * scale <= row["budget_used_ratio"] <= 1.1 * scale, (name, row["budget_used_ratio"])
     assert all(not p.name.endswith(".tmp") for p in out.rglob("*"))
     run = out / "runs" / "webshop" / "rloo" / "seed0"
     assert json.loads((run / "run.json").read_text())["evals"][0]["update"] == 0 and (run / "checkpoint.pt").exists()

@@ -351,6 +351,8 @@ def test_the_ray_pool_refuses_a_pickle_before_it_moves(tmp_path):
     from bpo_envs.ray_pool import RayEnvPool
 
     marker = tmp_path / "pwned"
+    if ray.is_initialized():  # an earlier test's pool may have started Ray in this process
+        ray.shutdown()
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         with RayEnvPool(functools.partial(gym.make, "BPO-TreeMDP-v0", depth=3, n_actions=2, seed=0), actors=1) as pool:
