@@ -34,6 +34,8 @@ import copy
 import importlib
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -60,6 +62,9 @@ from bpo_algos.rollout import EnvPool
 from bpo_envs.tree_mdp import TreeMDPEnv
 
 SEARCH_ORDER = ("cpu", "cpu-tabular", "cpu-swe", "cpu-llm")
+LLM_FLAGS = ("reasoning", "decision_entropy", "probe_samples", "sft_epochs", "sft_lr", "max_new_tokens")
+"""Flags that set the preset's (or the env setup's) LLM fields (:class:`~bpo_algos.experiments.presets.Preset`)."""
+SETUP_FLAGS = ("sft_epochs", "sft_lr", "max_new_tokens")
 
 
 def find_setup(env_id: str, preset_name: str | None) -> tuple[Preset, str, EnvSetup]:
@@ -74,6 +79,16 @@ def find_setup(env_id: str, preset_name: str | None) -> tuple[Preset, str, EnvSe
     setup = EnvSetup(env_id)
     preset.envs = {env_id: setup}
     return preset, env_id, setup
+
+
+def apply_llm_flags(preset: Preset, setup: EnvSetup, flags: dict[str, Any]) -> None:
+    """Set the given (not None) :data:`LLM_FLAGS`: the warm start and reply length on the env's
+    setup (which overrides the preset's), the reply format and decision entropy on the preset."""
+    for name, value in flags.items():
+        if name not in LLM_FLAGS:
+            raise ValueError(f"{name!r} is not one of {LLM_FLAGS}")
+        if value is not None:
+            setattr(setup if name in SETUP_FLAGS else preset, name, value)
 
 
 def build_policy(spec: str | None, preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
@@ -154,6 +169,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
         preset.envs = {**preset.envs, env_name: setup}
     if args.tasks:
         setup.train_tasks = args.tasks
+    apply_llm_flags(preset, setup, {name: getattr(args, name) for name in LLM_FLAGS})
+    preset.envs = {**preset.envs, env_name: setup}
     tasks, _ = task_split(replace(setup, eval_split="train"))  # the diagnosis needs training tasks only
     torch.manual_seed(args.seed)
     policy = build_policy(args.policy, preset, setup, args.seed, tasks)
@@ -201,6 +218,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
         pool.close()
     recommendation = recommend(rows, args.shapes, args.margin)
     return {
+        "command": "bpo-diagnose " + shlex.join(args.argv),
         "env_id": args.env_id,
         "env_kwargs": setup.kwargs,
         "policy": args.policy or setup.policy or preset.policy,
@@ -283,8 +301,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-measure", action="store_true", help="skip the gradients (prediction only)")
     parser.add_argument("--envs", type=int, default=2, help="envs in the pool")
     parser.add_argument("--seed", type=int, default=0)
+    group = parser.add_argument_group("LLM policies (default: the preset's)")
+    group.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=None,
+                       help="reply <think>...</think> then the action")
+    group.add_argument("--decision-entropy", choices=("exact", "probe"), help="exact over answers at h, or probe completions")
+    group.add_argument("--probe-samples", type=int, help="completions per probe entropy")
+    group.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs on the expert (the warm start)")
+    group.add_argument("--sft-lr", type=float, help="behaviour-cloning learning rate")
+    group.add_argument("--max-new-tokens", type=int, help="longest reply")
     parser.add_argument("--out", help="folder for diagnose.json and diagnose.md")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     result = diagnose(args)
     text = markdown(result)
     print(text)
