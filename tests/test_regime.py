@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bpo_algos.experiments import diagnose, regime
 from bpo_algos.mechanism import Mechanism, exact_prefix_explained, predict_variance_ratio
@@ -88,6 +89,13 @@ def test_diagnose_eta_matches_exact_on_a_tree_mdp(tmp_path: Path) -> None:
     ))
     assert 0 < row["measured_ratio_ci95"][0] <= row["measured_ratio"] <= row["measured_ratio_ci95"][1]
     assert "Recommendation" in (tmp_path / "diagnose.md").read_text()
+    # what the policy did: its mean return is the exact one over the (equally drawn) tasks
+    with torch.no_grad():
+        exact_return = float(np.mean([float(env.expected_return(policy.log_probs, t)) for t in range(TREE["n_tasks"])]))
+        uniform = float(np.mean([float(env.expected_return(TabularPolicy().log_probs, t)) for t in range(TREE["n_tasks"])]))
+    # (seeded: 0.006 off here; the uniform policy, the broken case, is 0.029 off)
+    assert abs(result["configs"]["rloo-4"]["mean_return"] - exact_return) < 0.015 < abs(uniform - exact_return)
+    assert result["configs"]["rloo-4"]["invalid_action_share"] == 0 and 0 <= row["success"] <= 1
     assert result["command"].startswith("bpo-diagnose BPO-TreeMDP-v0 --env-kwargs ")
 
 

@@ -57,6 +57,7 @@ from bpo_algos.mechanism import (
     measure,
     mechanism_table,
     predict_variance_ratio,
+    tree_moments,
 )
 from bpo_algos.rollout import EnvPool
 from bpo_envs.tree_mdp import TreeMDPEnv
@@ -133,6 +134,27 @@ def collect(config: str, policy: Any, pool: EnvPool, tasks: list[Any], per_updat
     return out, (np.stack(grads) if grads else None), time.perf_counter() - start
 
 
+def behaviour(batches: Sequence[Batch]) -> dict[str, float]:
+    """What the policy did: the mean episode return and win rate over the leaves (rule-3
+    weighted within a tree, trees equal) and the share of its steps the env called invalid (an
+    LLM that does not yet answer in actions shows it here)."""
+    returns, wins, steps, invalid = [], [], 0, 0
+    for tree in (t for b in batches for t in b.trees):
+        moments = tree_moments(tree)
+        if moments is not None:
+            returns.append(moments.m1)
+        leaves = [e for e in tree.edges() if e.terminated or e.truncated or not e.child.children]
+        total = sum(e.weight for e in leaves)
+        if total > 0:
+            wins.append(sum(e.weight * bool(e.info.get("won", False)) for e in leaves) / total)
+        for edge in tree.edges():
+            steps += 1
+            invalid += bool(edge.info.get("invalid_action", False))
+    return {"mean_return": float(np.mean(returns)) if returns else float("nan"),
+            "success": float(np.mean(wins)) if wins else float("nan"),
+            "invalid_action_share": invalid / steps if steps else float("nan")}
+
+
 def trace_ratio(g: np.ndarray, ref: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, tuple[float, float]]:
     """``tr Cov(g) / tr Cov(ref)`` and a percentile bootstrap interval (batches resampled)."""
     width = max(g.shape[1], ref.shape[1])
@@ -193,7 +215,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
             mechanisms[config] = measure(batches, seed=args.seed)
             grads[config] = g
             rows[config] = {"mechanism": mechanisms[config].to_json(), "seconds": seconds,
-                            "env_steps_per_batch": float(np.mean([b.compute.env_steps for b in batches]))}
+                            "env_steps_per_batch": float(np.mean([b.compute.env_steps for b in batches])),
+                            **behaviour(batches)}
         env = env_factory(setup)().unwrapped
         exact = None
         task_share = 0.0
@@ -262,6 +285,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['budget_env_steps']} env steps)",
         "",
         mechanism_table(mechanisms),
+        "",
+        "| algorithm | mean return | success | invalid actions |",
+        "|---|---:|---:|---:|",
+        *(f"| {name} | {row['mean_return']:.3f} | {row['success']:.3f} "
+          f"| {row['invalid_action_share']:.3f} |" for name, row in result["configs"].items()),
         "",
         f"| shape | predicted ratio vs {result['reference']} | measured ratio [95% CI] | exact eta |",
         "|---|---:|---|---:|",
