@@ -338,7 +338,8 @@ def test_deploy_layouts_pass_openenv_validate():
     from openenv.cli._validation import validate_multi_mode_deployment
     from serve_support import ROOT
 
-    for env in ("webshop", "treemdp"):
+    for env in ("webshop", "treemdp", "alfworld", "swebench"):
+        assert (ROOT / "deploy" / "openenv" / env / "server" / "Dockerfile").is_file(), env
         ok, issues = validate_multi_mode_deployment(ROOT / "deploy" / "openenv" / env)
         assert ok, (env, issues)
 
