@@ -46,8 +46,8 @@ def _tree(root: Node, task=0) -> RolloutTree:
 def test_registry_lists_builtins_and_takes_a_users_estimator():
     assert {"grpo", "rloo", "bpo", "anchored", "gigpo", "tree-grpo"} <= set(registered_advantages())
     assert {"bpo-anchored", "rloo-anchored", "gigpo", "tree-grpo"} <= set(registered_algorithms())
-    assert make_algorithm("rloo-anchored", group_size=3).baseline == "anchored"
-    assert make_algorithm("bpo-anchored+history").baseline == "anchored+history"
+    assert make_algorithm("rloo-anchored", group_size=3).options.baseline == "anchored"
+    assert make_algorithm("bpo-anchored+history").options.baseline == "anchored+history"
 
     @register_advantage("test-constant", overwrite=True)
     def constant(trees, *, value=1.0):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_context, as_steps
+from bpo_algos.policy.base import Action, Context, Policy, StepLike, as_context, as_steps
 from bpo_envs.validation import check_count
 
 
@@ -42,7 +42,7 @@ def gumbel_top_k(logp: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
 
 
 
-class ChoicePolicy(PolicyBase, nn.Module):
+class ChoicePolicy(Policy, nn.Module):
     """Base class of the policies that pick one of the admissible actions.
 
     Subclasses implement :meth:`scores`; they may override :meth:`set_reference` and
@@ -50,7 +50,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
     """
 
     def __init__(self, temperature: float = 1.0, seed: int = 0) -> None:
-        PolicyBase.__init__(self)
+        Policy.__init__(self)
         nn.Module.__init__(self)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
