@@ -428,7 +428,7 @@ class DataParallel:
 
     def clear_cache(self) -> None:
         """Under FSDP, drop the policy's prompt KV of the old weights."""
-        if self.fsdp and callable(getattr(self.policy, "clear_cache", None)):
+        if self.fsdp:
             self.policy.clear_cache()
 
     # ---- the batch's share and its gradient ----------------------------------------------

@@ -147,6 +147,18 @@ def tree_entropies(tree: RolloutTree) -> list[float]:
     return [node.entropy for node in tree.nodes() if node.entropy is not None]
 
 
+def _shares(total: int, weights: Sequence[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (integers summing to ``total``; the rounding
+    remainder to the first; evenly where the weights are all zero)."""
+    if not weights:
+        return []
+    if sum(weights) <= 0:
+        weights = [1] * len(weights)
+    shares = [total * w // sum(weights) for w in weights]
+    shares[0] += total - sum(shares)
+    return shares
+
+
 _DONE = object()
 _TOKEN_FIELDS = ("prefill_tokens", "gen_tokens", "score_tokens", "train_tokens")
 
@@ -184,22 +196,8 @@ class RolloutEngine:
             raise ValueError("tasks must not be empty")
         if topology.root_branches < 1:
             raise ValueError("the root needs at least one branch")
-        self._policy = policy
-        self._params = policy.flops_parameters()
-        self._topology = topology
-        self._meter = meter = ComputeMeter()
-        self._done: list[TreeBuild] = []
-        self._failures = FailureHandler(
-            self.pool,
-            meter,
-            charge=self._charge,
-            restore=self._restore,
-            done=self._done,
-            min_root_lines=min(2, topology.root_branches),
-        )
-        self._prior_costs = [float(c) for c in prior_costs or ()]
-        self._static_prior: dict[str, float] | None = None
-        self._start = start = time.perf_counter()
+        self._begin(policy, topology, prior_costs)
+        meter, start = self._meter, self._start
         if tree_indices is None:
             tree_indices = itertools.count() if budget is not None else range(len(tasks))
         per_task = topology.trees_per_task
@@ -245,6 +243,25 @@ class RolloutEngine:
         meter.seconds = time.perf_counter() - start
         trees.sort(key=lambda t: t.index)
         return EngineResult(trees, meter, [h for t in trees for h in tree_entropies(t)], self._failures.records)
+
+    def _begin(self, policy: Policy, topology: Topology, prior_costs: Sequence[float] | None) -> None:
+        """A run's state: the policy and topology, a fresh meter, the failure handler."""
+        self._policy = policy
+        self._params = policy.flops_parameters()
+        self._topology = topology
+        self._meter = ComputeMeter()
+        self._done: list[TreeBuild] = []
+        self._failures = FailureHandler(
+            self.pool,
+            self._meter,
+            charge=self._charge,
+            restore=self._restore,
+            done=self._done,
+            min_root_lines=min(2, topology.root_branches),
+        )
+        self._prior_costs = [float(c) for c in prior_costs or ()]
+        self._static_prior: dict[str, float] | None = None
+        self._start = time.perf_counter()
 
     # ---- the budget's start rule ----------------------------------------------------------
     def _budget_allows(self, budget: Budget | None, builds: list[TreeBuild]) -> bool:
@@ -292,8 +309,11 @@ class RolloutEngine:
             self._charge(build, env_steps=replayed, replay_steps=replayed)
         self._charge(build, restores=1)
 
-    def _call(self, paths: Sequence[PathState], fn: Callable[[], Any]) -> Any:
-        """A policy call, its reported usage and time charged to the trees it served."""
+    def _call(self, paths: Sequence[PathState], fn: Callable[[], Any], generated: Callable[[Any], list[int]] | None = None) -> Any:
+        """A policy call: the usage the policy metered (the engine counts no token itself) and
+        the call's time, charged to the trees it served. Prefill and score tokens are shared
+        evenly among ``paths``; generated tokens in proportion to ``generated(out)`` (each path's
+        sampled tokens), so each tree gets exactly its own when the policy's count agrees."""
         before = self._policy.meter.copy()
         t0 = time.perf_counter()
         out = fn()
@@ -303,17 +323,21 @@ class RolloutEngine:
         meter.policy_calls += delta.policy_calls
         meter.prefill_tokens += delta.prefill_tokens
         meter.score_tokens += delta.score_tokens
+        meter.gen_tokens += delta.gen_tokens
         flops = cost_flops(self._params, prefill_tokens=delta.prefill_tokens, score_tokens=delta.score_tokens)
-        meter.flops += flops
+        meter.flops += flops + cost_flops(self._params, gen_tokens=delta.gen_tokens)
         n = max(len(paths), 1)
         prefill, prefill_rest = divmod(delta.prefill_tokens, n)
         score, score_rest = divmod(delta.score_tokens, n)
+        gen = _shares(delta.gen_tokens, generated(out) if generated is not None else [1] * len(paths))
         seen: set[int] = set()
         for i, path in enumerate(paths):
             tc = path.build.tree.compute
             tc.prefill_tokens += prefill + (prefill_rest if i == 0 else 0)
             tc.score_tokens += score + (score_rest if i == 0 else 0)
             tc.flops += flops / n
+            tc.gen_tokens += gen[i]
+            tc.flops += cost_flops(self._params, gen_tokens=gen[i])
             tc.seconds += elapsed / n
             if id(path.build) not in seen:
                 tc.policy_calls += 1
@@ -345,11 +369,10 @@ class RolloutEngine:
             else:
                 def call(paths: list[PathState] = paths, n: int = n) -> Any:
                     return self._policy.sample([p.context for p in paths], n, rngs=[p.random for p in paths])
-            samples = self._call(paths, call)
+            samples = self._call(paths, call, generated=lambda rows: [sum(len(a.token_ids) for a in row) for row in rows])
             for path, actions in zip(paths, samples, strict=True):
                 if len(actions) != n and not (distinct and 1 <= len(actions) < n):
                     raise RuntimeError(f"policy returned {len(actions)} samples, asked for {n}")
-                self._charge(path.build, gen_tokens=sum(len(a.token_ids) for a in actions))
                 path.pending = actions[0]
                 if len(actions) > 1:
                     self._fork(path, actions, waiting)

@@ -68,6 +68,7 @@ class UniformPolicy(Policy):
             choices = self._choices(context)
             picks = (self.rng if rngs is None else rngs[i]).integers(len(choices), size=n)
             lp = -math.log(len(choices))
+            self.meter.gen_tokens += n  # the policy meters what it generates; the engine reads it
             out.append([Action(choices[i], (int(i),), (lp,)) for i in picks])
         return out
 

@@ -140,6 +140,7 @@ class ShellPolicy(Policy):
         from bpo_algos.policy.base import Action
 
         lp = -math.log(len(self.COMMANDS))
+        self.meter.gen_tokens += n * len(contexts)  # the policy meters what it generates
         return [[Action(self.COMMANDS[i], (int(i),), (lp,)) for i in (self.rng if rngs is None else rng).integers(len(self.COMMANDS), size=n)]
                 for rng in (rngs or [None] * len(contexts))]
 

@@ -95,8 +95,7 @@ def as_context(value: Any) -> Context:
 
 def as_steps(batch_or_steps: Any) -> Sequence[StepLike]:
     """The recorded steps of a :class:`~bpo_algos.algorithm.Batch`, or the sequence itself."""
-    steps = getattr(batch_or_steps, "steps", batch_or_steps)
-    return steps
+    return batch_or_steps if isinstance(batch_or_steps, Sequence) else batch_or_steps.steps
 
 
 @dataclass(frozen=True)
@@ -111,6 +110,9 @@ class Action:
             output does not parse sends the raw text, and the env answers with an invalid
             action observation (bad model output is an observation, never a crash).
         prompt_token_ids: the prompt the action was generated from.
+        index: for a policy that chooses among the admissible actions, the action's position in
+            the context's list (``text`` is the action there; the loss reads this index and
+            checks the text against it); None for free text.
     """
 
     text: str
@@ -118,6 +120,7 @@ class Action:
     logprobs: tuple[float, ...]
     env_action: str | None = None
     prompt_token_ids: tuple[int, ...] = field(default=(), repr=False)
+    index: int | None = None
 
     @property
     def command(self) -> str:
@@ -207,6 +210,10 @@ class Policy:
 
     def clear_cache(self) -> None:
         """Drop state kept between calls that an update makes stale; by default none."""
+
+    def sync_weights(self) -> None:
+        """Push the trained weights to where samples are drawn (a vLLM engine); by default
+        sampling reads them directly."""
 
     def set_reference(self) -> None:
         """Freeze the current policy as the k3 KL's reference."""
