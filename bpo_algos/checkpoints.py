@@ -57,7 +57,7 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
         "optimizer": optimizer_state,
         "algorithm": trainer.algorithm.state_dict(),
         "trainer_rng": trainer._rng.bit_generator.state,
-        "policy_rng": policy.rng_state() if hasattr(policy, "rng_state") else None,
+        "policy_rng": policy.rng_state(),
         "torch_rng": torch.get_rng_state(),
         "history": trainer.history,
         "total_compute": trainer.total_compute.to_dict(),

@@ -380,7 +380,7 @@ class DataParallel:
         model = getattr(self.policy, "model", None)
         if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
             raise TypeError(f"fsdp=True shards policy.model, a transformers model; {type(self.policy).__name__} has none")
-        if getattr(self.algorithm, "kl_coef", 0.0) and callable(getattr(self.policy, "set_reference", None)):
+        if self.algorithm.shared.kl_coef:
             # the frozen reference is copied before sharding: a plain replicated copy whose
             # forwards are no collectives (LoRA needs none: its base model is the reference)
             self.policy.set_reference()
@@ -428,7 +428,7 @@ class DataParallel:
 
     def clear_cache(self) -> None:
         """Under FSDP, drop the policy's prompt KV of the old weights."""
-        if self.fsdp and callable(getattr(self.policy, "clear_cache", None)):
+        if self.fsdp:
             self.policy.clear_cache()
 
     # ---- the batch's share and its gradient ----------------------------------------------
@@ -445,7 +445,7 @@ class DataParallel:
             return float(loss.detach())
         z_local = algorithm.loss_normaliser(batch) if batch.steps else 0.0
         z, n_trees = all_reduce_sum([z_local, float(batch.n_trees)])
-        if algorithm.aggregation == "step-sum":
+        if algorithm.shared.aggregation == "step-sum":
             z = n_trees
         if not self.fsdp:
             if not batch.steps:
