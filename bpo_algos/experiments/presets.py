@@ -47,6 +47,12 @@ class EnvSetup:
     on) or ``"train"`` (the train tasks, fresh rollouts), or ``"rows"`` (the first
     ``eval_tasks`` tasks, in their source's order, of the env made with ``eval_kwargs``: SWE-bench
     trained on ``--swe-train-instances`` and evaluated on ``--swe-instances``)."""
+    extra_eval: dict[str, int] = field(default_factory=dict)
+    """Further evaluation splits, ``{split: number of tasks}`` (ALFWorld: ``{"valid_unseen": 134}``
+    beside ``eval_split="valid_seen"``): the warm start and every run's final policy are also
+    evaluated on the first tasks of that split's fixed shuffle, ``eval_episodes`` each, on their
+    own common random numbers; reported per split (``per_env[env]["splits"]``), not part of the
+    headline."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Options over ``kwargs`` that the evaluation envs are made with (``eval_split="rows"``)."""
     max_new_tokens: int = 64
