@@ -323,7 +323,7 @@ GPU_COMMON: dict[str, Any] = {
     "pool_size": 32,
     # the power plan (bpo_algos.experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
     # and evaluation episodes whose detectable effect is <= 4 points on each env
-    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(5)), "swebench": tuple(range(11))},
+    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(8)), "swebench": tuple(range(11))},
     "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},
     "eval_every": 25,
     "grad_batches": 4,

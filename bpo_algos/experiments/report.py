@@ -431,7 +431,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     algorithms = list(dict.fromkeys(a for e in envs for a in results["per_env"][e]["algorithms"]))
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
     paths = []
-    fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(envs), figsize=(9 * len(envs), 8), squeeze=False)  # legends right of the axes
     for j, env in enumerate(envs):
         er = results["per_env"][env]
         for a, r in er["algorithms"].items():
@@ -441,6 +441,9 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             # a calibration control at k x the budget is drawn per update (its compute / k), as its metrics read it
             multiple = r.get("budget_multiple", 1.0)
             name = a if multiple == 1 else f"{a} ({multiple:g}x budget; drawn per update: compute / {multiple:g})"
+            n_seeds = len(curve["env_steps_per_seed"])
+            if n_seeds != len(er.get("seeds") or []):  # e.g. the untuned defaults, run on fewer seeds
+                name += f" ({n_seeds} seeds)"
             for ax, key in ((axes[0][j], "env_steps_per_seed"), (axes[1][j], "flops_per_seed")):
                 xs = np.mean(np.asarray(curve[key], dtype=float), axis=0) / multiple
                 style = "--" if a == (er.get("positive_control") or {}).get("algorithm") or "@" in a else "-"
@@ -452,12 +455,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             if warm is not None:
                 ax.axhline(warm, color="grey", linestyle=":", linewidth=1.2, label=f"warm start {warm:.3f}")
             ax.set(xlabel=xlabel, ylabel=f"evaluated success ({er.get('eval_split')})\nmean of {seeds} seeds, 95% band")
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         axes[0][j].set_title(f"{env}: evaluated success vs env steps")
         axes[1][j].set_title(f"{env}: evaluated success vs flops")
     fig.tight_layout()
     paths.append(out / "success.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
