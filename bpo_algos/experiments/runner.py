@@ -59,12 +59,22 @@ from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_envs.files import read_json_or_redo, write_json
 
+SCORER_POLICIES: dict[str, tuple[str | None, int, int]] = {
+    "scorer": (None, 32, 64),
+    "scorer-memory": ("alfworld", 32, 64),
+    "scorer-memory-wide": ("alfworld", 64, 256),
+}
+"""The text-scorer policies by name: ``(memory, dim, hidden)`` of
+:class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``-wide``: twice the embedding, four times the
+hidden layer; docs/alfworld.md, "The learning curve")."""
+
 
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
     """The initial policy of one (env, seed): the same object state for every algorithm.
 
     ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``scorer-memory``:
-    with its ALFWorld episode-memory features, ``memory="alfworld"``); ``tabular``
+    with its ALFWorld episode-memory features, ``memory="alfworld"``; ``scorer-memory-wide``: the
+    same, larger; :data:`SCORER_POLICIES`); ``tabular``
     starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
     is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder). Its
@@ -73,11 +83,11 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     """
     seed = stream_seed(seed, WARM_START)
     name = setup.policy or preset.policy
-    if name in ("scorer", "scorer-memory"):
+    if name in SCORER_POLICIES:
         from bpo_algos.policy.scorer import TextScorerPolicy
 
-        memory = "alfworld" if name == "scorer-memory" else None
-        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory)
+        memory, dim, hidden = SCORER_POLICIES[name]
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory, dim=dim, hidden=hidden)
         return warm_start(policy, preset, setup, tasks, seed)
     if name == "tabular":
         return TabularPolicy(temperature=preset.temperature, seed=seed)
