@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="alfworld_curve.json")
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--policies-dir", default=None, help="keep each cloned policy here (state dict) and reuse it")
+    ap.add_argument("--bc-only", action="store_true", help="clone (into --policies-dir) and stop before evaluating")
     args = ap.parse_args(argv)
 
     from bpo_algos.experiments import runner
@@ -107,18 +109,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in args.policies:
             if (games, name) in done:
                 continue
-            start = time.time()
+            start, cpu = time.time(), time.process_time()
             tasks = order[:games]
-            policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games), args.seed, tasks)
+            saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}.pt") if args.policies_dir else None
+            cloned = saved is None or not saved.is_file()
+            policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=base.sft_epochs if cloned else 0), args.seed, tasks)
+            if saved is not None and cloned:
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)
+            kept = torch.load(saved, weights_only=True) if saved is not None else {"bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}
+            if not cloned:
+                policy.load_state_dict(kept["policy"])
+            if args.bc_only:
+                print(f"cloned {name} on {games} games: {kept['bc_seconds']:.0f} s", flush=True)
+                continue
             demos = runner._expert_demos(replace(setup, train_tasks=games), tasks, runner.stream_seed(args.seed, runner.WARM_START))
             row: dict[str, Any] = {"games": games, "policy": name, "parameters": sum(p.numel() for p in policy.parameters()),
-                                   "decisions": len(demos), "bc_seconds": round(time.time() - start, 1)}  # fmt: skip
+                                   "decisions": len(demos), "bc_seconds": round(kept["bc_seconds"], 1), "bc_cpu_s": round(kept["bc_cpu_s"], 1)}  # fmt: skip
             steps = demo_steps(policy, demos)
             with torch.no_grad():
                 best = [max(d, key=d.get) for d in map(policy.action_distribution, (s.context for s in steps))]
             row["train_agree"] = sum(b == s.action.text for b, s in zip(best, steps, strict=True)) / len(steps)
             for k, (split, ids) in enumerate(evals.items()):
-                t0 = time.time()
+                t0, c0 = time.time(), time.process_time()
                 kwargs = {**setup.kwargs, "split": split}
                 pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
                 try:
@@ -126,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 finally:
                     pool.close()
                 row[split] = {"success": sum(wins) / len(wins), "ci95": wilson(int(sum(wins)), len(wins)), "episodes": len(wins),
-                              "wins": [int(w) for w in wins], "tasks": list(ids), "seconds": round(time.time() - t0, 1)}  # fmt: skip
+                              "wins": [int(w) for w in wins], "tasks": list(ids), "seconds": round(time.time() - t0, 1),
+                              "cpu_s": round(time.process_time() - c0, 1)}  # fmt: skip
             row["load_average"] = os.getloadavg()
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("valid_seen", "valid_unseen")}

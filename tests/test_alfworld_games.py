@@ -121,3 +121,58 @@ def test_a_game_set_smaller_than_asked_is_an_error() -> None:
         task_split(EnvSetup("BPO-ALFWorld-v0", kwargs, train_tasks=2, eval_tasks=5, eval_split="valid_seen"))
     with pytest.raises(ValueError, match="4 valid_unseen evaluation tasks asked, but that split has 2"):
         extra_eval_tasks(EnvSetup("BPO-ALFWorld-v0", kwargs, extra_eval={"valid_unseen": 4}))
+
+
+def test_the_cpu_default_needs_no_planner_on_a_fresh_machine() -> None:
+    # every game the CPU default trains and evaluates on is in the shipped index, so a fresh
+    # machine rebuilds them in milliseconds each instead of planner-checking them for minutes
+    from bpo_algos.experiments.presets import PRESETS
+    from bpo_algos.experiments.runner import extra_eval_tasks, task_split
+
+    setup = PRESETS["cpu"].envs["alfworld"]
+    train, evals = task_split(setup)
+    wanted = {"train": train, setup.eval_split: evals, **extra_eval_tasks(setup)}
+    assert set(wanted) == {"train", "valid_seen", "valid_unseen"}
+    for split, ids in wanted.items():
+        missing = [t for t in ids if SHIPPED.entry(split, t) is None]
+        assert not missing, (split, len(missing), missing[:3])
+
+
+def test_streams_of_a_further_split_are_its_own() -> None:
+    from bpo_algos.experiments.streams import EVALUATION, stream_seed
+
+    assert stream_seed(3, EVALUATION, 5, 1, 0) == stream_seed(3, EVALUATION, 5, 1)  # the primary split's keys are unchanged
+    keys = {stream_seed(3, EVALUATION, i, j, k) for i in range(20) for j in range(2) for k in range(3)}
+    assert len(keys) == 120
+
+
+@pytest.mark.slow
+def test_the_main_job_evaluates_both_validation_splits(tmp_path: Path) -> None:
+    # a tiny ALFWorld comparison: the warm start and each run's final policy on valid_seen (the
+    # primary split) and valid_unseen (a further split), reported per split; the positive control
+    # (frozen) is the warm start itself, so its final equals its warm start on both splits
+    # (common random numbers), while RLOO's is measured afresh
+    from bpo_algos.experiments.presets import EnvSetup, Preset, _trainer
+    from bpo_algos.experiments.runner import extra_eval_tasks, initial_job, run_one, task_split
+    from bpo_algos.experiments.stats import aggregate
+
+    setup = EnvSetup(
+        "BPO-ALFWorld-v0", {"max_episode_steps": 4, "split": "train", "expert": "handcoded"}, train_tasks=2, eval_tasks=3,
+        eval_split="valid_seen", extra_eval={"valid_unseen": 3}, policy="scorer-memory", sft_epochs=0,
+        trainer={"updates": 1, "task_draw": "unseen-first"},
+    )  # fmt: skip
+    preset = Preset(envs={"alfworld": setup}, algorithms=("rloo", "frozen"), budget={"alfworld": 16}, seeds=(0,),
+                    trainer=_trainer(updates=1, learning_rate=0.5), eval_every=1, eval_episodes=1, grad_seeds=0, torch_threads=1)  # fmt: skip
+    train, evals = task_split(setup)
+    for split, ids in {"train": train, "valid_seen": evals, **extra_eval_tasks(setup)}.items():
+        assert all(SHIPPED.entry(split, t) is not None for t in ids)  # no planner in this test
+    init = initial_job(preset, "alfworld", 0, train, evals)
+    assert set(init["warm"]["extra"]) == {"valid_unseen"} and init["warm"]["extra"]["valid_unseen"]["episodes"] == 3
+    runs = [run_one(tmp_path, preset, "alfworld", a, 0, init["policy"], init["warm"], init["reference"], train, evals) for a in ("rloo", "frozen")]
+    assert all(set(r["extra_eval"]) == {"valid_unseen"} for r in runs)
+    splits = aggregate(runs, preset, ["alfworld"])["per_env"]["alfworld"]["splits"]
+    assert set(splits) == {"valid_seen", "valid_unseen"} and splits["valid_seen"]["primary"] and not splits["valid_unseen"]["primary"]
+    for split in splits.values():
+        frozen = split["algorithms"]["frozen"]
+        assert frozen["vs_warm_start"]["diff"] == 0.0 and frozen["final"] == split["warm_start"]["mean"]
+        assert set(split["algorithms"]) == {"rloo", "frozen"}

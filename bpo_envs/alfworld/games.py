@@ -7,14 +7,17 @@ folder, so it is the same in every process.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import threading
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +283,7 @@ class GeneratedGames:
         another generator version), is rebuilt, with a warning that says so."""
         path = self.root / task_id / GAME_FILE
         entry = self.index.entry(self.split, task_id) if self.index is not None else None
+        start_ns = time.time_ns()
         if path.is_file():
             try:
                 game = read_game(path)
@@ -293,7 +297,9 @@ class GeneratedGames:
                     "another generator version?): rebuilding it from the index", path, self.index.path,
                 )
         task_type, index = task_id.split("/", 1)
-        with self._lock:
+        with self._lock, _game_lock(path.parent):
+            if path.is_file() and path.stat().st_mtime_ns > start_ns:  # made by another process meanwhile
+                return read_game(path)
             if entry is not None:
                 game, traj = self.index.rebuild(self.split, task_id)
                 self.made["index"] += 1
@@ -305,6 +311,19 @@ class GeneratedGames:
             _write_json(path.parent / TRAJ_FILE, traj)
             _write_json(path, game)
         return game
+
+
+@contextlib.contextmanager
+def _game_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder/.lock``, waiting for it: two processes that need the same
+    game (a run and ``scripts/alfworld_pack_games.py``) make it once, not twice."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def make_verified_game(
