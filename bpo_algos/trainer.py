@@ -93,6 +93,8 @@ class Trainer:
         """The batch of the last update (its advantages written): what measurements of the
         training data read (the main job's mechanism, docs/mechanism.md)."""
         self._rng = np.random.default_rng(cfg.seed)
+        self._task_order: list[int] = []  # task_draw="unseen-first": the walk through the tasks
+        self._task_cursor = 0
         torch.manual_seed(cfg.seed)
         policy.seed(cfg.seed)
         # this process's part: one process, or one of N ranks (same weights, maybe sharded)
@@ -157,6 +159,7 @@ class Trainer:
         self.parallel.gather_weights()
         with autocast(self.config.precision, self.device):
             batch = self.collect(tasks)  # the algorithm writes the advantages
+        self._advance_tasks(batch, len(tasks))
         self.policy.train()
         losses, norms = [], []
         for _ in range(self.config.epochs):
@@ -184,10 +187,28 @@ class Trainer:
 
     def draw_tasks(self) -> list[Any]:
         """The update's tasks, drawn with the trainer's own seeded generator (the same sequence
-        for every algorithm, and on every rank)."""
+        for every algorithm, and on every rank); see :attr:`TrainerConfig.task_draw`."""
         k = self.config.tasks_per_update
+        if self.config.task_draw == "unseen-first":
+            # enough of the walk for k tasks, a new permutation appended when it runs out
+            while len(self._task_order) - self._task_cursor < min(k, len(self.tasks)):
+                self._task_order = self._task_order[self._task_cursor :] + [int(i) for i in self._rng.permutation(len(self.tasks))]
+                self._task_cursor = 0
+            idx = self._task_order[self._task_cursor : self._task_cursor + k]
+            return [self.tasks[i] for i in idx]
         idx = self._rng.choice(len(self.tasks), size=k, replace=len(self.tasks) < k)
         return [self.tasks[int(i)] for i in idx]
+
+    def _advance_tasks(self, batch: Batch, drawn: int) -> None:
+        """``unseen-first``: move the walk past the tasks this update's trees were built on
+        (tree ``i`` is on drawn task ``i % drawn``; a budget decides how many start)."""
+        if self.config.task_draw != "unseen-first" or not batch.trees:
+            return
+        per_task = max(1, int(self.algorithm.trees_per_task))
+        used = max(t.index // per_task for t in batch.trees) + 1
+        if self.world_size > 1:
+            used = dp.all_reduce_max(used)
+        self._task_cursor += min(used, drawn)
 
     def collect(self, tasks: list[Any]) -> Batch:
         """This rank's trees of the update (all of them on one process).

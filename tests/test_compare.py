@@ -134,8 +134,10 @@ def test_evaluation_set_must_be_held_out_and_non_empty():
     setup = PRESETS["smoke"].envs["treemdp"]
     import dataclasses
 
+    with pytest.raises(ValueError, match="10000 training tasks asked, but the training env has 12"):
+        task_split(dataclasses.replace(setup, train_tasks=10_000))  # a task set smaller than asked
     with pytest.raises(ValueError, match="no held-out evaluation task"):
-        task_split(dataclasses.replace(setup, train_tasks=10_000))
+        task_split(dataclasses.replace(setup, train_tasks=12))
     train, held_out = task_split(setup)
     assert held_out and not set(train) & set(held_out)
 

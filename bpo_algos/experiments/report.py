@@ -58,6 +58,22 @@ def data_line(data: dict[str, Any]) -> str:
     return text + (f" ({'; '.join(extras)})." if extras else ".")
 
 
+def split_lines(er: dict[str, Any]) -> list[str]:
+    """Final success on every evaluation split (``per_env[env]["splits"]``), when there is more
+    than one: the warm start, each algorithm and its paired difference from the warm start."""
+    splits = er.get("splits") or {}
+    if len(splits) < 2:
+        return []
+    lines = ["", "Final evaluated success on each evaluation split (mean ± 95% interval over seeds; Δ: paired by seed):", "",
+             "| split | warm start | " + " | ".join(f"{a} (Δ vs warm start)" for a in next(iter(splits.values()))["algorithms"]) + " |",
+             "|---|---:|" + "---:|" * len(next(iter(splits.values()))["algorithms"])]  # fmt: skip
+    for split, entry in splits.items():
+        w = entry["warm_start"]
+        cells = [f"{_pm(v['final'], v['final_ci95'])} ({_pm(v['vs_warm_start']['diff'], v['vs_warm_start']['diff_ci95'])})" for v in entry["algorithms"].values()]
+        lines.append(f"| {split}{' (primary)' if entry.get('primary') else ''} | {_pm(w['mean'], w['ci95'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _pm(value: float, half: float, digits: int = 3) -> str:
     return f"{value:+.{digits}f} ± {half:.{digits}f}"
 
@@ -287,6 +303,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {_number(c2t['mean'])} ± {_number(c2t['ci95'])} ({c2t.get('not_reached', 0)}) | {delta} "
                 f"| {r['compute']['env_steps']:.0f} | {r['compute'].get('flops', float('nan')):.3g} | {r['budget_used_ratio']:.2f} |"
             )
+        lines += split_lines(er)
         if any(r.get("gradient_initial") for r in er["algorithms"].values()):
             first = next(r for r in er["algorithms"].values() if r.get("gradient_initial"))
             probe = first["gradient_initial"]
