@@ -665,7 +665,7 @@ class HFPolicy(Policy, nn.Module):
             groups.append((group, counts))
         return groups
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions;
         ``rngs``: one generator per context (the engine's per-path streams)."""
         out = self.generate(contexts, n, rngs=rngs)
