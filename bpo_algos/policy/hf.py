@@ -351,6 +351,10 @@ class HFPolicy(Policy, nn.Module):
         finally:
             self._sample_temperature = previous
 
+    def shardable_model(self) -> nn.Module:
+        """The transformers model, which FSDP shards."""
+        return self.model
+
     def clear_cache(self) -> None:
         """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
         self._store.clear()
