@@ -377,9 +377,9 @@ class DataParallel:
         if self.world_size == 1:
             log.warning("fsdp=True on one process: nothing to shard, the model trains unsharded")
             return False
-        model = getattr(self.policy, "model", None)
-        if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
-            raise TypeError(f"fsdp=True shards policy.model, a transformers model; {type(self.policy).__name__} has none")
+        model = self.policy.shardable_model()
+        if model is None:
+            raise TypeError(f"fsdp=True shards a transformers model; {type(self.policy).__name__} has none (Policy.shardable_model)")
         if self.algorithm.shared.kl_coef:
             # the frozen reference is copied before sharding: a plain replicated copy whose
             # forwards are no collectives (LoRA needs none: its base model is the reference)
@@ -387,7 +387,7 @@ class DataParallel:
         shard_model(model, mixed_precision=torch.bfloat16 if precision == "bf16" else None)
         # a micro-batch must be exactly one forward pass through the sharded model on every rank
         # (its backward is one reduce-scatter per layer): at most the rows of one forward
-        self._fsdp_steps = getattr(self.policy, "train_batch_size", None)
+        self._fsdp_steps = self.policy.train_batch_size
         self._forwards = 0
         self._counting = False
         model.register_forward_pre_hook(self._count_forward)

@@ -155,7 +155,7 @@ def test_a_policy_without_distinct_sampling_fails_clearly_in_collect():
             super().__init__()
             self.inner = inner
 
-        def sample(self, contexts, n, rngs=None):
+        def sample(self, contexts, n, rngs):
             return self.inner.sample(contexts, n, rngs=rngs)
 
         def decision_entropy(self, contexts):

@@ -37,7 +37,7 @@ class PeekingPolicy(Policy):
     def decision_entropy(self, contexts):
         out = []
         for context in contexts:
-            action = self.inner.sample([context], 1)[0][0]
+            action = self.inner.sample([context], 1, None)[0][0]
             self._stash[id(context)] = action
             logp = self.inner.log_probs(context.observation, context.admissible_actions).detach()
             out.append(0.0 if action.token_ids[0] == int(logp.argmax()) else 10.0)
@@ -48,9 +48,9 @@ class PeekingPolicy(Policy):
         for context in contexts:
             first = self._stash.pop(id(context), None)
             if first is None:
-                out.append(self.inner.sample([context], n)[0])
+                out.append(self.inner.sample([context], n, None)[0])
             else:
-                out.append([first, *(self.inner.sample([context], n - 1)[0] if n > 1 else [])])
+                out.append([first, *(self.inner.sample([context], n - 1, None)[0] if n > 1 else [])])
         return out
 
     def token_logprobs(self, steps):

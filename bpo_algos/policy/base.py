@@ -156,6 +156,11 @@ class Policy:
     eval_temperature: float | None = None
     """The temperature evaluation episodes sample at (:func:`evaluation_sampling`; 0: greedy;
     None: the policy's own)."""
+    device: torch.device | None = None
+    """Where the policy computes, when it says so (an LLM policy: its model's device); None:
+    where its parameters are."""
+    train_batch_size: int | None = None
+    """Steps per forward pass of :meth:`token_logprobs` (None: all in one)."""
     def __init__(self) -> None:
         self.meter = ComputeMeter()
         self._reference: Any = None  # the frozen k3 KL reference, once set_reference made one
@@ -210,6 +215,10 @@ class Policy:
 
     def clear_cache(self) -> None:
         """Drop state kept between calls that an update makes stale; by default none."""
+
+    def shardable_model(self) -> torch.nn.Module | None:
+        """The transformers model FSDP shards (``TrainerConfig.fsdp``); None: nothing to shard."""
+        return None
 
     def sync_weights(self) -> None:
         """Push the trained weights to where samples are drawn (a vLLM engine); by default

@@ -108,7 +108,7 @@ class ChoicePolicy(Policy, nn.Module):
         i = actions.index(command)
         return Action(command, (i,), (0.0,), None, (context_key(context.observation),), index=i)
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         """``n`` i.i.d. samples per context; token id = index in the admissible list.
 
         ``rngs``: one generator per context that its samples are drawn from (the engine's

@@ -351,6 +351,10 @@ class HFPolicy(Policy, nn.Module):
         finally:
             self._sample_temperature = previous
 
+    def shardable_model(self) -> nn.Module:
+        """The transformers model, which FSDP shards."""
+        return self.model
+
     def clear_cache(self) -> None:
         """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
         self._store.clear()
@@ -665,7 +669,7 @@ class HFPolicy(Policy, nn.Module):
             groups.append((group, counts))
         return groups
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions;
         ``rngs``: one generator per context (the engine's per-path streams)."""
         out = self.generate(contexts, n, rngs=rngs)

@@ -132,7 +132,7 @@ class ReasoningTabularPolicy(Policy, nn.Module):
             self.meter.prefill_tokens += 1
         return out
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         check_count("n", n)
         self.meter.policy_calls += 1
         return self._generate(contexts, n, rngs)
