@@ -2,7 +2,7 @@
 
 ``python tests/chat_endpoint.py`` prints ``serving MODEL at http://127.0.0.1:PORT/v1`` and answers
 ``POST /v1/chat/completions`` (non-streaming: ``messages``, ``max_tokens`` /
-``max_completion_tokens``, ``temperature``, ``n``, ``seed``) and ``GET /v1/models`` with real
+``max_completion_tokens``, ``temperature``, ``n``, ``seed``) and ``GET /v1/models`` (``stream: true``: server-sent chunks) with real
 generations of the tiny Qwen2 model (``bpo_algos.policy.tiny``, built offline), so a harness that
 calls an OpenAI client (verifiers' rollouts) runs with no network. Sampling is seeded per
 request. Runs in the main venv (torch, transformers, fastapi, uvicorn); the harness may live in
@@ -11,15 +11,18 @@ another venv and reach it over HTTP.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import uvicorn
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bpo_algos.policy.tiny import tiny_model_path
@@ -39,7 +42,7 @@ def create_app(path: str | None = None) -> FastAPI:
         return {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "bpo-gym"}]}
 
     @app.post("/v1/chat/completions")
-    def chat(body: dict[str, Any]) -> dict[str, Any]:
+    def chat(body: dict[str, Any]) -> Any:
         messages = [{"role": m["role"], "content": _text(m.get("content"))} for m in body["messages"]]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
         max_new = int(body.get("max_completion_tokens") or body.get("max_tokens") or 24)
@@ -58,14 +61,27 @@ def create_app(path: str | None = None) -> FastAPI:
                 text = tokenizer.decode(new, skip_special_tokens=True)
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
                                 "finish_reason": "stop" if finished else "length", "logprobs": None})
-        return {
+        reply = {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", MODEL_NAME), "choices": choices,
             "usage": {"prompt_tokens": int(ids.shape[1]), "completion_tokens": completion,
                       "total_tokens": int(ids.shape[1]) + completion},
         }
+        return StreamingResponse(_chunks(reply), media_type="text/event-stream") if body.get("stream") else reply
 
     return app
+
+
+def _chunks(reply: dict[str, Any]) -> Iterator[str]:
+    """The reply as OpenAI's server-sent ``chat.completion.chunk`` events (one content delta
+    per choice, its finish reason, the usage, ``[DONE]``)."""
+    head = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    for c in reply["choices"]:
+        delta = {"role": "assistant", "content": c["message"]["content"]}
+        yield f"data: {json.dumps(head | {'choices': [{'index': c['index'], 'delta': delta, 'finish_reason': None}]})}\n\n"
+        yield f"data: {json.dumps(head | {'choices': [{'index': c['index'], 'delta': {}, 'finish_reason': c['finish_reason']}]})}\n\n"
+    yield f"data: {json.dumps(head | {'choices': [], 'usage': reply['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def _text(content: Any) -> str:
