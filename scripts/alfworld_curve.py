@@ -47,7 +47,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, split in zip(axes, ("valid_seen", "valid_unseen"), strict=True):
         for policy in result["policies"]:
-            rows = sorted((r for r in result["rows"] if r["policy"] == policy), key=lambda r: r["games"])
+            rows = sorted((r for r in result["rows"] if r["policy"] == policy and split in r), key=lambda r: r["games"])
             if not rows:
                 continue
             x = [r["games"] for r in rows]
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--plot", default=None)
     ap.add_argument("--policies-dir", default=None, help="keep each cloned policy here (state dict) and reuse it")
     ap.add_argument("--bc-only", action="store_true", help="clone (into --policies-dir) and stop before evaluating")
+    ap.add_argument("--eval-only", action="store_true", help="only the rows whose policy --policies-dir holds already")
+    ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"], help="the splits to evaluate")
     args = ap.parse_args(argv)
 
     from bpo_algos.experiments import runner
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tasks = order[:games]
             saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}.pt") if args.policies_dir else None
             cloned = saved is None or not saved.is_file()
+            if args.eval_only and cloned:
+                continue
             policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=base.sft_epochs if cloned else 0), args.seed, tasks)
             if saved is not None and cloned:
                 saved.parent.mkdir(parents=True, exist_ok=True)
@@ -131,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 best = [max(d, key=d.get) for d in map(policy.action_distribution, (s.context for s in steps))]
             row["train_agree"] = sum(b == s.action.text for b, s in zip(best, steps, strict=True)) / len(steps)
             for k, (split, ids) in enumerate(evals.items()):
+                if split not in args.splits:
+                    continue
                 t0, c0 = time.time(), time.process_time()
                 kwargs = {**setup.kwargs, "split": split}
                 pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row["load_average"] = os.getloadavg()
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("valid_seen", "valid_unseen")}
-                             | {s: row[s]["success"] for s in evals}), flush=True)  # fmt: skip
+                             | {s: row[s]["success"] for s in evals if s in row}), flush=True)  # fmt: skip
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result, indent=1) + "\n")
     result["load_average_at_end"] = os.getloadavg()

@@ -366,9 +366,8 @@ PRESETS: dict[str, Preset] = {
         sft_lr=3e-3,
         seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
         # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
-        # textworld derives every admissible command's text), so 15 runs of 12 updates x ~950
-        # env steps and two evaluations of 48 games x 2 episodes fit in about 13 minutes with
-        # --jobs 2 (docs/alfworld.md)
+        # textworld derives every admissible command's text); docs/alfworld.md sizes the runs and
+        # their evaluations (140 valid_seen + 134 valid_unseen games x 1 episode)
         budget={"webshop": 256, "alfworld": 800},
         eval_every={"webshop": 10, "alfworld": 6},
         eval_episodes={"webshop": 1, "alfworld": 1},
