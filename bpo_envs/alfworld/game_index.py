@@ -46,10 +46,32 @@ class GameIndexMismatch(GameIndexError):
     """A game rebuilt from the index is not the game the index recorded."""
 
 
+GAME_FILE = "game.tw-pddl"
+"""A cached game's PDDL, grammar and walkthrough (JSON), beside its ``traj_data.json``."""
+TRAJ_FILE = "traj_data.json"
+_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
+
+
+def read_game(path: Path) -> dict[str, Any]:
+    """Read a ``game.tw-pddl`` file; raise ``FileNotFoundError``/``ValueError`` naming ``path``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"ALFWorld game file not found: {path}")
+    try:
+        game = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed ALFWorld game file {path}: {exc}") from exc
+    if not isinstance(game, dict):
+        raise ValueError(f"malformed ALFWorld game file {path}: expected a JSON object")
+    missing = [k for k in _GAME_KEYS if not isinstance(game.get(k), str)]
+    if missing:
+        raise ValueError(f"malformed ALFWorld game file {path}: missing or non-text {missing}")
+    return game
+
+
 def game_digest(game: Mapping[str, Any]) -> str:
     """SHA-256 over the game's three texts (domain, grammar with the goal, problem)."""
     digest = hashlib.sha256()
-    for key in ("pddl_domain", "grammar", "pddl_problem"):
+    for key in _GAME_KEYS:
         digest.update(str(game[key]).encode())
         digest.update(b"\x00")
     return digest.hexdigest()
@@ -159,8 +181,6 @@ def write_index(path: Path, root: Path, wanted: Mapping[str, Sequence[str]], ver
     """Write the index of the cached games ``wanted`` (``{split: task ids}``) found under
     ``root`` (a ``GeneratedGames`` cache's ``json_2.1.1`` folder); every one must be there,
     planner-checked. Returns a summary (games per split, bytes)."""
-    from bpo_envs.alfworld.games import GAME_FILE, TRAJ_FILE, read_game
-
     games: dict[str, dict[str, Any]] = {}
     for split, ids in wanted.items():
         entries = games.setdefault(split, {})
