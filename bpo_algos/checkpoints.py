@@ -57,7 +57,8 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
         "optimizer": optimizer_state,
         "algorithm": trainer.algorithm.state_dict(),
         "trainer_rng": trainer._rng.bit_generator.state,
-        "policy_rng": policy.rng_state() if hasattr(policy, "rng_state") else None,
+        "task_walk": {"order": list(trainer._task_order), "cursor": trainer._task_cursor},
+        "policy_rng": policy.rng_state(),
         "torch_rng": torch.get_rng_state(),
         "history": trainer.history,
         "total_compute": trainer.total_compute.to_dict(),
@@ -89,6 +90,8 @@ def load_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
         trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.algorithm.load_state_dict(state["algorithm"])
     trainer._rng.bit_generator.state = state["trainer_rng"]
+    walk = state.get("task_walk") or {"order": [], "cursor": 0}  # absent in checkpoints before task_draw
+    trainer._task_order, trainer._task_cursor = [int(i) for i in walk["order"]], int(walk["cursor"])
     if state["policy_rng"] is not None:
         trainer.policy.set_rng_state(state["policy_rng"])
     torch.set_rng_state(state["torch_rng"])

@@ -38,7 +38,7 @@ import torch
 from bpo_algos import checkpoints
 from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import Algorithm, Batch
-from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters
+from bpo_algos.compute import Budget, ComputeMeter, cost_flops
 from bpo_algos.devices import autocast, policy_device, resolve_device, upcast_trainable
 from bpo_algos.policy.base import Policy
 from bpo_algos.rollout import EnvFn, EnvPool, tree_entropies
@@ -84,10 +84,7 @@ class Trainer:
         if cfg.precision == "bf16":
             upcast_trainable(self.trainable())
         if cfg.gradient_checkpointing:
-            enable = getattr(policy, "enable_gradient_checkpointing", None)
-            if not callable(enable):
-                raise TypeError(f"gradient_checkpointing=True but {type(policy).__name__} has no enable_gradient_checkpointing()")
-            enable()
+            policy.enable_gradient_checkpointing()
         # the run's state, seeded
         self.update = 0
         self.history: list[dict[str, Any]] = []
@@ -96,9 +93,10 @@ class Trainer:
         """The batch of the last update (its advantages written): what measurements of the
         training data read (the main job's mechanism, docs/mechanism.md)."""
         self._rng = np.random.default_rng(cfg.seed)
+        self._task_order: list[int] = []  # task_draw="unseen-first": the walk through the tasks
+        self._task_cursor = 0
         torch.manual_seed(cfg.seed)
-        if hasattr(policy, "seed"):
-            policy.seed(cfg.seed)
+        policy.seed(cfg.seed)
         # this process's part: one process, or one of N ranks (same weights, maybe sharded)
         self.parallel = dp.DataParallel(policy, algorithm, fsdp=cfg.fsdp, precision=cfg.precision, device=self.device)
         self.rank, self.world_size, self.fsdp = self.parallel.rank, self.parallel.world_size, self.parallel.fsdp
@@ -161,6 +159,7 @@ class Trainer:
         self.parallel.gather_weights()
         with autocast(self.config.precision, self.device):
             batch = self.collect(tasks)  # the algorithm writes the advantages
+        self._advance_tasks(batch, len(tasks))
         self.policy.train()
         losses, norms = [], []
         for _ in range(self.config.epochs):
@@ -172,7 +171,7 @@ class Trainer:
             # the engine charged one learner pass per recorded step; every further epoch is another
             extra = (self.config.epochs - 1) * batch.compute.train_tokens
             batch.compute.train_tokens += extra
-            batch.compute.flops += cost_flops(policy_parameters(self.policy), train_tokens=extra)
+            batch.compute.flops += cost_flops(self.policy.flops_parameters(), train_tokens=extra)
         self.update += 1
         self.last_batch = batch
         compute = self.parallel.global_compute(batch.compute)
@@ -188,10 +187,28 @@ class Trainer:
 
     def draw_tasks(self) -> list[Any]:
         """The update's tasks, drawn with the trainer's own seeded generator (the same sequence
-        for every algorithm, and on every rank)."""
+        for every algorithm, and on every rank); see :attr:`TrainerConfig.task_draw`."""
         k = self.config.tasks_per_update
+        if self.config.task_draw == "unseen-first":
+            # enough of the walk for k tasks, a new permutation appended when it runs out
+            while len(self._task_order) - self._task_cursor < min(k, len(self.tasks)):
+                self._task_order = self._task_order[self._task_cursor :] + [int(i) for i in self._rng.permutation(len(self.tasks))]
+                self._task_cursor = 0
+            idx = self._task_order[self._task_cursor : self._task_cursor + k]
+            return [self.tasks[i] for i in idx]
         idx = self._rng.choice(len(self.tasks), size=k, replace=len(self.tasks) < k)
         return [self.tasks[int(i)] for i in idx]
+
+    def _advance_tasks(self, batch: Batch, drawn: int) -> None:
+        """``unseen-first``: move the walk past the tasks this update's trees were built on
+        (tree ``i`` is on drawn task ``i % drawn``; a budget decides how many start)."""
+        if self.config.task_draw != "unseen-first" or not batch.trees:
+            return
+        per_task = max(1, int(self.algorithm.trees_per_task))
+        used = max(t.index // per_task for t in batch.trees) + 1
+        if self.world_size > 1:
+            used = dp.all_reduce_max(used)
+        self._task_cursor += min(used, drawn)
 
     def collect(self, tasks: list[Any]) -> Batch:
         """This rank's trees of the update (all of them on one process).
@@ -251,9 +268,8 @@ class Trainer:
             "seconds": seconds,
             **self.algorithm.last_loss_stats,
         }
-        threshold = getattr(self.algorithm, "threshold", None)
-        if threshold is not None:
-            row["entropy_threshold"] = threshold
+        if self.algorithm.threshold is not None:
+            row["entropy_threshold"] = self.algorithm.threshold
         return row
 
     def _save(self, batch: Batch) -> None:
@@ -270,10 +286,8 @@ class Trainer:
 
     # ---- optimizer -----------------------------------------------------------------------
     def trainable(self) -> list[torch.nn.Parameter]:
-        """The parameters the optimizer updates (``policy.trainable_parameters()`` if defined)."""
-        explicit = getattr(self.policy, "trainable_parameters", None)
-        params = explicit() if callable(explicit) else self.policy.parameters()
-        return [p for p in params if p.requires_grad]
+        """The parameters the optimizer updates (``policy.trainable_parameters()``)."""
+        return [p for p in self.policy.trainable_parameters() if p.requires_grad]
 
     _trainable = trainable
 

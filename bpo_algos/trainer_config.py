@@ -11,6 +11,7 @@ from bpo_algos.compute import Budget
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DEVICES = ("auto", "cuda", "cpu")
 PRECISIONS = ("fp32", "bf16")
+TASK_DRAWS = ("independent", "unseen-first")
 
 
 @dataclass
@@ -20,6 +21,12 @@ class TrainerConfig:
     Attributes:
         updates: number of collect -> update iterations.
         tasks_per_update: tasks drawn per update (one tree each; cycled while a budget remains).
+        task_draw: how an update's tasks are drawn. ``independent``: each update draws
+            ``tasks_per_update`` distinct tasks afresh (a task may come back in the next update).
+            ``unseen-first``: the tasks are walked in a seeded permutation and each update
+            starts where the last one's trees stopped, so no task is trained on twice before
+            every task has been trained on once (then a new permutation; docs/alfworld.md,
+            "Many training games").
         budget: per-batch budget in one compute unit (``Budget``, ``(unit, amount)`` or None).
         learning_rate: optimizer step size.
         optimizer: ``adam``, ``adamw`` or ``sgd``.
@@ -62,6 +69,7 @@ class TrainerConfig:
 
     updates: int = 50
     tasks_per_update: int = 8
+    task_draw: str = "independent"
     budget: Budget | tuple[str, float] | dict[str, Any] | None = None
     learning_rate: float = 0.1
     optimizer: str = "adam"
@@ -90,6 +98,8 @@ class TrainerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.task_draw not in TASK_DRAWS:
+            raise ValueError(f"task_draw must be one of {TASK_DRAWS}, got {self.task_draw!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.optimizer not in OPTIMIZERS:

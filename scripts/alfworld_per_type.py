@@ -8,6 +8,10 @@ policy from its run checkpoints. Writes JSON and a markdown table with the publi
 
     python scripts/alfworld_per_type.py --preset cpu --seeds 0 --out docs/results/alfworld-per-type/cpu.json
     python scripts/alfworld_per_type.py --preset cpu --runs docs/results/compare-cpu --out per_type.json
+    python scripts/alfworld_per_type.py --from-curve docs/results/alfworld-curve/curve.json --out per_type.json
+
+``--from-curve`` tabulates the warm starts that ``scripts/alfworld_curve.py`` evaluated (its rows
+keep every episode's outcome), without playing again.
 
 The published numbers (verl-agent, Feng et al. 2025, "Group-in-Group Policy Optimization for LLM
 Agent Training", Table 1, Qwen2.5-1.5B-Instruct) come from a 1.5B-parameter LLM trained on
@@ -56,8 +60,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--runs", help="a bpo-compare --out folder: also evaluate each algorithm's final checkpoint")
     ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"])
     ap.add_argument("--episodes", type=int, help="episodes per game (default: the preset's)")
+    ap.add_argument("--from-curve", help="a scripts/alfworld_curve.py JSON: tabulate its rows instead of playing")
     ap.add_argument("--out", default="alfworld_per_type.json")
     args = ap.parse_args(argv)
+    if args.from_curve:
+        return write(from_curve(json.loads(Path(args.from_curve).read_text())), Path(args.out))
 
     import bpo_envs  # noqa: F401
     from bpo_algos.experiments.presets import PRESETS
@@ -94,11 +101,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(name, split, seed, json.dumps(row), flush=True)
             finally:
                 pool.close()
+    return write(out, Path(args.out))
+
+
+def from_curve(curve: dict[str, Any]) -> dict[str, Any]:
+    """The per-type rows of every warm start of a learning-curve JSON (one seed, 1 episode a game)."""
+    out: dict[str, Any] = {"source": "scripts/alfworld_curve.py", "episodes_per_game": curve["eval_episodes"], "published": PUBLISHED, "policies": {}}
+    for row in curve["rows"]:
+        name = f"warm start: {row['policy']}, {row['games']} games"
+        for split in ("valid_seen", "valid_unseen"):
+            if split in row:
+                result = per_type(row[split]["tasks"], row[split]["wins"], curve["eval_episodes"], lambda t: t.split("/", 1)[0])
+                out["policies"].setdefault(name, {}).setdefault(split, {})[f"seed{curve['seed']}"] = result
+    return out
+
+
+def write(out: dict[str, Any], path: Path) -> dict[str, Any]:
     for splits in out["policies"].values():
         for rows in splits.values():
             keys = [k for k in next(iter(rows.values())) if k != "episodes"]
             rows["mean"] = {k: float(np.mean([r[k] for s, r in rows.items() if s.startswith("seed") and k in r])) for k in keys}
-    path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     path.with_suffix(".md").write_text(table(out))

@@ -134,8 +134,10 @@ def test_evaluation_set_must_be_held_out_and_non_empty():
     setup = PRESETS["smoke"].envs["treemdp"]
     import dataclasses
 
+    with pytest.raises(ValueError, match="10000 training tasks asked, but the training env has 12"):
+        task_split(dataclasses.replace(setup, train_tasks=10_000))  # a task set smaller than asked
     with pytest.raises(ValueError, match="no held-out evaluation task"):
-        task_split(dataclasses.replace(setup, train_tasks=10_000))
+        task_split(dataclasses.replace(setup, train_tasks=12))
     train, held_out = task_split(setup)
     assert held_out and not set(train) & set(held_out)
 
@@ -148,7 +150,7 @@ def test_evaluation_uses_common_random_numbers():
 
     pool = EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)])
     a, b = TabularPolicy(seed=1), TabularPolicy(seed=2)
-    b.sample([("x", ("a0", "a1"))], 7)  # another RNG position: must not matter
+    b.sample([("x", ("a0", "a1"))], 7, None)  # another RNG position: must not matter
     state = b.rng_state()
     assert evaluate(a, pool, [0, 1, 2, 3], 3, seed=5) == evaluate(b, pool, [0, 1, 2, 3], 3, seed=5)
     assert b.rng_state() == state  # the training sampler is left where it was

@@ -102,3 +102,39 @@ def test_wandb_runs_are_named_grouped_configured_and_resumed_under_their_id(tmp_
     assert first["name"] == "treemdp/rloo/seed0" and first["group"] == "cmp-1" and first["project"] == "bpo"
     assert first["config"]["preset"] == {"updates": 3} and first["config"]["algorithm"]["group_size"] == 2
     assert [row["step"] for row in fake.logged] == [1, 2, 3]
+
+
+def _trained_tasks(path, updates, task_draw, n_tasks=12):
+    def make32():
+        return gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=n_tasks)
+
+    seen: list[list[int]] = []
+
+    def record(trainer):
+        if trainer.update > len(seen) and trainer.last_batch is not None:
+            seen.append([t.task_id for t in sorted(trainer.last_batch.trees, key=lambda t: t.index)])
+
+    config = TrainerConfig(updates=updates, tasks_per_update=n_tasks, budget=("env_steps", 48), out_dir=path, task_draw=task_draw)
+    trainer = Trainer(RLOO(group_size=4), TabularPolicy(), [make32], list(range(n_tasks)), config)
+    trainer.train(after_update=record)
+    return seen
+
+
+def test_unseen_first_trains_on_every_task_once_before_any_again(tmp_path):
+    # each update's budget starts ~3 trees on the first tasks of its draw; the walk continues
+    # from there, so the tasks trained on are consecutive permutations of all 12
+    per_update = _trained_tasks(tmp_path / "a", 10, "unseen-first")
+    flat = [t for update in per_update for t in update]
+    assert len(flat) >= 24 and all(len(u) >= 1 for u in per_update)
+    for start in range(0, len(flat) - 11, 12):
+        assert sorted(flat[start : start + 12]) == list(range(12)), start
+    # the broken case this catches: independent draws repeat tasks across updates before every
+    # task was seen (fixed seed; 4 updates of ~3 draws from 12 tasks)
+    independent = [t for update in _trained_tasks(tmp_path / "b", 4, "independent") for t in update]
+    assert len(set(independent)) < len(independent)
+    # a resumed run continues the same walk
+    _trained_tasks(tmp_path / "c", 3, "unseen-first")
+    resumed = _trained_tasks(tmp_path / "c", 10, "unseen-first")
+    assert resumed == per_update[3:]
+    with pytest.raises(ValueError, match="task_draw"):
+        TrainerConfig(task_draw="random")

@@ -722,6 +722,7 @@ def tuning_preset(preset: Preset, env: str) -> Preset:
     evaluation (the held-out tasks are passed to the runs)."""
     out = copy.deepcopy(preset)
     out.envs[env].eval_split = "held-out"  # the held-out tasks are the training env's
+    out.envs[env].extra_eval = {}  # the criterion reads the held-out tasks only
     episodes = dict(out.eval_episodes) if isinstance(out.eval_episodes, dict) else {e: out.eval_episodes for e in out.envs}
     episodes[env] = preset.tuning.episodes
     out.eval_episodes = episodes

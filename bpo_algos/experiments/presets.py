@@ -47,6 +47,12 @@ class EnvSetup:
     on) or ``"train"`` (the train tasks, fresh rollouts), or ``"rows"`` (the first
     ``eval_tasks`` tasks, in their source's order, of the env made with ``eval_kwargs``: SWE-bench
     trained on ``--swe-train-instances`` and evaluated on ``--swe-instances``)."""
+    extra_eval: dict[str, int] = field(default_factory=dict)
+    """Further evaluation splits, ``{split: number of tasks}`` (ALFWorld: ``{"valid_unseen": 134}``
+    beside ``eval_split="valid_seen"``): the warm start and every run's final policy are also
+    evaluated on the first tasks of that split's fixed shuffle, ``eval_episodes`` each, on their
+    own common random numbers; reported per split (``per_env[env]["splits"]``), not part of the
+    headline."""
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Options over ``kwargs`` that the evaluation envs are made with (``eval_split="rows"``)."""
     max_new_tokens: int = 64
@@ -317,7 +323,7 @@ GPU_COMMON: dict[str, Any] = {
     "pool_size": 32,
     # the power plan (bpo_algos.experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
     # and evaluation episodes whose detectable effect is <= 4 points on each env
-    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(5)), "swebench": tuple(range(11))},
+    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(8)), "swebench": tuple(range(11))},
     "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},
     "eval_every": 25,
     "grad_batches": 4,
@@ -342,8 +348,11 @@ PRESETS: dict[str, Preset] = {
             ),
             "alfworld": EnvSetup(
                 "BPO-ALFWorld-v0", {"max_episode_steps": 50, "split": "train", "expert": "handcoded"},
-                train_tasks=60, eval_tasks=48, eval_split="valid_seen", policy="scorer-memory", sft_epochs=10,
-                trainer={"updates": 12},
+                # docs/alfworld.md, "Many training games" and "The learning curve": the games come
+                # from the shipped game index; each update trains on games no earlier update did;
+                # both validation splits at ALFWorld's own sizes (140 and 134), one episode a game
+                train_tasks=160, eval_tasks=140, eval_split="valid_seen", extra_eval={"valid_unseen": 134},
+                policy="scorer-memory", sft_epochs=10, trainer={"updates": 12, "task_draw": "unseen-first"},
             ),
         },
         trainer=_trainer(updates=20, learning_rate=1e-3),
@@ -357,12 +366,11 @@ PRESETS: dict[str, Preset] = {
         sft_lr=3e-3,
         seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
         # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
-        # textworld derives every admissible command's text), so 15 runs of 12 updates x ~950
-        # env steps and two evaluations of 48 games x 2 episodes fit in about 13 minutes with
-        # --jobs 2 (docs/alfworld.md)
+        # textworld derives every admissible command's text); docs/alfworld.md sizes the runs and
+        # their evaluations (140 valid_seen + 134 valid_unseen games x 1 episode)
         budget={"webshop": 256, "alfworld": 800},
         eval_every={"webshop": 10, "alfworld": 6},
-        eval_episodes={"webshop": 1, "alfworld": 2},
+        eval_episodes={"webshop": 1, "alfworld": 1},
         grad_batches=16,
         # probes on WebShop's first 3 seeds; on ALFWorld 2 x 32 batches of 800 env steps per
         # algorithm would cost about as much as the whole comparison there

@@ -58,6 +58,22 @@ def data_line(data: dict[str, Any]) -> str:
     return text + (f" ({'; '.join(extras)})." if extras else ".")
 
 
+def split_lines(er: dict[str, Any]) -> list[str]:
+    """Final success on every evaluation split (``per_env[env]["splits"]``), when there is more
+    than one: the warm start, each algorithm and its paired difference from the warm start."""
+    splits = er.get("splits") or {}
+    if len(splits) < 2:
+        return []
+    lines = ["", "Final evaluated success on each evaluation split (mean ± 95% interval over seeds; Δ: paired by seed):", "",
+             "| split | warm start | " + " | ".join(f"{a} (Δ vs warm start)" for a in next(iter(splits.values()))["algorithms"]) + " |",
+             "|---|---:|" + "---:|" * len(next(iter(splits.values()))["algorithms"])]  # fmt: skip
+    for split, entry in splits.items():
+        w = entry["warm_start"]
+        cells = [f"{_pm(v['final'], v['final_ci95'])} ({_pm(v['vs_warm_start']['diff'], v['vs_warm_start']['diff_ci95'])})" for v in entry["algorithms"].values()]
+        lines.append(f"| {split}{' (primary)' if entry.get('primary') else ''} | {_pm(w['mean'], w['ci95'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _pm(value: float, half: float, digits: int = 3) -> str:
     return f"{value:+.{digits}f} ± {half:.{digits}f}"
 
@@ -287,6 +303,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {_number(c2t['mean'])} ± {_number(c2t['ci95'])} ({c2t.get('not_reached', 0)}) | {delta} "
                 f"| {r['compute']['env_steps']:.0f} | {r['compute'].get('flops', float('nan')):.3g} | {r['budget_used_ratio']:.2f} |"
             )
+        lines += split_lines(er)
         if any(r.get("gradient_initial") for r in er["algorithms"].values()):
             first = next(r for r in er["algorithms"].values() if r.get("gradient_initial"))
             probe = first["gradient_initial"]
@@ -414,7 +431,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     algorithms = list(dict.fromkeys(a for e in envs for a in results["per_env"][e]["algorithms"]))
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
     paths = []
-    fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(envs), figsize=(9 * len(envs), 8), squeeze=False)  # legends right of the axes
     for j, env in enumerate(envs):
         er = results["per_env"][env]
         for a, r in er["algorithms"].items():
@@ -424,6 +441,9 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             # a calibration control at k x the budget is drawn per update (its compute / k), as its metrics read it
             multiple = r.get("budget_multiple", 1.0)
             name = a if multiple == 1 else f"{a} ({multiple:g}x budget; drawn per update: compute / {multiple:g})"
+            n_seeds = len(curve["env_steps_per_seed"])
+            if n_seeds != len(er.get("seeds") or []):  # e.g. the untuned defaults, run on fewer seeds
+                name += f" ({n_seeds} seeds)"
             for ax, key in ((axes[0][j], "env_steps_per_seed"), (axes[1][j], "flops_per_seed")):
                 xs = np.mean(np.asarray(curve[key], dtype=float), axis=0) / multiple
                 style = "--" if a == (er.get("positive_control") or {}).get("algorithm") or "@" in a else "-"
@@ -435,12 +455,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             if warm is not None:
                 ax.axhline(warm, color="grey", linestyle=":", linewidth=1.2, label=f"warm start {warm:.3f}")
             ax.set(xlabel=xlabel, ylabel=f"evaluated success ({er.get('eval_split')})\nmean of {seeds} seeds, 95% band")
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         axes[0][j].set_title(f"{env}: evaluated success vs env steps")
         axes[1][j].set_title(f"{env}: evaluated success vs flops")
     fig.tight_layout()
     paths.append(out / "success.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import itertools
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -54,17 +55,27 @@ from bpo_algos.policy import TabularPolicy
 from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
-from bpo_algos.rollout import EnvPool, RolloutEngine
+from bpo_algos.rollout import EnvPool, RolloutEngine, Topology
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_envs.files import read_json_or_redo, write_json
+
+SCORER_POLICIES: dict[str, tuple[str | None, int, int]] = {
+    "scorer": (None, 32, 64),
+    "scorer-memory": ("alfworld", 32, 64),
+    "scorer-memory-wide": ("alfworld", 64, 256),
+}
+"""The text-scorer policies by name: ``(memory, dim, hidden)`` of
+:class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``-wide``: twice the embedding, four times the
+hidden layer; docs/alfworld.md, "The learning curve")."""
 
 
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
     """The initial policy of one (env, seed): the same object state for every algorithm.
 
     ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``scorer-memory``:
-    with its ALFWorld episode-memory features, ``memory="alfworld"``); ``tabular``
+    with its ALFWorld episode-memory features, ``memory="alfworld"``; ``scorer-memory-wide``: the
+    same, larger; :data:`SCORER_POLICIES`); ``tabular``
     starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
     is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder). Its
@@ -73,11 +84,11 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     """
     seed = stream_seed(seed, WARM_START)
     name = setup.policy or preset.policy
-    if name in ("scorer", "scorer-memory"):
+    if name in SCORER_POLICIES:
         from bpo_algos.policy.scorer import TextScorerPolicy
 
-        memory = "alfworld" if name == "scorer-memory" else None
-        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory)
+        memory, dim, hidden = SCORER_POLICIES[name]
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory, dim=dim, hidden=hidden)
         return warm_start(policy, preset, setup, tasks, seed)
     if name == "tabular":
         return TabularPolicy(temperature=preset.temperature, seed=seed)
@@ -107,6 +118,7 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
         "decision_entropy": preset.decision_entropy,
         "probe_samples": preset.probe_samples,
         "reference_offload": preset.reference_offload and not preset.lora,
+        "eval_temperature": preset.for_env("eval_temperature", env_name),
     }
     if preset.trainer.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
@@ -118,7 +130,6 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
         policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len or 4096, **options)
     else:
         policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len, **options)
-    policy.eval_temperature = preset.for_env("eval_temperature", env_name)
     return warm_start(policy, preset, setup, tasks, seed)
 
 
@@ -296,11 +307,45 @@ def task_split(setup: EnvSetup) -> tuple[list[Any], list[Any]]:
     return train, eval_tasks
 
 
+def extra_eval_tasks(setup: EnvSetup) -> dict[str, list[Any]]:
+    """The tasks of each further evaluation split (:attr:`EnvSetup.extra_eval`): the first ``n``
+    of a fixed shuffle of that split (an error when it has fewer)."""
+    out: dict[str, list[Any]] = {}
+    for split, n in setup.extra_eval.items():
+        kwargs = {**setup.kwargs, **setup.eval_kwargs, "split": split}
+        order, _ = _shuffled_ids(lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs), seed=54321)
+        if len(order) < n:
+            raise ValueError(f"{setup.env_id}: {n} {split} evaluation tasks asked, but that split has {len(order)}; lower extra_eval")
+        out[split] = order[:n]
+    return out
+
+
+def evaluate_extra(policy: Any, preset: Preset, setup: EnvSetup, env_name: str, seed: int) -> dict[str, Any]:
+    """``policy`` on every further evaluation split (:attr:`EnvSetup.extra_eval`), split ``k``
+    (from 1) on its own evaluation streams: ``{split: {"success", "episodes", "wins"}}``."""
+    out: dict[str, Any] = {}
+    episodes = preset.for_env("eval_episodes", env_name)
+    for k, (split, tasks) in enumerate(extra_eval_tasks(setup).items(), start=1):
+        kwargs = {**setup.kwargs, **setup.eval_kwargs, "split": split}
+        pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
+        try:
+            wins = evaluate_episodes(policy, pool, tasks, episodes, seed, split=k)
+        finally:
+            pool.close()
+        out[split] = {"success": float(np.mean(wins)), "episodes": len(wins), "wins": wins}
+    return out
+
+
 def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """:func:`task_split`, and what the results are made from: ``{"train": ..., "eval": ...}``,
     each the env's ``provenance()`` (data source, split, task count; see
     :mod:`bpo_envs.provenance`) plus ``tasks_used``, the tasks drawn from it."""
     order, train_prov = _shuffled_ids(env_factory(setup))
+    if len(order) < setup.train_tasks:
+        raise ValueError(
+            f"{setup.env_id}: {setup.train_tasks} training tasks asked, but the training env has {len(order)} "
+            f"({(train_prov or {}).get('data_source', 'its data')}); lower train_tasks or give it more tasks"
+        )
     train = order[: setup.train_tasks]
     if setup.eval_split == "train":
         eval_tasks, eval_prov = train[: setup.eval_tasks], train_prov
@@ -326,6 +371,11 @@ def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], d
     else:
         # another shuffle: ALFWorld's ids are per split, and equal names would look like one game
         eval_order, eval_prov = _shuffled_ids(eval_env_factory(setup), seed=54321)
+        if len(eval_order) < setup.eval_tasks:
+            raise ValueError(
+                f"{setup.env_id}: {setup.eval_tasks} {setup.eval_split} evaluation tasks asked, but that split has "
+                f"{len(eval_order)}; lower eval_tasks"
+            )
         eval_tasks = eval_order[: setup.eval_tasks]
     if not eval_tasks:
         raise ValueError(
@@ -339,36 +389,25 @@ def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], d
     return train, eval_tasks, data
 
 
-class _Episode:
-    """A topology of one rollout from the root (an evaluation episode)."""
-
-    root_branches = 1
-
-    def wants_entropy(self, path: Any) -> bool:
-        return False
-
-    def fork_count(self, path: Any, entropy: float | None) -> int:
-        return 1
-
-
-def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> float:
+def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int, split: int = 0) -> float:
     """See :func:`evaluate_episodes`: the mean success."""
-    wins = evaluate_episodes(policy, pool, tasks, episodes, seed)
+    wins = evaluate_episodes(policy, pool, tasks, episodes, seed, split)
     return float(np.mean(wins)) if wins else 0.0
 
 
-def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int) -> list[float]:
+def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int, split: int = 0) -> list[float]:
     """Mean success of ``episodes`` sampled rollouts per eval task, on common random numbers.
 
     Episode ``j`` of task ``i`` resets with the env seed of the stream ``(seed, EVALUATION, i,
-    j)`` and runs the policy's sampler from it, for every algorithm and at every evaluation point
+    j)`` (``split`` > 0: a further evaluation split's own streams, ``(seed, EVALUATION, i, j,
+    split)``) and runs the policy's sampler from it, for every algorithm and at every evaluation point
     (the policy's own RNG state is put back afterwards), so two policies' successes differ by the
     policies, not by their luck; another ``seed`` shares no episode. Returns each episode's
     success (0 or 1), task by task.
     """
     if not tasks:
         raise ValueError("no evaluation tasks")
-    state = policy.rng_state() if hasattr(policy, "rng_state") else None
+    state = policy.rng_state()
     per_task: dict[int, list[float]] = {}
     try:
         with evaluation_sampling(policy):  # the preset's evaluation temperature (0: greedy)
@@ -377,13 +416,12 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
             for i in dp.shard_indices(len(tasks)):
                 per_task[i] = []
                 for j in range(max(episodes, 1)):
-                    episode_seed = stream_seed(seed, EVALUATION, i, j)
+                    episode_seed = stream_seed(seed, EVALUATION, i, j, split)
                     policy.seed(episode_seed)
-                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [tasks[i]])
+                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, Topology(), [tasks[i]])  # one rollout from the root
                     per_task[i] += [float(e.won) for t in result.trees for e in t.leaf_edges()]
     finally:
-        if state is not None:
-            policy.set_rng_state(state)
+        policy.set_rng_state(state)
     if dp.is_distributed():
         for part in dp.all_gather_objects(per_task):
             per_task.update(part)
@@ -402,15 +440,18 @@ def initial_dir(out: Path, env: str, seed: int) -> Path:
     return out / "runs" / env / "_initial" / f"seed{seed}"
 
 
+_INITIAL_WEIGHTS: weakref.WeakKeyDictionary[Any, InitialWeights] = weakref.WeakKeyDictionary()
+"""The saved initial weights of each reusable initial policy, for as long as the policy lives."""
+
+
 def _initial_weights(initial: Any) -> InitialWeights | None:
     """The initial weights of an LLM policy, saved on its first run (then restored in place per
     run instead of deep-copying the model, or a vLLM engine); None for small policies."""
     if not reusable(initial):
         return None
-    saved = getattr(initial, "_initial_weights", None)
+    saved = _INITIAL_WEIGHTS.get(initial)
     if saved is None:
-        saved = InitialWeights(initial)
-        initial._initial_weights = saved
+        saved = _INITIAL_WEIGHTS[initial] = InitialWeights(initial)
     return saved
 
 
@@ -460,12 +501,11 @@ class _RNGGuard:
         self.policy = policy
 
     def __enter__(self) -> None:
-        self.policy_state = self.policy.rng_state() if hasattr(self.policy, "rng_state") else None
+        self.policy_state = self.policy.rng_state()
         self.torch_state = torch.get_rng_state()
 
     def __exit__(self, *exc: Any) -> None:
-        if self.policy_state is not None:
-            self.policy.set_rng_state(self.policy_state)
+        self.policy.set_rng_state(self.policy_state)
         torch.set_rng_state(self.torch_state)
 
 
@@ -475,8 +515,7 @@ def _gradient_rows(name: str, preset: Preset, env: str, seed: int, policy: Any, 
     state (BPO's threshold, the budget's tree-cost estimate) warmed by one discarded batch."""
     probe = build_algorithm(name, preset, seed, env)
     with _RNGGuard(policy):
-        if hasattr(policy, "seed"):
-            policy.seed(seed)
+        policy.seed(seed)
         probe.collect(policy, pool, tasks, budget)
         samples = gradient_samples(probe, policy, pool, tasks, n, budget, keep_grads=True)
     return samples
@@ -514,8 +553,10 @@ def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any]
         wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed)
     finally:
         pool.close()
-    warm = {"success": float(np.mean(wins)), "episodes": len(wins), "seconds_build": built, "seconds_eval": time.perf_counter() - start - built,
-            "code": code_version()}
+    warm = {"success": float(np.mean(wins)), "episodes": len(wins), "wins": wins, "seconds_build": built,
+            "seconds_eval": time.perf_counter() - start - built, "code": code_version()}
+    if setup.extra_eval:
+        warm["extra"] = evaluate_extra(policy, preset, setup, env_name, seed)
     reference = None
     if probes_on(preset, env_name, seed):
         pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
@@ -675,6 +716,14 @@ def run_one(
         pool.close()
         if separate_eval:
             eval_pool.close()
+    extra = None
+    if setup.extra_eval:
+        t0 = time.perf_counter()
+        extra = _read_json(folder / "extra_eval.json", None)
+        if extra is None:
+            extra = evaluate_extra(policy, preset, setup, env_name, seed)
+            _write_json(folder / "extra_eval.json", extra)
+        timing["eval"] += time.perf_counter() - t0
     norms = np.array([row["grad_norm"] for row in history])
     evals.sort(key=lambda e: e["update"])
     result = {
@@ -686,6 +735,9 @@ def run_one(
         "final_success": evals[-1]["success"],
         "warm_success": warm["success"],
         "evals": evals,
+        "extra_eval": None if extra is None else {
+            split: {"warm": warm["extra"][split]["success"], "final": v["success"], "episodes": v["episodes"]} for split, v in extra.items()
+        },
         "curve": [row["success"] for row in history],
         "returns": [row["return"] for row in history],
         "compute_per_update": {k: float(np.mean([row["compute"][k] for row in history])) for k in history[0]["compute"]},

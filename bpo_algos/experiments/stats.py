@@ -291,6 +291,38 @@ def mechanism_summary(rs: list[dict[str, Any]], point: str) -> dict[str, Any] | 
     return out
 
 
+def split_summary(rows: dict[str, list[dict[str, Any]]], eval_split: str, treatment: str, comparator: str) -> dict[str, Any]:
+    """Final evaluated success per evaluation split: the primary ``eval_split`` (the runs'
+    ``evals``) and every further split (their ``extra_eval``, :attr:`EnvSetup.extra_eval`). Per
+    split: the warm start (mean and 95% interval over seeds), each algorithm's final success and
+    its paired difference from the warm start, and the treatment minus the comparator (paired by
+    seed; :func:`paired_difference`)."""
+    per_split: dict[str, dict[str, dict[int, tuple[float, float]]]] = {}
+    for a, rs in rows.items():
+        for r in rs:
+            per_split.setdefault(eval_split, {}).setdefault(a, {})[r["seed"]] = (r["evals"][0]["success"], r["final_success"])
+            for split, v in (r.get("extra_eval") or {}).items():
+                per_split.setdefault(split, {}).setdefault(a, {})[r["seed"]] = (v["warm"], v["final"])
+    out: dict[str, Any] = {}
+    for split, by_algorithm in per_split.items():
+        warm = {s: w for seeds in by_algorithm.values() for s, (w, _) in seeds.items()}
+        mean, half = mean_ci([warm[s] for s in sorted(warm)])
+        entry: dict[str, Any] = {"primary": split == eval_split, "warm_start": {"mean": mean, "ci95": half, "per_seed": [warm[s] for s in sorted(warm)]},
+                                 "algorithms": {}}  # fmt: skip
+        for a, seeds in by_algorithm.items():
+            finals = [seeds[s][1] for s in sorted(seeds)]
+            mean, half = mean_ci(finals)
+            entry["algorithms"][a] = {"final": mean, "final_ci95": half, "per_seed": finals,
+                                      "vs_warm_start": paired_difference([seeds[s][1] - seeds[s][0] for s in sorted(seeds)])}  # fmt: skip
+        t, c = by_algorithm.get(treatment), by_algorithm.get(comparator)
+        if t and c and treatment != comparator:
+            common = sorted(set(t) & set(c))
+            entry["treatment_vs_comparator"] = {"treatment": treatment, "comparator": comparator, "metric": "final",
+                                                **paired_difference([t[s][1] - c[s][1] for s in common])}  # fmt: skip
+        out[split] = entry
+    return out
+
+
 def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], labels: Sequence[str] | None = None) -> dict[str, Any]:
     """``results.json``: per env and algorithm, evaluated curves and metrics with intervals over
     seeds; per env the treatment and every algorithm against the comparator, the controls (the
@@ -421,6 +453,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], label
             rises = paired_difference([metrics[(comparator, r["seed"])]["final"] - r["evals"][0]["success"] for r in rows[comparator]])
             env_result["comparator_vs_warm_start"] = {"metric": "final", **rises}
         env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, preset)
+        env_result["splits"] = split_summary(rows, preset.envs[env].eval_split, treatment, comparator)
         per_env[env] = env_result
     overall: dict[str, Any] = {}
     for a in (a for a in algorithms if DEFAULTS not in a):  # the comparison's own algorithms

@@ -39,21 +39,23 @@ ROLES = {
 """Every role by name."""
 
 
-def stream_seed(seed: int, role: int, task: int = 0, episode: int = 0) -> int:
+def stream_seed(seed: int, role: int, task: int = 0, episode: int = 0, split: int = 0) -> int:
     """The 31-bit seed of the stream ``(seed, role, task, episode)``: the first word of
     ``SeedSequence([seed, role, task, episode])`` (fits every seed argument: numpy, torch,
-    ``env.reset``)."""
+    ``env.reset``). ``split`` > 0 (an evaluation on a further split, e.g. ALFWorld's
+    ``valid_unseen`` beside ``valid_seen``) appends a fifth word, so that split's task ``i``
+    shares no stream with the first split's task ``i``."""
     if role not in ROLES.values():
         raise ValueError(f"unknown stream role {role}; roles: {ROLES}")
-    key = [int(seed), int(role), int(task), int(episode)]
+    key = [int(seed), int(role), int(task), int(episode)] + ([int(split)] if split else [])
     if any(k < 0 for k in key):
         raise ValueError(f"stream keys are non-negative integers, got {key}")
     return int(np.random.SeedSequence(key).generate_state(1)[0]) & 0x7FFFFFFF
 
 
-def stream(seed: int, role: int, task: int = 0, episode: int = 0) -> np.random.Generator:
-    """A generator on the stream ``(seed, role, task, episode)``."""
-    return np.random.default_rng(stream_seed(seed, role, task, episode))
+def stream(seed: int, role: int, task: int = 0, episode: int = 0, split: int = 0) -> np.random.Generator:
+    """A generator on the stream ``(seed, role, task, episode[, split])``."""
+    return np.random.default_rng(stream_seed(seed, role, task, episode, split))
 
 
 PROBE_POINTS = {"initial": 0, "mid": 1}

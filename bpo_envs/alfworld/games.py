@@ -7,18 +7,22 @@ folder, so it is the same in every process.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import threading
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from bpo_envs.alfworld._upstream import cache_root, upstream
+from bpo_envs.alfworld.game_index import game_digest, load_index
 from bpo_envs.alfworld.generator import (
     GENERATOR_VERSION,
     GENERATOR_VERSIONS,
@@ -206,8 +210,9 @@ class DataGames:
 class GeneratedGames:
     """Games from the offline generator, cached on disk in alfworld's layout.
 
-    Task ``"<task_type>/<index>"`` is generated the first time it is asked for (the planner
-    checks it: 0.2-15 s, at most about 2 minutes) and read from the cache afterwards. Every cached game was solved by
+    Task ``"<task_type>/<index>"`` is made the first time it is asked for and read from the cache
+    afterwards: rebuilt from the shipped game index where it lists the game (:mod:`.game_index`:
+    about 3 ms), else generated and checked by the planner (0.2-15 s, at most about 2 minutes). Every cached game was solved by
     Fast Downward and does not hold its goal at the start. The cache folder names the generator
     version and seed, not ``planner_timeout``: the limit is a safety net that the problem-size
     bound keeps from firing (:mod:`.verify`); :attr:`rejected` counts this process's rejected
@@ -233,6 +238,9 @@ class GeneratedGames:
             raise ValueError(f"planner_timeout must be a positive number of seconds, got {planner_timeout!r}")
         self.planner_timeout = float(planner_timeout)
         self.rejected: Counter = Counter()
+        self.made: Counter = Counter()
+        """Games this object wrote to the cache, by how: ``index`` (rebuilt) or ``planner``."""
+        self.index = load_index(self.version, self.seed)
         self.root = cache_root() / f"generated-v{self.version}" / f"seed{self.seed}" / "json_2.1.1" / split
         self._ids = [f"{t}/{i:04d}" for t in self.task_types for i in range(games_per_type)]
         self._lock = threading.Lock()
@@ -254,6 +262,7 @@ class GeneratedGames:
             "games_per_type": self.games_per_type,
             "planner_timeout_s": self.planner_timeout,
             "planner_timeouts": self.rejected["timeout"],
+            "game_index": None if self.index is None else {"file": self.index.path.name, "games": self.index.count(self.split)},
             "split": self.split,
             "task_count": len(self._ids),
             "task_types": list(self.task_types),
@@ -268,20 +277,53 @@ class GeneratedGames:
         return path
 
     def game(self, task_id: str) -> dict[str, Any]:
+        """The game ``task_id``: from the cache; else rebuilt from the shipped game index
+        (:mod:`.game_index`, milliseconds); else generated and planner-checked (seconds). A cached
+        game that is damaged, or that is not the game the index records (a cache written by
+        another generator version), is rebuilt, with a warning that says so."""
         path = self.root / task_id / GAME_FILE
+        entry = self.index.entry(self.split, task_id) if self.index is not None else None
+        start_ns = time.time_ns()
         if path.is_file():
             try:
-                return read_game(path)
-            except ValueError:
-                pass  # a damaged cache entry is regenerated
+                game = read_game(path)
+            except ValueError as exc:
+                log.warning("ALFWorld: the cached game %s is damaged (%s): rebuilding it", path, exc)
+            else:
+                if entry is None or game_digest(game) == entry["sha256"]:
+                    return game
+                log.warning(
+                    "ALFWorld: the cached game %s is not the one the game index %s records (a cache written by "
+                    "another generator version?): rebuilding it from the index", path, self.index.path,
+                )
         task_type, index = task_id.split("/", 1)
-        with self._lock:
-            game, traj = make_verified_game(
-                task_type, self.split, int(index), self.seed, self.version, self.planner_timeout, self.rejected
-            )
+        with self._lock, _game_lock(path.parent):
+            if path.is_file() and path.stat().st_mtime_ns > start_ns:  # made by another process meanwhile
+                return read_game(path)
+            if entry is not None:
+                game, traj = self.index.rebuild(self.split, task_id)
+                self.made["index"] += 1
+            else:
+                game, traj = make_verified_game(
+                    task_type, self.split, int(index), self.seed, self.version, self.planner_timeout, self.rejected
+                )
+                self.made["planner"] += 1
             _write_json(path.parent / TRAJ_FILE, traj)
             _write_json(path, game)
         return game
+
+
+@contextlib.contextmanager
+def _game_lock(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder/.lock``, waiting for it: two processes that need the same
+    game (a run and ``scripts/alfworld_pack_games.py``) make it once, not twice."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def make_verified_game(

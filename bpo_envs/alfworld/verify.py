@@ -82,6 +82,7 @@ def _serve() -> None:
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    from bpo_envs.alfworld._upstream import save_translation
     from bpo_envs.alfworld.engine import AlfredEngine
 
     engine = AlfredEngine()
@@ -94,6 +95,10 @@ def _serve() -> None:
         try:
             status, plan = _check(engine, request["game"], request["key"])
             answer = {"status": status, "plan": plan}
+            if status == "solved":
+                # a kept game: its translation (keyed by its text) spares the env's first load
+                # of it the 0.2-0.5 s of translating again (docs/alfworld.md, "The first reset")
+                save_translation(Path(request["key"]), request["game"])
         except Exception as exc:  # reported to the parent, which raises it
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(answer) + "\n")

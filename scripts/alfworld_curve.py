@@ -1,0 +1,164 @@
+"""The ALFWorld warm start's learning curve: held-out success against training games and capacity.
+
+For each number of distinct training games (the first N of the main job's fixed shuffle) and
+each scorer size (``runner.SCORER_POLICIES``), the warm start is built exactly as ``bpo-compare``
+builds it (behaviour cloning on the handcoded expert's demos of those games, the preset's epochs
+and learning rate, the seed's warm-start stream) and evaluated, one episode a game, on the
+first ``--valid-seen`` games of ``valid_seen`` and ``--valid-unseen`` of ``valid_unseen`` (the
+main job's evaluation streams: the same episodes for every row). Also the fit: the share of the
+training decisions where the expert's action is the policy's argmax. Writes JSON after every row
+and, with ``--plot``, a PNG:
+
+    python scripts/alfworld_curve.py --games 60 250 1000 --policies scorer-memory scorer-memory-wide \
+        --out docs/results/alfworld-curve/curve.json --plot docs/results/alfworld-curve/curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+
+def wilson(wins: int, n: int) -> list[float]:
+    """The 95% Wilson interval of ``wins`` out of ``n``."""
+    if n == 0:
+        return [float("nan"), float("nan")]
+    z, p = 1.96, wins / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [centre - half, centre + half]
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, split in zip(axes, ("valid_seen", "valid_unseen"), strict=True):
+        for policy in result["policies"]:
+            rows = sorted((r for r in result["rows"] if r["policy"] == policy and split in r), key=lambda r: r["games"])
+            if not rows:
+                continue
+            x = [r["games"] for r in rows]
+            y = [r[split]["success"] for r in rows]
+            lo = [r[split]["success"] - r[split]["ci95"][0] for r in rows]
+            hi = [r[split]["ci95"][1] - r[split]["success"] for r in rows]
+            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"{policy} ({rows[0]['parameters'] / 1e6:.1f}M)")
+            ax.plot(x, [r["train_agree"] for r in rows], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
+        ax.set(xscale="log", xlabel="distinct training games (behaviour cloning)", title=f"{split} ({result['eval_games'][split]} games x 1)")
+        ax.set_xticks(result["games"], [str(g) for g in result["games"]])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("success (95% Wilson interval)\ndotted: expert's action = argmax, training decisions")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("ALFWorld warm start: behaviour cloning on the handcoded expert, generated v3 games", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--games", type=int, nargs="+", default=[60, 250, 1000])
+    ap.add_argument("--policies", nargs="+", default=["scorer-memory", "scorer-memory-wide"])
+    ap.add_argument("--valid-seen", type=int, default=140)
+    ap.add_argument("--valid-unseen", type=int, default=134)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="alfworld_curve.json")
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--policies-dir", default=None, help="keep each cloned policy here (state dict) and reuse it")
+    ap.add_argument("--bc-only", action="store_true", help="clone (into --policies-dir) and stop before evaluating")
+    ap.add_argument("--eval-only", action="store_true", help="only the rows whose policy --policies-dir holds already")
+    ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"], help="the splits to evaluate")
+    args = ap.parse_args(argv)
+
+    from bpo_algos.experiments import runner
+    from bpo_algos.experiments.presets import PRESETS
+    from bpo_algos.policy.sft import demo_steps
+    from bpo_algos.rollout import EnvPool
+
+    preset = PRESETS[args.preset]
+    if preset.torch_threads:
+        torch.set_num_threads(preset.torch_threads)
+    base = preset.envs["alfworld"]
+    setup = replace(base, train_tasks=max(args.games), eval_tasks=args.valid_seen, eval_split="valid_seen",
+                    extra_eval={"valid_unseen": args.valid_unseen})  # fmt: skip
+    order = runner.task_order(setup)
+    evals = {"valid_seen": runner.task_split(setup)[1], **runner.extra_eval_tasks(setup)}
+    path = Path(args.out)
+    result: dict[str, Any] = {
+        "preset": args.preset, "seed": args.seed, "games": sorted(args.games), "policies": args.policies,
+        "eval_games": {k: len(v) for k, v in evals.items()}, "eval_episodes": 1,
+        "sft_epochs": base.sft_epochs, "sft_lr": base.sft_lr if base.sft_lr is not None else preset.sft_lr,
+        "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "rows": [],
+    }  # fmt: skip
+    if path.is_file():  # resume: rows already measured are kept
+        old = json.loads(path.read_text())
+        result["rows"] = [r for r in old.get("rows", []) if r["games"] in args.games and r["policy"] in args.policies]
+    done = {(r["games"], r["policy"]) for r in result["rows"]}
+    for games in sorted(args.games):
+        for name in args.policies:
+            if (games, name) in done:
+                continue
+            start, cpu = time.time(), time.process_time()
+            tasks = order[:games]
+            saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}.pt") if args.policies_dir else None
+            cloned = saved is None or not saved.is_file()
+            if args.eval_only and cloned:
+                continue
+            policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=base.sft_epochs if cloned else 0), args.seed, tasks)
+            if saved is not None and cloned:
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)
+            kept = torch.load(saved, weights_only=True) if saved is not None else {"bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}
+            if not cloned:
+                policy.load_state_dict(kept["policy"])
+            if args.bc_only:
+                print(f"cloned {name} on {games} games: {kept['bc_seconds']:.0f} s", flush=True)
+                continue
+            demos = runner._expert_demos(replace(setup, train_tasks=games), tasks, runner.stream_seed(args.seed, runner.WARM_START))
+            row: dict[str, Any] = {"games": games, "policy": name, "parameters": sum(p.numel() for p in policy.parameters()),
+                                   "decisions": len(demos), "bc_seconds": round(kept["bc_seconds"], 1), "bc_cpu_s": round(kept["bc_cpu_s"], 1)}  # fmt: skip
+            steps = demo_steps(policy, demos)
+            with torch.no_grad():
+                best = [max(d, key=d.get) for d in map(policy.action_distribution, (s.context for s in steps))]
+            row["train_agree"] = sum(b == s.action.text for b, s in zip(best, steps, strict=True)) / len(steps)
+            for k, (split, ids) in enumerate(evals.items()):
+                if split not in args.splits:
+                    continue
+                t0, c0 = time.time(), time.process_time()
+                kwargs = {**setup.kwargs, "split": split}
+                pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
+                try:
+                    wins = runner.evaluate_episodes(policy, pool, ids, 1, args.seed, split=k)
+                finally:
+                    pool.close()
+                row[split] = {"success": sum(wins) / len(wins), "ci95": wilson(int(sum(wins)), len(wins)), "episodes": len(wins),
+                              "wins": [int(w) for w in wins], "tasks": list(ids), "seconds": round(time.time() - t0, 1),
+                              "cpu_s": round(time.process_time() - c0, 1)}  # fmt: skip
+            row["load_average"] = os.getloadavg()
+            result["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("valid_seen", "valid_unseen")}
+                             | {s: row[s]["success"] for s in evals if s in row}), flush=True)  # fmt: skip
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=1) + "\n")
+    result["load_average_at_end"] = os.getloadavg()
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, Path(args.plot))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Generate ALFWorld games in parallel (planner-checked) and write the game index the package ships.
+
+The offline generator (:mod:`bpo_envs.alfworld.generator`) is pure, but each candidate game is
+checked by Fast Downward (about 1.8 s a game on one core here), which dominates. This script
+generates the first ``--train`` / ``--valid-seen`` / ``--valid-unseen`` games of each split's
+fixed shuffle (the order ``bpo-compare`` draws tasks in) with ``--jobs`` processes, times each
+game, and writes the game index (:mod:`bpo_envs.alfworld.game_index`): per game the attempt the
+planner accepted, its plan and a digest of its text. With the index a fresh machine rebuilds
+the games in milliseconds without the planner (docs/alfworld.md, "Many training games"). Games
+the index already lists are rebuilt from it (``BPO_ALFWORLD_INDEX=0`` planner-checks every one).
+
+    python scripts/alfworld_pack_games.py --train 1200 --valid-seen 1200 --valid-unseen 1200 \
+        --jobs 2 --times docs/results/alfworld-games/generation.json \
+        --index bpo_envs/alfworld/data/games-v3-seed0.json.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def _one(split: str, task_id: str) -> dict[str, Any]:
+    from bpo_envs.alfworld.games import GAME_FILE, GeneratedGames
+
+    games = GeneratedGames(split, None, 200, 0)
+    cached = (games.root / task_id / GAME_FILE).is_file()
+    start, cpu = time.perf_counter(), time.process_time()
+    games.game(task_id)
+    how = "cache" if cached else next(iter(games.made))
+    return {"split": split, "task_id": task_id, "cached": cached, "made": how,
+            "seconds": round(time.perf_counter() - start, 3), "cpu_s": round(time.process_time() - cpu, 3)}  # fmt: skip
+
+
+def order(split: str, count: int) -> list[str]:
+    """The first ``count`` games of ``split``'s fixed shuffle (``bpo_algos.experiments.runner``)."""
+    import numpy as np
+
+    from bpo_envs.alfworld.generator import TASK_TYPES
+
+    ids = [f"{t}/{i:04d}" for t in TASK_TYPES for i in range(200)]
+    # the runner's shuffles: 12345 for the training env's tasks, 54321 for an evaluation split's
+    rng = np.random.default_rng(12345 if split == "train" else 54321)
+    return [ids[i] for i in rng.permutation(len(ids))][:count]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train", type=int, default=1200)
+    ap.add_argument("--valid-seen", type=int, default=1200)
+    ap.add_argument("--valid-unseen", type=int, default=1200)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--times", default=None, help="JSON of the per-game generation times")
+    ap.add_argument("--index", default=None, help="write the game index here (.json.gz)")
+    args = ap.parse_args(argv)
+    wanted = [("train", t) for t in order("train", args.train)]
+    wanted += [("valid_seen", t) for t in order("valid_seen", args.valid_seen)]
+    wanted += [("valid_unseen", t) for t in order("valid_unseen", args.valid_unseen)]
+    load = os.getloadavg()
+    start = time.perf_counter()
+    rows = []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for row in pool.map(_one, *zip(*wanted, strict=True), chunksize=1):
+            rows.append(row)
+            if len(rows) % 50 == 0:
+                print(f"{len(rows)}/{len(wanted)} games, {time.perf_counter() - start:.0f} s", flush=True)
+    new = [r for r in rows if r["made"] == "planner"]
+    result: dict[str, Any] = {
+        "games": len(rows), "generated": len(new), "jobs": args.jobs, "cpus": os.cpu_count(),
+        "machine": platform.machine(), "load_average_at_start": load, "load_average_at_end": os.getloadavg(),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "made": {how: sum(r["made"] == how for r in rows) for how in ("cache", "index", "planner")},
+    }  # fmt: skip
+    if new:
+        secs = [r["seconds"] for r in new]
+        cpus = [r["cpu_s"] for r in new]
+        result.update(median_s=statistics.median(secs), mean_s=round(statistics.mean(secs), 3), max_s=max(secs),
+                      total_s=round(sum(secs), 1), slowest=sorted(new, key=lambda r: -r["seconds"])[:5])  # fmt: skip
+        result["note"] = "seconds: wall per game in its worker (includes the planner subprocess); cpu_s: the worker's own CPU, not the planner's"
+        result["mean_cpu_s_worker"] = round(statistics.mean(cpus), 3)
+    if args.times:
+        Path(args.times).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.times).write_text(json.dumps({**result, "rows": rows}, indent=1) + "\n")
+    if args.index:
+        from bpo_envs.alfworld.game_index import write_index
+        from bpo_envs.alfworld.games import GeneratedGames
+
+        root = GeneratedGames("train", None, 200, 0).root.parent
+        splits = {split: [t for s, t in wanted if s == split] for split in ("train", "valid_seen", "valid_unseen")}
+        result["index"] = write_index(Path(args.index), root, splits, version=3, seed=0)
+    print(json.dumps({k: v for k, v in result.items() if k != "slowest"}), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
