@@ -33,7 +33,8 @@ def test_llm_part_runs_idempotently_in_this_venv(capsys):
     assert "bpo-gym-setup: llm" in capsys.readouterr().out
 
 
-def test_vllm_part_does_nothing_unless_asked(monkeypatch):
-    monkeypatch.delenv("BPO_INSTALL_VLLM", raising=False)
-    done = subprocess.run(["bash", str(system.script("vllm"))], capture_output=True, text=True)
+@pytest.mark.parametrize("part, variable", [("vllm", "BPO_INSTALL_VLLM"), ("verifiers", "BPO_INSTALL_VERIFIERS")])
+def test_own_venv_parts_do_nothing_unless_asked(monkeypatch, part, variable):
+    monkeypatch.delenv(variable, raising=False)
+    done = subprocess.run(["bash", str(system.script(part))], capture_output=True, text=True)
     assert done.returncode == 0 and "skipped" in done.stdout

@@ -396,12 +396,23 @@ def _pddl_state_factory(original: Any) -> Any:
 
 
 _saved: dict[str, Any] = {}
+_ENGINE_LOCK = threading.RLock()
+"""Held for every engine block: textworld parses with module-level TatSu parsers and grammar
+state that two threads corrupt (``IndexError: pop from empty list`` in TatSu's rule stack when
+two envs of one process step at once, e.g. two sessions of one ``bpo-serve``)."""
 
 
 @contextlib.contextmanager
 def engine_patches() -> Iterator[None]:
     """Within the block, textworld's PDDL env reuses cached translations and template parses,
-    copies contexts shallowly and keeps ``sys.argv`` (see the module docstring)."""
+    copies contexts shallowly and keeps ``sys.argv`` (see the module docstring); one thread of
+    the process at a time runs an engine block (:data:`_ENGINE_LOCK`)."""
+    with _ENGINE_LOCK, _patched():
+        yield
+
+
+@contextlib.contextmanager
+def _patched() -> Iterator[None]:
     global _original_pddl2sas, _patch_depth
     fd = upstream()["fast_downward"]
     import textworld.envs.pddl.logic as pddl_logic
