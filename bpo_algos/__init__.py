@@ -6,7 +6,7 @@ from bpo_algos.bpo import BPO, BPOOptions
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.policy import Action, Context, Policy, TabularPolicy, TextScorerPolicy
 from bpo_algos.registry import make_algorithm, register_algorithm, registered_algorithms
-from bpo_algos.rollout import EnvFailureError, EnvPool, RolloutEngine
+from bpo_algos.rollout import EnvFailureError, EnvPool, RolloutEngine, Topology
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_algos.tree import Edge, Node, RolloutTree
 
@@ -37,6 +37,7 @@ __all__ = [
     "RolloutTree",
     "TabularPolicy",
     "TextScorerPolicy",
+    "Topology",
     "Trainer",
     "TrainerConfig",
 ]

@@ -18,7 +18,7 @@ from bpo_algos.advantages import as_batch, estimate_advantages
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.losses import AGGREGATIONS, loss_normaliser, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
-from bpo_algos.rollout import EnvFn, EnvPool, PathState, RolloutEngine
+from bpo_algos.rollout import EnvFn, EnvPool, RolloutEngine, Topology
 from bpo_algos.tree import Edge, RolloutTree
 from bpo_envs.validation import check_count
 
@@ -202,15 +202,16 @@ class NoOptions(Options):
     """An algorithm with no options of its own."""
 
 
-class Algorithm:
-    """Base class: topology + advantage estimator; shared collection and loss.
+class Algorithm(Topology):
+    """Base class: topology (:class:`~bpo_algos.rollout.Topology`) + advantage estimator;
+    shared collection and loss.
 
     Every algorithm is built the same way: keyword options, which are the fields of the shared
     :class:`AlgorithmConfig` (``clip_eps``, ``clip_eps_high``, ``kl_coef``, ``aggregation``,
     ``max_parallel_trees``) and of the algorithm's own :attr:`Options` dataclass, or those
     dataclasses themselves (``options=``, ``shared=``), plus ``seed`` (the engine's reset seeds
-    and the algorithm's own randomness). ``algorithm.backbones`` reads an option;
-    :meth:`config` is every option as a dict.
+    and the algorithm's own randomness). ``algorithm.options.backbones`` reads an option of
+    its own, ``algorithm.shared.kl_coef`` a shared one; :meth:`config` is every option as a dict.
     """
 
     name = "algorithm"
@@ -222,6 +223,9 @@ class Algorithm:
     budget_multiple: float = 1.0
     """The multiple of the comparison's per-update budget this algorithm collects with (the main
     job's calibration control ``rloo-2x``: 2; every real algorithm: 1)."""
+    threshold: float | None = None
+    """The decision-entropy threshold the topology branches at now (logged per update); None:
+    the algorithm has none."""
 
     def __init__(self, options: Options | None = None, *, shared: AlgorithmConfig | None = None, seed: int = 0, **kwargs: Any) -> None:
         if options is not None and not isinstance(options, self.Options):
@@ -239,30 +243,7 @@ class Algorithm:
         self._tree_costs: dict[str, list[float]] = {}
         """Per-tree cost of the last batch in every unit (the budget's estimate for the next)."""
 
-    def __getattr__(self, name: str) -> Any:
-        # an option reads as an attribute: bpo.backbones, rloo.group_size, algorithm.kl_coef
-        for holder in ("options", "shared"):
-            options = self.__dict__.get(holder)
-            if options is not None and name in options.__dataclass_fields__:
-                return getattr(options, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    # ---- topology (the engine calls these) ---------------------------------------------
-    root_branches: int = 1
-
-    def wants_entropy(self, path: PathState) -> bool:
-        return False
-
-    def fork_count(self, path: PathState, entropy: float | None) -> int:
-        return 1
-
-    def draws_distinct(self, path: PathState) -> bool:
-        """Whether a fork here draws distinct actions (docs/unbiasedness.md, rule 7); i.i.d. by default."""
-        return False
-
-    trees_per_task: int = 1
-    """Trees the engine builds per task index (Tree-GRPO: ``m``)."""
-
+    # ---- topology: the engine's hooks are those of Topology (defaults: no branching) --------
     def finish_trees(self, trees: list[RolloutTree]) -> None:
         """The topology's last step on the collected trees, before the advantages (Tree-GRPO
         keeps ``k`` leaves per tree); by default nothing."""
@@ -308,7 +289,7 @@ class Algorithm:
         try:
             engine = RolloutEngine(
                 pool,
-                max_parallel_trees=self.max_parallel_trees,
+                max_parallel_trees=self.shared.max_parallel_trees,
                 seed=engine_seed,
             )
             prior = self._tree_costs.get(budget.unit) if budget is not None else None
@@ -323,7 +304,7 @@ class Algorithm:
         self.finish_trees(result.trees)
         self.compute_advantages(result.trees)
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
-        if self.kl_coef:
+        if self.shared.kl_coef:
             with torch.no_grad():
                 batch.ref_logprobs = policy.reference_token_logprobs(batch.steps)
         if finish:
@@ -333,7 +314,7 @@ class Algorithm:
     def loss_normaliser(self, batch: Batch) -> float:
         """This batch's share of the loss denominator (``losses.loss_normaliser``); the sum over
         micro-batches and data-parallel ranks is the whole batch's."""
-        return loss_normaliser(batch.mask(), batch.weights(), self.aggregation, batch.n_trees)
+        return loss_normaliser(batch.mask(), batch.weights(), self.shared.aggregation, batch.n_trees)
 
     def loss(self, policy: Policy, batch: Batch, *, normaliser: float | None = None) -> torch.Tensor:
         """Clipped surrogate (+ k3 KL) over ``batch``, aggregated as configured.
@@ -359,11 +340,11 @@ class Algorithm:
             batch.weights().to(device),
             mask,
             n_trees=batch.n_trees,
-            aggregation=self.aggregation,
-            clip_low=self.clip_eps,
-            clip_high=self.clip_eps_high,
+            aggregation=self.shared.aggregation,
+            clip_low=self.shared.clip_eps,
+            clip_high=self.shared.clip_eps_high,
             ref_logp=ref,
-            kl_coef=self.kl_coef,
+            kl_coef=self.shared.kl_coef,
             normaliser=normaliser,
         )
         self.last_loss_stats = stats

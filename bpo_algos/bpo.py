@@ -191,10 +191,10 @@ class BPO(Algorithm):
         return "anchored", self.baseline_choice.anchored_options(fallback="bpo")
 
     def _distinct_where(self) -> dict[str, bool]:
-        return {"distinct_root": self.distinct_backbones, "distinct_inner": self.siblings == "distinct"}
+        return {"distinct_root": self.options.distinct_backbones, "distinct_inner": self.options.siblings == "distinct"}
 
     def draws_distinct(self, path: PathState) -> bool:
-        return self.distinct_backbones if path.is_root else self.siblings == "distinct"
+        return self.options.distinct_backbones if path.is_root else self.options.siblings == "distinct"
 
     def finish_trees(self, trees: list[RolloutTree]) -> None:
         """With distinct siblings, rule 7's weights and values replace rule 3's."""
@@ -203,28 +203,28 @@ class BPO(Algorithm):
                 finalize_distinct(tree, **self._distinct_where())
 
     def wants_entropy(self, path: PathState) -> bool:
-        if path.level >= self.max_depth or self.max_branch_points == 0:
+        if path.level >= self.options.max_depth or self.options.max_branch_points == 0:
             return False
-        if self.branch_rule == "measured" and self.depths.ready:
+        if self.options.branch_rule == "measured" and self.depths.ready:
             return False  # the measured rule needs no entropy (the first batch uses the entropy rule)
         # "all": also past the M-th branch point, for the adaptive threshold's sample
-        return self.scoring == "all" or path.branch_points < self.max_branch_points
+        return self.options.scoring == "all" or path.branch_points < self.options.max_branch_points
 
     def fork_count(self, path: PathState, entropy: float | None) -> int:
-        if path.level >= self.max_depth or path.branch_points >= self.max_branch_points:
+        if path.level >= self.options.max_depth or path.branch_points >= self.options.max_branch_points:
             return 1
         depth = path.node.depth
-        if self.branch_rule == "measured" and self.depths.ready:
+        if self.options.branch_rule == "measured" and self.depths.ready:
             # rule 1: the depth (part of h), earlier batches' plan and the path's own coin
-            return self.branch_factor if path.random.random() < self.depths.branch_probability(depth) else 1
-        if entropy is None or (self.branch_rule == "entropy+measured" and self.depths.vetoed(depth)):
+            return self.options.branch_factor if path.random.random() < self.depths.branch_probability(depth) else 1
+        if entropy is None or (self.options.branch_rule == "entropy+measured" and self.depths.vetoed(depth)):
             return 1
         if _ties(entropy, self.threshold):
             # independent randomness (rule 1): nothing of the action at this decision point
             branch = self.tie_probability > 0 and path.random.random() < self.tie_probability
         else:
             branch = entropy > self.threshold
-        return self.branch_factor if branch else 1
+        return self.options.branch_factor if branch else 1
 
     def tree_prior(self, step_limit: int) -> dict[str, float]:
         """A tree's cost if it branches at every chance (the first batch's threshold is 0) and
@@ -232,30 +232,30 @@ class BPO(Algorithm):
 
         def path(start: int, level: int) -> tuple[float, float]:
             steps, leaves = float(step_limit - start), 1.0
-            if level < self.max_depth:
-                for depth in range(start + 1, min(start + self.max_branch_points, step_limit - 1) + 1):
+            if level < self.options.max_depth:
+                for depth in range(start + 1, min(start + self.options.max_branch_points, step_limit - 1) + 1):
                     s, n = path(depth, level + 1)
-                    steps += (self.branch_factor - 1) * s
-                    leaves += (self.branch_factor - 1) * n
+                    steps += (self.options.branch_factor - 1) * s
+                    leaves += (self.options.branch_factor - 1) * n
             return steps, leaves
 
         steps, leaves = path(0, 0)
-        return {"env_steps": self.backbones * steps, "leaves": self.backbones * leaves}
+        return {"env_steps": self.options.backbones * steps, "leaves": self.options.backbones * leaves}
 
     def end_batch(self, batch: Batch) -> None:
         self.baseline_choice.end_batch(batch.trees)
-        if self.branch_rule != "entropy":
-            self.depths.record(batch.trees, self.backbones, self.branch_factor)
-        if self.entropy_threshold is not None or not batch.entropies:
+        if self.options.branch_rule != "entropy":
+            self.depths.record(batch.trees, self.options.backbones, self.options.branch_factor)
+        if self.options.entropy_threshold is not None or not batch.entropies:
             return
         self._history.append(list(batch.entropies))
         pooled = np.concatenate([np.asarray(h) for h in self._history])
-        self.threshold = float(np.quantile(pooled, self.entropy_quantile))
+        self.threshold = float(np.quantile(pooled, self.options.entropy_quantile))
         tied = _ties(pooled, self.threshold)
         above = float(np.mean((pooled > self.threshold) & ~tied))
         share = float(np.mean(tied))
         # branch a fraction 1 - q of these decisions: all above, and ties with probability p
-        self.tie_probability = min(max((1.0 - self.entropy_quantile - above) / share, 0.0), 1.0) if share else 0.0
+        self.tie_probability = min(max((1.0 - self.options.entropy_quantile - above) / share, 0.0), 1.0) if share else 0.0
 
     def state_dict(self) -> dict[str, Any]:
         return {

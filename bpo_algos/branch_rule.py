@@ -48,7 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.mechanism import Mechanism, _leaf_returns, _pooled_variance, predict_variance_ratio
+from bpo_algos.mechanism import (
+    Mechanism,
+    TreeMoments,
+    pooled_variance,
+    predict_variance_ratio,
+    tree_moments,
+)
 from bpo_algos.tree import RolloutTree
 
 BRANCH_RULES = ("entropy", "measured", "entropy+measured")
@@ -68,8 +74,7 @@ class DepthStats:
 def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
     """One tree's contribution: its task, weighted return moments and length, and per inner
     branch node ``(depth, Var of its children's Q)``."""
-    r, weights, lengths = _leaf_returns(tree)  # the mechanism's own reading of the leaves
-    w = weights / weights.sum() if weights.sum() > 0 else np.full(len(weights), 1.0 / max(len(weights), 1))
+    moments = tree_moments(tree) or TreeMoments(0.0, 0.0, 0.0, 0)  # the mechanism's own reading of the leaves
     nodes = [
         (node.depth, float(np.var([e.q for e in node.children], ddof=1)))
         for node in tree.branch_nodes()
@@ -80,10 +85,10 @@ def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
         surprise[edge.parent.depth].append(-edge.action.logprob)
     return {
         "task": repr(tree.task_id),
-        "m1": float(w @ r),
-        "m2": float(w @ r**2),
-        "length": float(w @ lengths),
-        "max_length": int(lengths.max(initial=0)),
+        "m1": moments.m1,
+        "m2": moments.m2,
+        "length": moments.length,
+        "max_length": moments.max_length,
         "nodes": nodes,
         "surprise": {d: (float(sum(v)), len(v)) for d, v in surprise.items()},
     }
@@ -119,7 +124,7 @@ class DepthMeasure:
         by_task: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for s in summaries:
             by_task[s["task"]].append((s["m1"], s["m2"]))
-        task_var = {task: _pooled_variance(moments) for task, moments in by_task.items()}
+        task_var = {task: pooled_variance(moments) for task, moments in by_task.items()}
         length = float(np.mean([s["length"] for s in summaries]))
         totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for s in summaries:

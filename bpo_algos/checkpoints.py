@@ -58,7 +58,7 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
         "algorithm": trainer.algorithm.state_dict(),
         "trainer_rng": trainer._rng.bit_generator.state,
         "task_walk": {"order": list(trainer._task_order), "cursor": trainer._task_cursor},
-        "policy_rng": policy.rng_state() if hasattr(policy, "rng_state") else None,
+        "policy_rng": policy.rng_state(),
         "torch_rng": torch.get_rng_state(),
         "history": trainer.history,
         "total_compute": trainer.total_compute.to_dict(),

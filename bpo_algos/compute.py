@@ -13,9 +13,9 @@ The cost model (docs/main-job.md, "Cost units"), one for every policy:
   action it reads off that softmax is one ``gen_tokens``;
 * the learner's forward and backward over a collected step are ``train_tokens``: the step's
   prompt and action tokens for an LLM, ``1 + |A(h)|`` for a choice policy
-  (:meth:`~bpo_algos.policy.base.PolicyBase.train_tokens`), once per optimizer epoch;
+  (:meth:`~bpo_algos.policy.base.Policy.train_tokens`), once per optimizer epoch;
 * ``flops`` = ``2 P`` per prefill, generated and scored token + ``6 P`` per trained token,
-  ``P`` the policy's parameter count (:func:`policy_parameters`): the standard
+  ``P`` the policy's parameter count (:meth:`~bpo_algos.policy.base.Policy.flops_parameters`): the standard
   forward ``2P`` / forward+backward ``6P`` per token of a dense transformer (Kaplan et al.
   2020), attention's context-length term left out.
 """
@@ -79,7 +79,7 @@ class ComputeMeter:
             that raised, or a dead Ray actor); see :mod:`bpo_algos.recovery`.
         dropped_steps: env steps of paths dropped after failures (already in ``env_steps``).
         train_tokens: tokens the learner's forward and backward passes cover: each collected
-            step's :meth:`~bpo_algos.policy.base.PolicyBase.train_tokens`, charged when the
+            step's :meth:`~bpo_algos.policy.base.Policy.train_tokens`, charged when the
             step is recorded (so a budget sees it), once per optimizer epoch.
         flops: the cost model's floating-point operations (module docstring):
             ``2 P (prefill + gen + score tokens) + 6 P train_tokens``.
@@ -148,19 +148,6 @@ FORWARD_FLOPS_PER_PARAM = 2
 TRAIN_FLOPS_PER_PARAM = 6
 """Flops per parameter and token of a forward and backward pass (the backward costs two
 forwards: the gradients of the activations and of the weights)."""
-
-
-def policy_parameters(policy: Any) -> int:
-    """``P`` of the cost model: ``policy.flops_parameters()`` when the policy defines it, else the
-    number of parameters of the module (frozen ones included: a forward pass multiplies by
-    them too), 0 for a policy that is no module."""
-    custom = getattr(policy, "flops_parameters", None)
-    if callable(custom):
-        return int(custom())
-    parameters = getattr(policy, "parameters", None)
-    if not callable(parameters):
-        return 0
-    return int(sum(p.numel() for p in parameters()))
 
 
 def cost_flops(params: int, *, prefill_tokens: float = 0, gen_tokens: float = 0, score_tokens: float = 0, train_tokens: float = 0) -> float:

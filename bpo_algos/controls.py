@@ -21,51 +21,128 @@ All three are entry points of the ``bpo_algos.algorithms`` group (pyproject.toml
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from bpo_algos.advantages import as_batch, register_advantage
-from bpo_algos.algorithm import Algorithm, Options
+from bpo_algos.algorithm import Algorithm, Batch, Options
+from bpo_algos.paths import PathState
+from bpo_algos.policy.base import Policy
 from bpo_algos.registry import algorithm_factory
-from bpo_algos.tree import RolloutTree
+from bpo_algos.rollout import EnvFn, EnvPool
+from bpo_algos.tree import Node, RolloutTree
 from bpo_envs.validation import check_count
 
 
-def frozen(of: str = "rloo", **options: Any) -> Algorithm:
+def _zero_advantages(trees: RolloutTree | Sequence[RolloutTree]) -> None:
+    for tree in as_batch(trees):
+        for edge in tree.edges():
+            edge.advantage = 0.0
+
+
+class Frozen(Algorithm):
+    """The positive control: ``inner``'s collection (its topology, budget, seeds and estimator
+    state, all advancing as usual) with every advantage set to zero, so the loss is zero.
+
+    Every hook the engine or the trainer calls is ``inner``'s; only :meth:`compute_advantages`
+    (and so :meth:`collect`), :attr:`name` and :meth:`config` differ.
+    """
+
+    name = "frozen"
+    unbiased = True
+
+    def __init__(self, inner: Algorithm, collects_as: str) -> None:
+        self.inner = inner
+        self.collects_as = collects_as
+        self.options = inner.options
+        self.shared = inner.shared
+        self.seed = inner.seed
+        self.last_loss_stats: dict[str, float] = {}
+
+    # ---- the inner algorithm's topology ------------------------------------------------------
+    @property
+    def root_branches(self) -> int:  # type: ignore[override]
+        return self.inner.root_branches
+
+    @property
+    def trees_per_task(self) -> int:  # type: ignore[override]
+        return self.inner.trees_per_task
+
+    @property
+    def snapshot_nodes(self) -> bool:  # type: ignore[override]
+        return self.inner.snapshot_nodes
+
+    @property
+    def threshold(self) -> float | None:  # type: ignore[override]
+        return self.inner.threshold
+
+    @property
+    def budget_multiple(self) -> float:  # type: ignore[override]
+        return self.inner.budget_multiple
+
+    def wants_entropy(self, path: PathState) -> bool:
+        return self.inner.wants_entropy(path)
+
+    def fork_count(self, path: PathState, entropy: float | None) -> int:
+        return self.inner.fork_count(path, entropy)
+
+    def draws_distinct(self, path: PathState) -> bool:
+        return self.inner.draws_distinct(path)
+
+    def expansions(self, tree: RolloutTree, round: int) -> Sequence[Node]:
+        return self.inner.expansions(tree, round)
+
+    def tree_prior(self, step_limit: int) -> dict[str, float]:
+        return self.inner.tree_prior(step_limit)
+
+    def finish_trees(self, trees: list[RolloutTree]) -> None:
+        self.inner.finish_trees(trees)
+
+    # ---- the zero estimate -------------------------------------------------------------------
+    def estimator(self, trees: Sequence[RolloutTree]) -> tuple[str, dict[str, Any]]:
+        return self.inner.estimator(trees)
+
+    def compute_advantages(self, trees: RolloutTree | Sequence[RolloutTree]) -> None:
+        self.inner.compute_advantages(trees)  # the inner estimator's state (histories) advances as usual
+        _zero_advantages(trees)
+
+    def collect(self, policy: Policy, env_fns: Sequence[EnvFn] | EnvPool, tasks: Sequence[Any], budget: Any = None, *,
+                seed: int | None = None, tree_indices: Iterable[int] | None = None, finish: bool = True) -> Batch:
+        """``inner``'s batch with every advantage zero (:meth:`Algorithm.collect`)."""
+        batch = self.inner.collect(policy, env_fns, tasks, budget, seed=seed, tree_indices=tree_indices, finish=False)
+        _zero_advantages(batch.trees)
+        batch.algorithm = self.name
+        for tree in batch.trees:
+            tree.algorithm = self.name
+        if finish:
+            self.end_batch(batch)
+        return batch
+
+    def end_batch(self, batch: Batch) -> None:
+        self.inner.end_batch(batch)
+
+    # ---- checkpoints and logs ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def config(self) -> dict[str, Any]:
+        return {**self.inner.config(), "frozen": True, "collects_as": self.collects_as}
+
+
+def frozen(of: str = "rloo", **options: Any) -> Frozen:
     """The algorithm registered as ``of``, built with ``options`` and collecting as it does,
     with a zero loss (every advantage 0)."""
     if of == "frozen":
         raise ValueError("frozen(of='frozen') would wrap itself; name the algorithm whose collection it uses")
-    inner = algorithm_factory(of)(**options)
-    inner.__class__ = _frozen_class(type(inner))
-    inner.collects_as = of
-    return inner
+    return Frozen(algorithm_factory(of)(**options), of)
 
 
 frozen.options_of = lambda options: options.get("of", "rloo")  # type: ignore[attr-defined]
 """The algorithm whose preset options (``Preset.options``) a ``frozen`` run takes."""
-
-_FROZEN: dict[type, type] = {}
-
-
-def _frozen_class(cls: type) -> type:
-    if cls not in _FROZEN:
-
-        def compute_advantages(self: Algorithm, trees: RolloutTree | Sequence[RolloutTree]) -> None:
-            cls.compute_advantages(self, trees)  # the inner estimator's state (histories) advances as usual
-            for tree in as_batch(trees):
-                for edge in tree.edges():
-                    edge.advantage = 0.0
-
-        def config(self: Algorithm) -> dict[str, Any]:
-            return {**cls.config(self), "frozen": True, "collects_as": self.__dict__.get("collects_as")}
-
-        _FROZEN[cls] = type(
-            f"Frozen{cls.__name__}", (cls,),
-            {"name": "frozen", "compute_advantages": compute_advantages, "config": config, "unbiased": True, "__module__": __name__},
-        )
-    return _FROZEN[cls]
 
 
 CALIBRATION_MULTIPLE = 2.0

@@ -377,17 +377,17 @@ class DataParallel:
         if self.world_size == 1:
             log.warning("fsdp=True on one process: nothing to shard, the model trains unsharded")
             return False
-        model = getattr(self.policy, "model", None)
-        if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
-            raise TypeError(f"fsdp=True shards policy.model, a transformers model; {type(self.policy).__name__} has none")
-        if getattr(self.algorithm, "kl_coef", 0.0) and callable(getattr(self.policy, "set_reference", None)):
+        model = self.policy.shardable_model()
+        if model is None:
+            raise TypeError(f"fsdp=True shards a transformers model; {type(self.policy).__name__} has none (Policy.shardable_model)")
+        if self.algorithm.shared.kl_coef:
             # the frozen reference is copied before sharding: a plain replicated copy whose
             # forwards are no collectives (LoRA needs none: its base model is the reference)
             self.policy.set_reference()
         shard_model(model, mixed_precision=torch.bfloat16 if precision == "bf16" else None)
         # a micro-batch must be exactly one forward pass through the sharded model on every rank
         # (its backward is one reduce-scatter per layer): at most the rows of one forward
-        self._fsdp_steps = getattr(self.policy, "train_batch_size", None)
+        self._fsdp_steps = self.policy.train_batch_size
         self._forwards = 0
         self._counting = False
         model.register_forward_pre_hook(self._count_forward)
@@ -428,7 +428,7 @@ class DataParallel:
 
     def clear_cache(self) -> None:
         """Under FSDP, drop the policy's prompt KV of the old weights."""
-        if self.fsdp and callable(getattr(self.policy, "clear_cache", None)):
+        if self.fsdp:
             self.policy.clear_cache()
 
     # ---- the batch's share and its gradient ----------------------------------------------
@@ -445,7 +445,7 @@ class DataParallel:
             return float(loss.detach())
         z_local = algorithm.loss_normaliser(batch) if batch.steps else 0.0
         z, n_trees = all_reduce_sum([z_local, float(batch.n_trees)])
-        if algorithm.aggregation == "step-sum":
+        if algorithm.shared.aggregation == "step-sum":
             z = n_trees
         if not self.fsdp:
             if not batch.steps:

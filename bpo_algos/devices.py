@@ -10,21 +10,21 @@ from typing import Any
 import torch
 
 from bpo_algos import data_parallel as dp
+from bpo_algos.policy.base import Policy
 
 
-def policy_device(policy: Any) -> torch.device:
+def policy_device(policy: Policy) -> torch.device:
     """Where ``policy`` computes: its ``device`` attribute, else its first parameter's device,
     else the CPU."""
-    device = getattr(policy, "device", None)
-    if device is not None:
-        return torch.device(device)
+    if policy.device is not None:
+        return torch.device(policy.device)
     if isinstance(policy, torch.nn.Module):
         for p in policy.parameters():
             return p.device
     return torch.device("cpu")
 
 
-def resolve_device(name: str, policy: Any) -> torch.device:
+def resolve_device(name: str, policy: Policy) -> torch.device:
     """The device ``TrainerConfig.device`` names for ``policy`` (see :class:`TrainerConfig`)."""
     if name == "auto":
         return policy_device(policy)

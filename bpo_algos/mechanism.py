@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -115,7 +115,7 @@ def _task_key(task_id: Any) -> Any:
     return task_id if isinstance(task_id, int | str | float | type(None)) else repr(task_id)
 
 
-def _leaf_returns(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def leaf_returns(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each leaf's episode return, rule-3 weight and length (steps from the root)."""
     returns, weights, lengths = [], [], []
     stack: list[tuple[Node, float]] = [(tree.root, 0.0)]
@@ -132,7 +132,28 @@ def _leaf_returns(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return np.asarray(returns, float), np.asarray(weights, float), np.asarray(lengths, float)
 
 
-def _pooled_variance(moments: Sequence[tuple[float, float]]) -> float | None:
+class TreeMoments(NamedTuple):
+    """A tree's rule-3-weighted leaf moments (weights normalised to sum 1, so each is unbiased
+    for the policy's): mean return ``M1``, mean squared return ``M2``, mean episode length, and
+    the longest episode."""
+
+    m1: float
+    m2: float
+    length: float
+    max_length: int
+
+
+def tree_moments(tree: RolloutTree) -> TreeMoments | None:
+    """The tree's :class:`TreeMoments` from :func:`leaf_returns`, or ``None`` without leaves."""
+    returns, weights, lengths = leaf_returns(tree)
+    if not len(returns):
+        return None
+    total = weights.sum()
+    w = weights / total if total > 0 else np.full(len(returns), 1.0 / len(returns))
+    return TreeMoments(float(w @ returns), float(w @ returns**2), float(w @ lengths), int(lengths.max()))
+
+
+def pooled_variance(moments: Sequence[tuple[float, float]]) -> float | None:
     """Return variance from trees' weighted first and second moments (each unbiased for the
     policy's): ``mean(M2) - mean(M1)^2``, corrected by ``Var(mean M1)`` so it is unbiased."""
     if not moments:
@@ -163,12 +184,10 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
         leaves += batch.compute.leaves
         for tree in batch.trees:
             task = _task_key(tree.task_id)
-            returns, weights, depth_of_leaf = _leaf_returns(tree)
-            if len(returns):
-                total = weights.sum()
-                w = weights / total if total > 0 else np.full(len(returns), 1.0 / len(returns))
-                task_moments[task].append((float(w @ returns), float(w @ returns**2)))
-                lengths.append(float(w @ depth_of_leaf))
+            moments = tree_moments(tree)
+            if moments is not None:
+                task_moments[task].append((moments.m1, moments.m2))
+                lengths.append(moments.length)
             for edge in tree.root.children:
                 backbones += 1
                 branched += _branches_below(edge.child)
@@ -185,7 +204,7 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
                 nodes.append((task, float(q.var(ddof=1))))
                 depths[node.depth] += 1
                 distinct.append(len({e.action.text for e in node.children}))
-    task_var = {task: _pooled_variance(m) for task, m in task_moments.items()}
+    task_var = {task: pooled_variance(m) for task, m in task_moments.items()}
     eta = ci = None
     usable = [(v, task_var[t]) for t, v in nodes if task_var.get(t) is not None]
     if len(usable) >= 2:

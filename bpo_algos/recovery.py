@@ -108,8 +108,8 @@ class FailureHandler:
     ) -> None:
         self.pool = pool
         self.meter = meter
-        self.retries = int(getattr(pool, "retries", 2))
-        self.max_failures = int(getattr(pool, "max_failures", 64))
+        self.retries = pool.retries
+        self.max_failures = pool.max_failures
         self.records: list[FailureRecord] = []
         self._charge = charge
         self._restore = restore

@@ -15,7 +15,7 @@ decision entropy and how many actions to sample there given that entropy. The en
    first sample, so the backbone's own action is one of the siblings;
 5. steps the envs (``pool.step_many``); a finished path frees its env, onto which a queued
    sibling is restored (preferring the env that took its snapshot);
-6. when a tree's last path ends, a topology with an ``expansions`` hook (Tree-GRPO) may name
+6. when a tree's last path ends, the topology's ``expansions`` hook (Tree-GRPO) may name
    nodes of the finished tree to grow again: each gets a fresh path from that node (one new
    i.i.d. action, rolled to the end), its env brought there by restoring the node's snapshot
    (a topology with ``snapshot_nodes = True`` has one taken at every decision node) or else by
@@ -29,8 +29,7 @@ actions (``policy.sample(contexts, n, rngs=...)``: one generator per context). P
 batched over every path in flight, yet a tree is the same whether it is built alone, among 16
 others, or on another data-parallel rank (the trainer gives each rank the tree indices it
 builds: ``tree_indices``); its edges are ordered by the paths' keys, not by who stepped first.
-A policy whose ``sample`` takes no ``rngs`` samples from its own generator instead (then the
-trees depend on what was in flight). Tree ``i`` is built on task ``tasks[i % len(tasks)]``; a
+Tree ``i`` is built on task ``tasks[i % len(tasks)]``; a
 topology with ``trees_per_task = m`` (Tree-GRPO) builds ``m`` trees per index.
 
 Trees in flight at once are bounded by ``max_parallel_trees``. Under a :class:`Budget` a new
@@ -49,7 +48,7 @@ Every cost lands in the batch meter and in the meter of the tree it served
 (:class:`~bpo_algos.compute.ComputeMeter`): env steps (replays by ``ReplaySnapshot`` restores
 included, read with :func:`bpo_envs.replayed_steps`), tokens the policy reports (generation,
 prefill, scoring), the tokens the learner will train on for each recorded step
-(``train_tokens``, the policy's :meth:`~bpo_algos.policy.base.PolicyBase.train_tokens`), their
+(``train_tokens``, the policy's :meth:`~bpo_algos.policy.base.Policy.train_tokens`), their
 ``flops`` (:func:`~bpo_algos.compute.cost_flops`), and the policy's and the env's time.
 
 Env failures are retried, rebuilt or dropped by :class:`~bpo_algos.recovery.FailureHandler`
@@ -58,20 +57,19 @@ Env failures are retried, rebuilt or dropped by :class:`~bpo_algos.recovery.Fail
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 import bpo_envs
-from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters, should_start
+from bpo_algos.compute import Budget, ComputeMeter, cost_flops, should_start
 from bpo_algos.paths import PathState, SharedSnapshot, TreeBuild, path_stream
 from bpo_algos.policy.base import Action, Context, Policy, admissible_of
 from bpo_algos.recovery import EnvFailureError, FailureHandler, FailureRecord, ReplayMismatchError
@@ -95,34 +93,43 @@ __all__ = [
 ]
 
 
-class Topology(Protocol):
-    """Where a tree branches: the algorithm's side of the engine.
-
-    A topology may also define ``tree_prior(step_limit) -> dict[str, float]``: a tree's
-    expected cost in some units (e.g. ``env_steps``, ``leaves``) before any tree has been
-    measured, for the budget's start rule. Without it the engine assumes the root's branches
-    each run to the step limit and nothing else branches.
+class Topology:
+    """Where a tree branches: everything the engine asks the algorithm, each with its default
+    (one path from the root, no branching). :class:`~bpo_algos.algorithm.Algorithm` subclasses it.
     """
 
-    root_branches: int
+    root_branches: int = 1
+    """I.i.d. actions sampled at the root (``N`` or ``K0``)."""
+    trees_per_task: int = 1
+    """Trees the engine builds per task index (Tree-GRPO: ``m``)."""
+    snapshot_nodes: bool = False
+    """Snapshot every decision node while its tree is open (for :meth:`expansions`)."""
 
     def wants_entropy(self, path: PathState) -> bool:
         """Whether the branch decision at this path's current node needs the entropy."""
-        ...
+        return False
 
     def fork_count(self, path: PathState, entropy: float | None) -> int:
         """How many i.i.d. actions to sample here (1 = no branch). Must not look at actions."""
-        ...
+        return 1
 
     def draws_distinct(self, path: PathState) -> bool:
         """Whether the ``n > 1`` actions at this path's current node are drawn without
         replacement (``policy.sample_distinct``: at most ``n``, all different; docs/unbiasedness.md,
         rule 7) rather than i.i.d. Asked only where ``n > 1``."""
-        ...
+        return False
 
-    # Optional (read with getattr): ``snapshot_nodes: bool`` (snapshot every decision node
-    # while its tree is open) and ``expansions(tree, round) -> Sequence[Node]`` (nodes of the
-    # finished tree to grow by one more path each; called with round 0, 1, ... until empty).
+    def expansions(self, tree: RolloutTree, round: int) -> Sequence[Node]:
+        """Nodes of the finished ``tree`` to grow by one more path each (called with round 0, 1,
+        ... until it names none); by default none."""
+        return ()
+
+    def tree_prior(self, step_limit: int) -> dict[str, float]:
+        """A tree's expected cost in some units before any tree has been measured (the budget's
+        start rule); by default the root's branches each run to the step limit and nothing
+        else branches."""
+        k = self.root_branches
+        return {"env_steps": float(k * step_limit), "leaves": float(k)}
 
 
 @dataclass
@@ -140,17 +147,16 @@ def tree_entropies(tree: RolloutTree) -> list[float]:
     return [node.entropy for node in tree.nodes() if node.entropy is not None]
 
 
-def takes_rngs(policy: Any) -> bool:
-    """Whether ``policy.sample`` takes ``rngs=`` (one generator per context)."""
-    try:
-        return "rngs" in inspect.signature(policy.sample).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _policy_usage(policy: Policy) -> ComputeMeter:
-    meter = getattr(policy, "meter", None)
-    return meter.copy() if isinstance(meter, ComputeMeter) else ComputeMeter()
+def _shares(total: int, weights: Sequence[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (integers summing to ``total``; the rounding
+    remainder to the first; evenly where the weights are all zero)."""
+    if not weights:
+        return []
+    if sum(weights) <= 0:
+        weights = [1] * len(weights)
+    shares = [total * w // sum(weights) for w in weights]
+    shares[0] += total - sum(shares)
+    return shares
 
 
 _DONE = object()
@@ -166,8 +172,8 @@ class RolloutEngine:
         if self.max_parallel_trees < 1:
             raise ValueError(f"max_parallel_trees must be >= 1, got {max_parallel_trees}")
         self.seed = int(seed)
-        self.retries = int(getattr(pool, "retries", 2))
-        self.max_failures = int(getattr(pool, "max_failures", 64))
+        self.retries = pool.retries
+        self.max_failures = pool.max_failures
 
     def run(
         self,
@@ -190,30 +196,13 @@ class RolloutEngine:
             raise ValueError("tasks must not be empty")
         if topology.root_branches < 1:
             raise ValueError("the root needs at least one branch")
-        self._policy = policy
-        self._params = policy_parameters(policy)
-        train_tokens = getattr(policy, "train_tokens", None)
-        self._train_tokens = train_tokens if callable(train_tokens) else (lambda edge: 0)
-        self._topology = topology
-        self._meter = meter = ComputeMeter()
-        self._done: list[TreeBuild] = []
-        self._failures = FailureHandler(
-            self.pool,
-            meter,
-            charge=self._charge,
-            restore=self._restore,
-            done=self._done,
-            min_root_lines=min(2, topology.root_branches),
-        )
-        self._prior_costs = [float(c) for c in prior_costs or ()]
-        self._static_prior: dict[str, float] | None = None
-        self._start = start = time.perf_counter()
+        self._begin(policy, topology, prior_costs)
+        meter, start = self._meter, self._start
         if tree_indices is None:
             tree_indices = itertools.count() if budget is not None else range(len(tasks))
-        per_task = int(getattr(topology, "trees_per_task", 1))
+        per_task = topology.trees_per_task
         # (tree index, task): the m trees of an index j*m .. j*m + m - 1, all on task j
         task_iter = ((i * per_task + k, tasks[i % len(tasks)]) for i in tree_indices for k in range(per_task))
-        self._sample_rngs = takes_rngs(policy)
         trees: list[RolloutTree] = []
         builds: list[TreeBuild] = []
         entropies: list[float] = []
@@ -255,6 +244,25 @@ class RolloutEngine:
         trees.sort(key=lambda t: t.index)
         return EngineResult(trees, meter, [h for t in trees for h in tree_entropies(t)], self._failures.records)
 
+    def _begin(self, policy: Policy, topology: Topology, prior_costs: Sequence[float] | None) -> None:
+        """A run's state: the policy and topology, a fresh meter, the failure handler."""
+        self._policy = policy
+        self._params = policy.flops_parameters()
+        self._topology = topology
+        self._meter = ComputeMeter()
+        self._done: list[TreeBuild] = []
+        self._failures = FailureHandler(
+            self.pool,
+            self._meter,
+            charge=self._charge,
+            restore=self._restore,
+            done=self._done,
+            min_root_lines=min(2, topology.root_branches),
+        )
+        self._prior_costs = [float(c) for c in prior_costs or ()]
+        self._static_prior: dict[str, float] | None = None
+        self._start = time.perf_counter()
+
     # ---- the budget's start rule ----------------------------------------------------------
     def _budget_allows(self, budget: Budget | None, builds: list[TreeBuild]) -> bool:
         """Whether to start another tree (see :func:`~bpo_algos.compute.should_start`)."""
@@ -278,11 +286,7 @@ class RolloutEngine:
         limit = getattr(getattr(env, "unwrapped", env), "max_episode_steps", None)
         if not isinstance(limit, int | np.integer) or limit < 1:
             return {}
-        custom = getattr(self._topology, "tree_prior", None)
-        if callable(custom):
-            return dict(custom(int(limit)))
-        k = self._topology.root_branches
-        return {"env_steps": float(k * limit), "leaves": float(k)}
+        return dict(self._topology.tree_prior(int(limit)))
 
     # ---- metering -----------------------------------------------------------------------
     def _charge(self, build: TreeBuild, **amounts: float) -> None:
@@ -291,10 +295,9 @@ class RolloutEngine:
         tokens = {k: v for k, v in amounts.items() if k in _TOKEN_FIELDS}
         if tokens:
             amounts = {**amounts, "flops": amounts.get("flops", 0.0) + cost_flops(self._params, **tokens)}
-        tc = build.tree.compute
-        for name, value in amounts.items():
-            setattr(self._meter, name, getattr(self._meter, name) + value)
-            setattr(tc, name, getattr(tc, name) + value)
+        cost = ComputeMeter(**amounts)
+        self._meter.add(cost)
+        build.tree.compute.add(cost)
 
     def _restore(self, build: TreeBuild, env: gym.Env, snap: Any) -> None:
         """Restore ``snap`` into ``env``, metering the restore and the steps it replayed."""
@@ -306,28 +309,35 @@ class RolloutEngine:
             self._charge(build, env_steps=replayed, replay_steps=replayed)
         self._charge(build, restores=1)
 
-    def _call(self, paths: Sequence[PathState], fn: Callable[[], Any]) -> Any:
-        """A policy call, its reported usage and time charged to the trees it served."""
-        before = _policy_usage(self._policy)
+    def _call(self, paths: Sequence[PathState], fn: Callable[[], Any], generated: Callable[[Any], list[int]] | None = None) -> Any:
+        """A policy call: the usage the policy metered (the engine counts no token itself) and
+        the call's time, charged to the trees it served. Prefill and score tokens are shared
+        evenly among ``paths``; generated tokens in proportion to ``generated(out)`` (each path's
+        sampled tokens), so each tree gets exactly its own when the policy's count agrees."""
+        before = self._policy.meter.copy()
         t0 = time.perf_counter()
         out = fn()
         elapsed = time.perf_counter() - t0
-        delta = _policy_usage(self._policy) - before
+        delta = self._policy.meter - before
         meter = self._meter
         meter.policy_calls += delta.policy_calls
         meter.prefill_tokens += delta.prefill_tokens
         meter.score_tokens += delta.score_tokens
+        meter.gen_tokens += delta.gen_tokens
         flops = cost_flops(self._params, prefill_tokens=delta.prefill_tokens, score_tokens=delta.score_tokens)
-        meter.flops += flops
+        meter.flops += flops + cost_flops(self._params, gen_tokens=delta.gen_tokens)
         n = max(len(paths), 1)
         prefill, prefill_rest = divmod(delta.prefill_tokens, n)
         score, score_rest = divmod(delta.score_tokens, n)
+        gen = _shares(delta.gen_tokens, generated(out) if generated is not None else [1] * len(paths))
         seen: set[int] = set()
         for i, path in enumerate(paths):
             tc = path.build.tree.compute
             tc.prefill_tokens += prefill + (prefill_rest if i == 0 else 0)
             tc.score_tokens += score + (score_rest if i == 0 else 0)
             tc.flops += flops / n
+            tc.gen_tokens += gen[i]
+            tc.flops += cost_flops(self._params, gen_tokens=gen[i])
             tc.seconds += elapsed / n
             if id(path.build) not in seen:
                 tc.policy_calls += 1
@@ -356,17 +366,13 @@ class RolloutEngine:
             if distinct:  # rule 7: at most n different actions (fewer where fewer are admissible)
                 def call(paths: list[PathState] = paths, n: int = n) -> Any:
                     return self._policy.sample_distinct([p.context for p in paths], n, rngs=[p.random for p in paths])
-            elif self._sample_rngs:
-                def call(paths: list[PathState] = paths, n: int = n) -> Any:
-                    return self._policy.sample([p.context for p in paths], n, rngs=[p.random for p in paths])
             else:
                 def call(paths: list[PathState] = paths, n: int = n) -> Any:
-                    return self._policy.sample([p.context for p in paths], n)
-            samples = self._call(paths, call)
+                    return self._policy.sample([p.context for p in paths], n, rngs=[p.random for p in paths])
+            samples = self._call(paths, call, generated=lambda rows: [sum(len(a.token_ids) for a in row) for row in rows])
             for path, actions in zip(paths, samples, strict=True):
                 if len(actions) != n and not (distinct and 1 <= len(actions) < n):
                     raise RuntimeError(f"policy returned {len(actions)} samples, asked for {n}")
-                self._charge(path.build, gen_tokens=sum(len(a.token_ids) for a in actions))
                 path.pending = actions[0]
                 if len(actions) > 1:
                     self._fork(path, actions, waiting)
@@ -428,13 +434,13 @@ class RolloutEngine:
         edge = Edge(node, child, action, float(reward), bool(terminated), bool(truncated), info)
         child.parent = edge
         path.build.add_child(node, edge, path.key)
-        self._charge(path.build, train_tokens=int(self._train_tokens(edge)))
+        self._charge(path.build, train_tokens=int(self._policy.train_tokens(edge)))
         path.node = child
         path.is_root = False
         if terminated or truncated:
             self._charge(path.build, leaves=1)
             return True
-        if getattr(self._topology, "snapshot_nodes", False):
+        if self._topology.snapshot_nodes:
             try:
                 snap = bpo_envs.snapshot(path.env)
             except Exception:  # noqa: BLE001 - an expansion from here then rebuilds by replay
@@ -552,10 +558,7 @@ class RolloutEngine:
 
     def _expand(self, build: TreeBuild, waiting: deque[PathState]) -> bool:
         """Queue the topology's expansions of ``build``'s finished tree; True if any."""
-        hook = getattr(self._topology, "expansions", None)
-        if hook is None:
-            return False
-        nodes = list(hook(build.tree, build.expansion_round))
+        nodes = list(self._topology.expansions(build.tree, build.expansion_round))
         build.expansion_round += 1
         for i, node in enumerate(nodes):
             if node.is_leaf:

@@ -38,7 +38,7 @@ import torch
 from bpo_algos import checkpoints
 from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import Algorithm, Batch
-from bpo_algos.compute import Budget, ComputeMeter, cost_flops, policy_parameters
+from bpo_algos.compute import Budget, ComputeMeter, cost_flops
 from bpo_algos.devices import autocast, policy_device, resolve_device, upcast_trainable
 from bpo_algos.policy.base import Policy
 from bpo_algos.rollout import EnvFn, EnvPool, tree_entropies
@@ -84,10 +84,7 @@ class Trainer:
         if cfg.precision == "bf16":
             upcast_trainable(self.trainable())
         if cfg.gradient_checkpointing:
-            enable = getattr(policy, "enable_gradient_checkpointing", None)
-            if not callable(enable):
-                raise TypeError(f"gradient_checkpointing=True but {type(policy).__name__} has no enable_gradient_checkpointing()")
-            enable()
+            policy.enable_gradient_checkpointing()
         # the run's state, seeded
         self.update = 0
         self.history: list[dict[str, Any]] = []
@@ -99,8 +96,7 @@ class Trainer:
         self._task_order: list[int] = []  # task_draw="unseen-first": the walk through the tasks
         self._task_cursor = 0
         torch.manual_seed(cfg.seed)
-        if hasattr(policy, "seed"):
-            policy.seed(cfg.seed)
+        policy.seed(cfg.seed)
         # this process's part: one process, or one of N ranks (same weights, maybe sharded)
         self.parallel = dp.DataParallel(policy, algorithm, fsdp=cfg.fsdp, precision=cfg.precision, device=self.device)
         self.rank, self.world_size, self.fsdp = self.parallel.rank, self.parallel.world_size, self.parallel.fsdp
@@ -175,7 +171,7 @@ class Trainer:
             # the engine charged one learner pass per recorded step; every further epoch is another
             extra = (self.config.epochs - 1) * batch.compute.train_tokens
             batch.compute.train_tokens += extra
-            batch.compute.flops += cost_flops(policy_parameters(self.policy), train_tokens=extra)
+            batch.compute.flops += cost_flops(self.policy.flops_parameters(), train_tokens=extra)
         self.update += 1
         self.last_batch = batch
         compute = self.parallel.global_compute(batch.compute)
@@ -272,9 +268,8 @@ class Trainer:
             "seconds": seconds,
             **self.algorithm.last_loss_stats,
         }
-        threshold = getattr(self.algorithm, "threshold", None)
-        if threshold is not None:
-            row["entropy_threshold"] = threshold
+        if self.algorithm.threshold is not None:
+            row["entropy_threshold"] = self.algorithm.threshold
         return row
 
     def _save(self, batch: Batch) -> None:
@@ -291,10 +286,8 @@ class Trainer:
 
     # ---- optimizer -----------------------------------------------------------------------
     def trainable(self) -> list[torch.nn.Parameter]:
-        """The parameters the optimizer updates (``policy.trainable_parameters()`` if defined)."""
-        explicit = getattr(self.policy, "trainable_parameters", None)
-        params = explicit() if callable(explicit) else self.policy.parameters()
-        return [p for p in params if p.requires_grad]
+        """The parameters the optimizer updates (``policy.trainable_parameters()``)."""
+        return [p for p in self.policy.trainable_parameters() if p.requires_grad]
 
     _trainable = trainable
 

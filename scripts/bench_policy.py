@@ -73,7 +73,7 @@ def bench_vllm(path: str, n: int, count: int, prefix_tokens: int, max_new: int, 
         for r in range(repeats + 1):
             policy.llm.reset_prefix_cache()  # each run prefills its prompts once, not zero times
             start = time.perf_counter()
-            samples = policy.sample(contexts, n)
+            samples = policy.sample(contexts, n, None)
             seconds = time.perf_counter() - start
             tokens = sum(len(a.token_ids) for row in samples for a in row)
             if r:

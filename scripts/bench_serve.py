@@ -4,8 +4,10 @@ For each env, a ``bpo-serve`` server runs in its own process on 127.0.0.1 and on
 (this one, asyncio, one WebSocket per session) plays random admissible actions, resetting when
 an episode ends, in 1 and in 32 concurrent sessions for ``--seconds`` each. Latency is one
 ``step`` message to its answer; throughput counts steps only (resets are extra messages).
-Fork: ``state`` (which snapshots) then ``reset(snapshot_id=...)`` on a second session. Memory:
-the server's resident set with 0 and with ``--memory-sessions`` reset sessions open.
+Fork: ``state`` (which snapshots) then ``reset(snapshot_id=...)`` on a second session. Memory
+(measured first, on the fresh server, so that every session makes its own env): the server's
+resident set with 0 and with ``--memory-sessions`` reset sessions open. The client runs on
+uvloop, as the server does; the load average is recorded with each row.
 The in-process figure is the same walk calling ``env.step`` directly, one env.
 
     python scripts/bench_serve.py --out docs/results/serve/bench.json
@@ -35,6 +37,21 @@ ENVS = {
     "webshop": ("BPO-WebShop-v0", {}),
     "alfworld": ("BPO-ALFWorld-v0", {"games_per_type": 2}),
 }
+DEFAULTS = {  # forks, sessions for the memory figure (an ALFWorld reset takes 0.1-0.5 s)
+    "webshop": {"forks": 300, "memory_sessions": 128},
+    "alfworld": {"forks": 20, "memory_sessions": 16},
+}
+FORKS_PER_RESET = 10
+
+
+def run(coro: Any) -> Any:
+    """Run the client's coroutine on uvloop where installed (as the server does)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is part of the serve extra
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def rss_mb(pid: int) -> float:
@@ -139,13 +156,17 @@ def in_process(env_id: str, kwargs: dict[str, Any], seconds: float) -> dict[str,
 
 
 async def fork_latency(url: str, count: int) -> dict[str, Any]:
+    """``count`` forks: ``state`` on session a (a snapshot), then ``reset(snapshot_id)`` on b;
+    a resets (a new task) every :data:`FORKS_PER_RESET` forks and steps once before each."""
     rng = np.random.default_rng(7)
-    times, state_ms, restore_ms = [], [], []
-    async with connect(url, compression=None) as a, connect(url, compression=None) as b:
+    times, state_ms, restore_ms, own_ms = [], [], [], []
+    async with connect(url, compression=None, max_size=None) as a, connect(url, compression=None, max_size=None) as b:
+        data = None
         for i in range(count):
-            data = await call(a, {"type": "reset", "data": {"seed": i}})
+            if i % FORKS_PER_RESET == 0 or data["done"]:
+                data = await call(a, {"type": "reset", "data": {"seed": i}})
             actions = data["observation"]["admissible_actions"] or ["look"]
-            await call(a, {"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}})
+            data = await call(a, {"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}})
             t = time.perf_counter()
             state = await call(a, {"type": "state"})
             t1 = time.perf_counter()
@@ -154,6 +175,9 @@ async def fork_latency(url: str, count: int) -> dict[str, Any]:
             times.append(t2 - t)
             state_ms.append(t1 - t)
             restore_ms.append(t2 - t1)
+            await call(a, {"type": "reset", "data": {"snapshot_id": state["snapshot_id"]}})  # back into a itself
+            own_ms.append(time.perf_counter() - t2)
+            await a.send(dumps({"type": "release", "data": {"snapshot_ids": [state["snapshot_id"]]}}))
     ms = np.array(times) * 1000
     return {
         "forks": count,
@@ -161,13 +185,14 @@ async def fork_latency(url: str, count: int) -> dict[str, Any]:
         "p99_ms": round(float(np.percentile(ms, 99)), 3),
         "state_p50_ms": round(float(np.percentile(np.array(state_ms) * 1000, 50)), 3),
         "restore_p50_ms": round(float(np.percentile(np.array(restore_ms) * 1000, 50)), 3),
+        "restore_into_own_session_p50_ms": round(float(np.percentile(np.array(own_ms) * 1000, 50)), 3),
     }
 
 
 async def memory_per_session(url: str, pid: int, sessions: int) -> dict[str, Any]:
     await asyncio.sleep(0.5)
     before = rss_mb(pid)
-    conns = [await connect(url, compression=None) for _ in range(sessions)]
+    conns = [await connect(url, compression=None, max_size=None) for _ in range(sessions)]
     for i, ws in enumerate(conns):
         await call(ws, {"type": "reset", "data": {"seed": i}})
     await asyncio.sleep(0.5)
@@ -182,15 +207,19 @@ async def memory_per_session(url: str, pid: int, sessions: int) -> dict[str, Any
     }
 
 
-def bench_env(name: str, seconds: float, memory_sessions: int, forks: int, extra: list[str]) -> dict[str, Any]:
+def bench_env(name: str, seconds: float, memory_sessions: int | None, forks: int | None, extra: list[str]) -> dict[str, Any]:
     env_id, kwargs = ENVS[name]
+    forks = forks or DEFAULTS[name]["forks"]
+    memory_sessions = memory_sessions or DEFAULTS[name]["memory_sessions"]
     out: dict[str, Any] = {"env_id": env_id, "kwargs": kwargs}
     out["in_process"] = in_process(env_id, kwargs, seconds)
     proc, url = start_server(env_id, kwargs, ["--max-sessions", str(max(64, memory_sessions + 2)), *extra])
     try:
-        out["served"] = [asyncio.run(served_throughput(url, proc.pid, n, seconds)) for n in (1, 32)]
-        out["fork"] = asyncio.run(fork_latency(url, forks))
-        out["memory"] = asyncio.run(memory_per_session(url, proc.pid, memory_sessions))
+        out["memory"] = run(memory_per_session(url, proc.pid, memory_sessions))  # first: every session makes its env
+        out["served"] = []
+        for n in (1, 32):
+            out["served"].append({**run(served_throughput(url, proc.pid, n, seconds)), "loadavg_1min": os.getloadavg()[0]})
+        out["fork"] = run(fork_latency(url, forks))
     finally:
         proc.terminate()
         proc.wait(10)
@@ -201,14 +230,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     p.add_argument("--seconds", type=float, default=10.0)
-    p.add_argument("--forks", type=int, default=300)
-    p.add_argument("--memory-sessions", type=int, default=128)
+    p.add_argument("--forks", type=int, default=None, help="default: WebShop 300, ALFWorld 20")
+    p.add_argument("--memory-sessions", type=int, default=None, help="default: WebShop 128, ALFWorld 16")
     p.add_argument("--server-args", default="", help="extra bpo-serve flags, e.g. '--threads 2'")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     result: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg(),
+                    "nice": os.nice(0), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())},
         "envs": {},
     }
     for name in args.envs:

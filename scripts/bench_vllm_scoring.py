@@ -52,7 +52,7 @@ def measure(policy: VLLMPolicy, context: Context, what: str) -> dict[str, float]
     before = policy.meter.to_dict()
     start = time.perf_counter()
     if what == "generate":
-        policy.sample([context], 1)
+        policy.sample([context], 1, None)
     else:
         policy.decision_entropy([context])
     seconds = time.perf_counter() - start

@@ -35,7 +35,7 @@ import numpy as np
 
 import bpo_envs
 from bpo_algos import BPO, ComputeMeter, EnvPool
-from bpo_algos.policy.base import Action
+from bpo_algos.policy.base import Action, Policy
 
 ENVS: dict[str, tuple[str, dict[str, Any], str]] = {
     # name -> (id, kwargs, fallback action where the env lists none)
@@ -46,7 +46,7 @@ ENVS: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
-class UniformPolicy:
+class UniformPolicy(Policy):
     """Uniform over the admissible actions (or one fallback action); no state, no growth."""
 
     def __init__(self, fallback: str, seed: int = 0) -> None:
@@ -61,13 +61,14 @@ class UniformPolicy:
         self.meter.policy_calls += 1
         return [math.log(len(self._choices(c))) for c in contexts]
 
-    def sample(self, contexts: list[Any], n: int) -> list[list[Action]]:
+    def sample(self, contexts: list[Any], n: int, rngs: list[np.random.Generator] | None) -> list[list[Action]]:
         self.meter.policy_calls += 1
         out = []
-        for context in contexts:
+        for i, context in enumerate(contexts):
             choices = self._choices(context)
-            picks = self.rng.integers(len(choices), size=n)
+            picks = (self.rng if rngs is None else rngs[i]).integers(len(choices), size=n)
             lp = -math.log(len(choices))
+            self.meter.gen_tokens += n  # the policy meters what it generates; the engine reads it
             out.append([Action(choices[i], (int(i),), (lp,)) for i in picks])
         return out
 

@@ -150,7 +150,7 @@ def test_evaluation_uses_common_random_numbers():
 
     pool = EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)])
     a, b = TabularPolicy(seed=1), TabularPolicy(seed=2)
-    b.sample([("x", ("a0", "a1"))], 7)  # another RNG position: must not matter
+    b.sample([("x", ("a0", "a1"))], 7, None)  # another RNG position: must not matter
     state = b.rng_state()
     assert evaluate(a, pool, [0, 1, 2, 3], 3, seed=5) == evaluate(b, pool, [0, 1, 2, 3], 3, seed=5)
     assert b.rng_state() == state  # the training sampler is left where it was

@@ -83,7 +83,7 @@ def test_earlier_flags_still_work_and_bad_values_are_errors():
 
 def test_options_are_documented_dataclasses_and_read_as_attributes():
     bpo = BPO(branch_factor=3, kl_coef=0.1, seed=4)
-    assert bpo.options == BPOOptions(branch_factor=3) and bpo.branch_factor == 3 and bpo.kl_coef == 0.1
+    assert bpo.options == BPOOptions(branch_factor=3) and bpo.options.branch_factor == 3 and bpo.shared.kl_coef == 0.1
     assert bpo.config() == {**AlgorithmConfig(kl_coef=0.1).to_dict(), **BPOOptions(branch_factor=3).to_dict(), "seed": 4}
     assert RLOO(RLOOOptions(group_size=3), baseline="anchored").options == RLOOOptions(group_size=3, baseline="anchored")
     with pytest.raises(TypeError, match="unknown option"):

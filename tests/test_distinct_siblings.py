@@ -22,7 +22,7 @@ from test_unbiasedness import PeekingPolicy
 from bpo_algos import BPO, TabularPolicy
 from bpo_algos.advantages import register_advantage
 from bpo_algos.diagnostics import gradient_samples, projection_z_scores
-from bpo_algos.policy.base import Context, PolicyBase
+from bpo_algos.policy.base import Context, Policy
 from bpo_algos.policy.choice import gumbel_top_k
 from bpo_algos.siblings import distinct_node, leave_one_out_weights, node_set, set_weights
 
@@ -116,7 +116,7 @@ def test_choice_policy_samples_distinct_and_other_policies_refuse():
         assert all(a.logprob == pytest.approx(np.log(1 / 3)) for a in row)
     assert len(policy.sample_distinct([context], 5)[0]) == 3
 
-    class FreeText(PolicyBase):
+    class FreeText(Policy):
         pass
 
     with pytest.raises(NotImplementedError, match="enumerable admissible actions"):
@@ -150,12 +150,12 @@ def test_distinct_trees_have_distinct_children_and_weights_summing_to_one():
 
 
 def test_a_policy_without_distinct_sampling_fails_clearly_in_collect():
-    class Iid(PolicyBase):
+    class Iid(Policy):
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
 
-        def sample(self, contexts, n, rngs=None):
+        def sample(self, contexts, n, rngs):
             return self.inner.sample(contexts, n, rngs=rngs)
 
         def decision_entropy(self, contexts):

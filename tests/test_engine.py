@@ -7,7 +7,7 @@ import pytest
 
 import bpo_envs  # noqa: F401
 from baselines import GRPO, RLOO
-from bpo_algos import BPO, Budget, ComputeMeter, EnvPool, TabularPolicy
+from bpo_algos import BPO, Budget, ComputeMeter, EnvPool, Policy, TabularPolicy
 
 
 def make(depth=3, n_actions=3):
@@ -58,7 +58,7 @@ def test_without_budget_one_tree_per_task():
     assert batch.n_trees == 3
 
 
-class RecordingPolicy:
+class RecordingPolicy(Policy):
     """Logs every policy call with the context objects it served (kept alive: ids stay unique)."""
 
     def __init__(self):
@@ -72,10 +72,10 @@ class RecordingPolicy:
         self.log += [("entropy", id(c)) for c in contexts]
         return self.inner.decision_entropy(contexts)
 
-    def sample(self, contexts, n):
+    def sample(self, contexts, n, rngs):
         self.contexts += contexts
         self.log += [("sample", id(c)) for c in contexts]
-        return self.inner.sample(contexts, n)
+        return self.inner.sample(contexts, n, rngs)
 
     def token_logprobs(self, steps):
         return self.inner.token_logprobs(steps)

@@ -241,6 +241,16 @@ def test_observations_fit_the_text_space():
     assert folded in space and folded.startswith("fine café — 10€ ✓")
     long = to_observation("x" * 100 + "y" * 100, max_length=120)
     assert len(long) <= 120 and long.startswith("x") and long.endswith("y") and "cut" in long
+    ascii_controls = to_observation("a\x00b\x7fc\td\ne")  # the ASCII fast path folds these too
+    assert ascii_controls in space and ascii_controls == "a?b?c\td\ne"
+
+
+def test_the_charset_test_agrees_with_the_charset_on_every_character():
+    from bpo_envs.text import _CHARSET, inside_charset
+
+    for cp in [*range(0x2800), 0xFFFF, 0x1F600]:
+        ch = chr(cp)
+        assert inside_charset(f"ab{ch}c") == (ch in _CHARSET), hex(cp)
 
 
 def test_gym_make_max_episode_steps_time_limit_is_part_of_the_snapshot():

@@ -46,8 +46,8 @@ def _tree(root: Node, task=0) -> RolloutTree:
 def test_registry_lists_builtins_and_takes_a_users_estimator():
     assert {"grpo", "rloo", "bpo", "anchored", "gigpo", "tree-grpo"} <= set(registered_advantages())
     assert {"bpo-anchored", "rloo-anchored", "gigpo", "tree-grpo"} <= set(registered_algorithms())
-    assert make_algorithm("rloo-anchored", group_size=3).baseline == "anchored"
-    assert make_algorithm("bpo-anchored+history").baseline == "anchored+history"
+    assert make_algorithm("rloo-anchored", group_size=3).options.baseline == "anchored"
+    assert make_algorithm("bpo-anchored+history").options.baseline == "anchored+history"
 
     @register_advantage("test-constant", overwrite=True)
     def constant(trees, *, value=1.0):
@@ -302,5 +302,5 @@ def test_the_main_job_passes_an_algorithms_options_to_its_variants():
     bpo = algorithm_options("bpo-anchored", preset, 0)
     assert bpo["backbones"] == preset.options["bpo"].backbones == 2 and "baseline" not in bpo  # the variant's own
     assert algorithm_options("rloo-anchored", preset, 0)["group_size"] == preset.options["rloo"].group_size == 4
-    assert make_algorithm("rloo-anchored", **algorithm_options("rloo-anchored", preset, 0)).baseline == "anchored"
+    assert make_algorithm("rloo-anchored", **algorithm_options("rloo-anchored", preset, 0)).options.baseline == "anchored"
     assert "group_size" not in algorithm_options("gigpo", preset, 0)  # no GiGPO options in this preset: defaults

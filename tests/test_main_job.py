@@ -184,7 +184,7 @@ def test_frozen_control_collects_like_its_algorithm_and_never_moves():
     policy = TextScorerPolicy(seed=0)
     before = [p.detach().clone() for p in policy.parameters()]
     frozen = make_algorithm("frozen", group_size=4, seed=0)
-    assert frozen.group_size == 4 and frozen.root_branches == 4 and frozen.name == "frozen"
+    assert frozen.options.group_size == 4 and frozen.root_branches == 4 and frozen.name == "frozen"
     Trainer(frozen, policy, _pool(), [0, 1, 2, 3], updates=3, budget=Budget("env_steps", 64), learning_rate=0.1, seed=0).train()
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
     # the same collection as the algorithm it wraps

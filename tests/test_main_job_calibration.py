@@ -32,7 +32,7 @@ def test_rloo_2x_collects_twice_the_budget_of_rloo():
         pool.close()
     # each within one tree (8 trajectories x 6 steps) of its budget
     assert abs(steps["rloo"] - 128) <= 48 and abs(steps["rloo-2x"] - 256) <= 48
-    assert make_algorithm("rloo-2x", group_size=4).group_size == 4
+    assert make_algorithm("rloo-2x", group_size=4).options.group_size == 4
 
 
 def _run(multiple: float) -> dict:

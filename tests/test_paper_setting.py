@@ -73,7 +73,7 @@ def test_probe_entropy_is_the_plugin_entropy_of_parsed_completions_and_is_charge
     # the probe kept the prompt's KV: the backbone's sample there prefills nothing
     policy.decision_entropy([context])
     prefill = policy.meter.prefill_tokens
-    policy.sample([context], 2)
+    policy.sample([context], 2, None)
     assert policy.meter.prefill_tokens == prefill
     with pytest.raises(ValueError, match="decision_entropy"):
         HFPolicy(tiny_model_path(), decision_entropy="sampled")
@@ -94,7 +94,7 @@ def test_offloaded_reference_equals_the_resident_one_and_stays_in_host_memory():
     _, context = webshop_context()
     resident = HFPolicy(tiny_model_path(), max_new_tokens=8, seed=0)
     offloaded = HFPolicy(tiny_model_path(), max_new_tokens=8, seed=0, reference_offload=True)
-    steps = [Step(context, a) for a in resident.sample([context], 3)[0]]
+    steps = [Step(context, a) for a in resident.sample([context], 3, None)[0]]
     want = resident.reference_token_logprobs(steps)
     got = offloaded.reference_token_logprobs(steps)
     assert torch.allclose(got, want, atol=1e-5)

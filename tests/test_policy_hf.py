@@ -61,7 +61,7 @@ def brute_sequence_logprob(policy: HFPolicy, prompt, answer) -> float:
 
 def test_sampled_logprobs_equal_teacher_forced_token_logprobs(policy):
     contexts = tree_contexts()
-    samples = policy.sample(contexts, 3)
+    samples = policy.sample(contexts, 3, None)
     steps = [Step(c, a) for c, row in zip(contexts, samples, strict=True) for a in row]
     logp = policy.token_logprobs(steps)
     assert logp.requires_grad and logp.shape == (len(steps), max(len(s.action.token_ids) for s in steps))
@@ -185,12 +185,12 @@ def test_meter_counts_and_prefill_reuse_between_entropy_and_sample(tiny_path):
     assert after_entropy.prefill_tokens - before.prefill_tokens == 4 * sum(lengths)
     assert after_entropy.score_tokens - before.score_tokens == sum(lengths) + scored
     assert after_entropy.policy_tokens == after_entropy.gen_tokens + after_entropy.prefill_tokens + after_entropy.score_tokens
-    samples = policy.sample(contexts, 4)  # reuses the entropy pass's prompt KV: no prefill
+    samples = policy.sample(contexts, 4, None)  # reuses the entropy pass's prompt KV: no prefill
     assert policy.meter.prefill_tokens == after_entropy.prefill_tokens
     assert policy.meter.policy_calls == after_entropy.policy_calls + 1 == 2
     steps = [Step(c, a) for c, row in zip(contexts, samples, strict=True) for a in row]
     assert torch.allclose(policy.token_logprobs(steps).detach(), _old(steps), atol=ATOL)
-    policy.sample(contexts, 2)  # the store was consumed: prefill once per prompt
+    policy.sample(contexts, 2, None)  # the store was consumed: prefill once per prompt
     assert policy.meter.prefill_tokens == after_entropy.prefill_tokens + sum(lengths)
 
 
@@ -210,7 +210,7 @@ def test_lora_reference_logprobs_equal_the_base_model(tiny_path):
         for p in tuned.trainable_parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen))
     contexts = tree_contexts()
-    samples = tuned.sample(contexts, 2)
+    samples = tuned.sample(contexts, 2, None)
     steps = [Step(c, a) for c, row in zip(contexts, samples, strict=True) for a in row]
     logp = tuned.token_logprobs(steps)
     ref = tuned.reference_token_logprobs(steps)
@@ -223,7 +223,7 @@ def test_lora_reference_logprobs_equal_the_base_model(tiny_path):
 def test_full_finetune_reference_is_a_frozen_copy(tiny_path):
     policy = HFPolicy(tiny_path, max_new_tokens=6, seed=0)
     contexts = tree_contexts()
-    steps = [Step(c, a) for c, row in zip(contexts, policy.sample(contexts, 2), strict=True) for a in row]
+    steps = [Step(c, a) for c, row in zip(contexts, policy.sample(contexts, 2, None), strict=True) for a in row]
     policy.set_reference()
     before = policy.token_logprobs(steps).detach()
     with torch.no_grad():
@@ -241,7 +241,7 @@ def test_random_model_output_is_an_invalid_action_in_the_env(policy):
     obs, info = env.reset(seed=0)
     context = Context(info["task_id"], obs, tuple(info["admissible_actions"]), initial_observation=obs)
     policy.seed(5)
-    actions = policy.sample([context], 6)[0]
+    actions = policy.sample([context], 6, None)[0]
     malformed = [a for a in actions if policy.prompts.config.action_open not in a.text]
     assert malformed, "the untrained tiny model should babble"
     for action in malformed:
@@ -258,7 +258,7 @@ def test_bad_arguments_are_clear_errors(tiny_path, policy):
     with pytest.raises(ValueError, match="max_new_tokens"):
         HFPolicy(tiny_path, max_new_tokens=0)
     with pytest.raises(ValueError, match="n must be"):
-        policy.sample(tree_contexts()[:1], 0)
+        policy.sample(tree_contexts()[:1], 0, None)
     with pytest.raises(ValueError, match="tokenizer"):
         HFPolicy(policy.model)
 

@@ -70,7 +70,7 @@ def test_bf16_with_fp32_master_weights_changes_every_weight_with_a_gradient(tiny
 def test_gradient_checkpointing_is_on_in_training_mode_and_changes_nothing(tiny_path):
     policy = HFPolicy(tiny_path, max_new_tokens=6, device="cpu", seed=0)
     context = Context(0, "node root", ("a0", "a1", "a2"), initial_observation="node root")
-    steps = [type("S", (), {"context": context, "action": a})() for a in policy.sample([context], 3)[0]]
+    steps = [type("S", (), {"context": context, "action": a})() for a in policy.sample([context], 3, None)[0]]
     policy.eval()
     ref = policy.token_logprobs(steps)
     ref.sum().backward()
@@ -94,7 +94,7 @@ def test_long_prompts_lose_their_oldest_turns_with_a_warning(tiny_path, caplog):
     with caplog.at_level(logging.WARNING, logger="bpo_algos.policy.hf"):
         ids = policy.prompt_ids(context)
     assert len(ids) <= 152 and "oldest turn" in caplog.text
-    out = policy.sample([context], 2)[0]  # no exception mid-batch
+    out = policy.sample([context], 2, None)[0]  # no exception mid-batch
     assert len(out) == 2 and policy.truncated_prompts >= 1
     huge = Context(0, "x " * 2000, None, initial_observation="x")
     assert len(policy.prompt_ids(huge)) <= 152

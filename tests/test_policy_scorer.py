@@ -56,7 +56,7 @@ def test_distribution_sampling_entropy_and_loss_agree():
     [entropy] = policy.decision_entropy([context])
     assert entropy == pytest.approx(-sum(p * math.log(p) for p in dist.values()), rel=1e-5)
 
-    [samples] = policy.sample([context], 4000)
+    [samples] = policy.sample([context], 4000, None)
     counts = {a: 0 for a in ACTIONS}
     for s in samples:
         assert s.command in ACTIONS and s.token_ids == (ACTIONS.index(s.command),)
@@ -91,9 +91,9 @@ def test_same_seed_same_model_and_copies_are_independent():
 def test_bad_input_names_the_problem():
     policy = TextScorerPolicy()
     with pytest.raises(ValueError, match="admissible actions"):
-        policy.sample([Context("t", "free text only", None)], 1)
+        policy.sample([Context("t", "free text only", None)], 1, None)
     with pytest.raises(ValueError, match="n must be"):
-        policy.sample([_context()], 0)
+        policy.sample([_context()], 0, None)
     with pytest.raises(ValueError, match="buckets"):
         TextScorerPolicy(buckets=0)
     assert policy.recorded_action(_context(), "click[b99]") is None
@@ -141,7 +141,7 @@ def test_a_checkpoint_with_a_reference_loads_into_a_fresh_policy():
     fresh.load_state_dict(policy.state_dict())
     for name, value in policy.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], value), name
-    [samples] = policy.sample([_context()], 3)
+    [samples] = policy.sample([_context()], 3, None)
     steps = [type("S", (), {"context": _context(), "action": s})() for s in samples]
     assert torch.equal(fresh.reference_token_logprobs(steps), policy.reference_token_logprobs(steps))
     assert not torch.equal(fresh.reference_token_logprobs(steps), fresh.token_logprobs(steps).detach())

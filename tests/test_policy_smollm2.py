@@ -47,7 +47,7 @@ def test_converted_folder_loads_as_a_plain_checkpoint(policy):
 
 def test_smollm2_logprobs_entropy_and_prefix_sharing(policy):
     ctx = context()
-    samples = policy.sample([ctx], 3)[0]
+    samples = policy.sample([ctx], 3, None)[0]
     steps = [Step(ctx, a) for a in samples]
     logp = policy.token_logprobs(steps).detach()
     for i, a in enumerate(samples):
@@ -59,4 +59,4 @@ def test_smollm2_logprobs_entropy_and_prefix_sharing(policy):
     fresh = policy.generate([ctx], 2, greedy=True, share_prefix=False)[0]
     assert [a.token_ids for a in shared] == [a.token_ids for a in fresh]
     # an instruct model follows the format often enough to be a useful starting point
-    assert any(a.env_action in ctx.admissible_actions for a in policy.sample([ctx], 8)[0])
+    assert any(a.env_action in ctx.admissible_actions for a in policy.sample([ctx], 8, None)[0])

@@ -41,7 +41,7 @@ def _steps(samples, ctxs):
 
 def test_vllm_sampled_logprobs_equal_hf_teacher_forced(policy):
     ctxs = contexts()
-    samples = policy.sample(ctxs, 4)
+    samples = policy.sample(ctxs, 4, None)
     assert [len(r) for r in samples] == [4, 4]
     steps = _steps(samples, ctxs)
     logp = policy.token_logprobs(steps).detach()
@@ -55,7 +55,7 @@ def test_vllm_sampled_logprobs_equal_hf_teacher_forced(policy):
 
 def test_weights_after_an_update_reach_vllm(policy):
     ctxs = contexts()
-    before = _steps(policy.sample(ctxs, 2), ctxs)
+    before = _steps(policy.sample(ctxs, 2, None), ctxs)
     old = policy.token_logprobs(before).detach()
     optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
     loss = -policy.token_logprobs(before).sum()
@@ -64,7 +64,7 @@ def test_weights_after_an_update_reach_vllm(policy):
     new = policy.token_logprobs(before).detach()
     assert (new - old).abs().max() > 1e-2
     # the next sample pushes the new weights: vLLM's log-probs follow the updated HF model
-    after = _steps(policy.sample(ctxs, 3), ctxs)
+    after = _steps(policy.sample(ctxs, 3, None), ctxs)
     hf = policy.token_logprobs(after).detach()
     for i, s in enumerate(after):
         n = len(s.action.token_ids)

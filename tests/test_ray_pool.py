@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'bpo-
 from test_reliability import check_tree  # noqa: E402
 
 import bpo_envs  # noqa: E402
-from bpo_algos import BPO, EnvPool, TabularPolicy, Trainer, TrainerConfig  # noqa: E402
+from bpo_algos import BPO, EnvPool, Policy, TabularPolicy, Trainer, TrainerConfig  # noqa: E402
 from bpo_envs.ray_pool import RayEnvPool, RemoteEnv, RemoteSnapshot  # noqa: E402
 
 # the wrappers below are defined here, so the actors get them by value
@@ -116,7 +116,7 @@ def test_step_many_runs_different_actors_concurrently():
     assert x0[0] < y0[1] and y0[0] < x0[1]
 
 
-class KillingPolicy:
+class KillingPolicy(Policy):
     """Kills an actor process with SIGKILL at the n-th sampling call (a crashed worker)."""
 
     def __init__(self, inner, pid, at):
@@ -125,7 +125,7 @@ class KillingPolicy:
     def decision_entropy(self, contexts):
         return self.inner.decision_entropy(contexts)
 
-    def sample(self, contexts, n):
+    def sample(self, contexts, n, rngs):
         self.calls += 1
         if self.calls == self.at:
             os.kill(self.pid, signal.SIGKILL)
@@ -135,7 +135,7 @@ class KillingPolicy:
                 except ProcessLookupError:
                     break
                 time.sleep(0.01)
-        return self.inner.sample(contexts, n)
+        return self.inner.sample(contexts, n, rngs)
 
     def token_logprobs(self, steps):
         return self.inner.token_logprobs(steps)

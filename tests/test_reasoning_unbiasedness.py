@@ -63,7 +63,7 @@ def test_probe_is_metered_as_scoring_and_discarded():
     assert after["gen_tokens"] == before["gen_tokens"] and after["prefill_tokens"] == before["prefill_tokens"]
     assert after["score_tokens"] - before["score_tokens"] == 6 * 2 + 1  # 6 replies of 2 tokens, one prompt
     assert 0.0 <= h <= torch.log(torch.tensor(3.0)).item() + 1e-9
-    (row,) = policy.sample([context], 3)
+    (row,) = policy.sample([context], 3, None)
     assert len(row) == 3 and all(a.env_action in context.admissible_actions for a in row)
 
 

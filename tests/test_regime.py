@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bpo_algos.experiments import diagnose, regime
 from bpo_algos.mechanism import Mechanism, exact_prefix_explained, predict_variance_ratio
@@ -88,6 +89,14 @@ def test_diagnose_eta_matches_exact_on_a_tree_mdp(tmp_path: Path) -> None:
     ))
     assert 0 < row["measured_ratio_ci95"][0] <= row["measured_ratio"] <= row["measured_ratio_ci95"][1]
     assert "Recommendation" in (tmp_path / "diagnose.md").read_text()
+    # what the policy did: its mean return is the exact one over the (equally drawn) tasks
+    with torch.no_grad():
+        exact_return = float(np.mean([float(env.expected_return(policy.log_probs, t)) for t in range(TREE["n_tasks"])]))
+        uniform = float(np.mean([float(env.expected_return(TabularPolicy().log_probs, t)) for t in range(TREE["n_tasks"])]))
+    # (seeded: 0.006 off here; the uniform policy, the broken case, is 0.029 off)
+    assert abs(result["configs"]["rloo-4"]["mean_return"] - exact_return) < 0.015 < abs(uniform - exact_return)
+    assert result["configs"]["rloo-4"]["invalid_action_share"] == 0 and 0 <= row["success"] <= 1
+    assert result["command"].startswith("bpo-diagnose BPO-TreeMDP-v0 --env-kwargs ")
 
 
 def test_recommendation_rule() -> None:
@@ -99,3 +108,14 @@ def test_recommendation_rule() -> None:
     worse = {"a": {"predicted_ratio": 1.4, "measured_ratio": 2.0}}
     assert diagnose.recommend(worse, ["a"], 0.9)["branch"] is False
     assert diagnose.recommend({"a": {"predicted_ratio": None}}, ["a"], 0.9)["branch"] is False
+
+
+def test_llm_flags_set_the_warm_start_on_the_env_and_the_reply_format_on_the_preset() -> None:
+    preset, name, setup = diagnose.find_setup("BPO-ALFWorld-v0", None)
+    assert setup.sft_epochs == 10  # the scorer's warm start, which an LLM must not inherit blindly
+    diagnose.apply_llm_flags(preset, setup, {"reasoning": True, "decision_entropy": "probe", "probe_samples": 3,
+                                             "sft_epochs": 1, "sft_lr": 1e-4, "max_new_tokens": None})
+    assert (setup.sft_epochs, setup.sft_lr, setup.max_new_tokens) == (1, 1e-4, 64)
+    assert (preset.reasoning, preset.decision_entropy, preset.probe_samples) == (True, "probe", 3)
+    with pytest.raises(ValueError, match="temperature"):
+        diagnose.apply_llm_flags(preset, setup, {"temperature": 0.5})

@@ -31,7 +31,7 @@ def clean_registry():
 def test_builtins_are_registered_and_built_with_options():
     assert {"bpo", "grpo", "rloo"} <= set(registered_algorithms())
     bpo = make_algorithm("bpo", backbones=3, branch_factor=2, seed=1)
-    assert isinstance(bpo, BPO) and bpo.backbones == 3 and bpo.branch_factor == 2
+    assert isinstance(bpo, BPO) and bpo.options.backbones == 3 and bpo.options.branch_factor == 2
     with pytest.raises(ValueError, match="unknown algorithm 'nope'; registered: bpo"):
         make_algorithm("nope")
 
@@ -53,7 +53,7 @@ def test_an_algorithms_options_go_only_to_its_own_kind(clean_registry):
     assert algorithm_options("rloo", preset, 0)["group_size"] == preset.options["rloo"].group_size
     assert "group_size" not in algorithm_options("rloo-4", preset, 0)  # a bare **options factory
     assert "backbones" not in algorithm_options("grpo", preset, 0)
-    assert make_algorithm("rloo-4", **algorithm_options("rloo-4", preset, 0)).group_size == 4
+    assert make_algorithm("rloo-4", **algorithm_options("rloo-4", preset, 0)).options.group_size == 4
 
 
 def test_an_envs_own_options_replace_the_presets_for_that_env_only():
@@ -148,7 +148,7 @@ def test_an_installed_packages_algorithms_and_estimators_are_found_by_entry_poin
                             capture_output=True, text=True, env=env, timeout=120, check=True).stdout.split()
     assert listed[0] == "bpo" and "rloo-16" in listed  # the project's first, no --import
     code = ("from bpo_algos import make_algorithm, registered_advantages; "
-            "assert make_algorithm('rloo-16').group_size == 16; assert 'zero' in registered_advantages()")
+            "assert make_algorithm('rloo-16').options.group_size == 16; assert 'zero' in registered_advantages()")
     subprocess.run([sys.executable, "-c", code], env=env, timeout=120, check=True)
 
 

@@ -338,6 +338,34 @@ def test_deploy_layouts_pass_openenv_validate():
     from openenv.cli._validation import validate_multi_mode_deployment
     from serve_support import ROOT
 
-    for env in ("webshop", "treemdp"):
+    for env in ("webshop", "treemdp", "alfworld", "swebench"):
+        assert (ROOT / "deploy" / "openenv" / env / "server" / "Dockerfile").is_file(), env
         ok, issues = validate_multi_mode_deployment(ROOT / "deploy" / "openenv" / env)
         assert ok, (env, issues)
+
+
+# ---- where env calls run: the event loop for a quick kind, the pool otherwise --------------
+def test_quick_calls_run_on_the_event_loop_and_a_blocking_one_goes_back_to_the_pool():
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from bpo_envs.serve.session import BLOCKING_FACTOR, INLINE_STREAK, EnvCalls
+
+    async def play(inline_ms):
+        loop_thread = threading.get_ident()
+        calls = EnvCalls(ThreadPoolExecutor(2), deadline=None, inline_ms=inline_ms)
+        session = SimpleNamespace(pending=None, broken=False)
+        where = [await calls.run(session, "step", threading.get_ident) == loop_thread for _ in range(INLINE_STREAK + 3)]
+        blocking = (BLOCKING_FACTOR * (inline_ms or 1) + 5) / 1000
+        await calls.run(session, "step", time.sleep, blocking)  # runs where "step" runs now, then counts
+        after = await calls.run(session, "step", threading.get_ident) == loop_thread
+        other_kind = await calls.run(session, "reset", threading.get_ident) == loop_thread
+        calls.executor.shutdown()
+        return where, after, other_kind, calls
+
+    where, after, other_kind, calls = asyncio.run(play(2.0))
+    assert where == [False] * INLINE_STREAK + [True] * 3  # pooled until the streak, then inline
+    assert not after and not other_kind  # a blocking call sends its kind back; kinds are apart
+    assert calls.inline["step"] == 4 and calls.pooled["step"] == INLINE_STREAK + 1
+    where, after, _, calls = asyncio.run(play(None))  # inline_ms=None: always the pool
+    assert not any(where) and not after and not calls.inline

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import bpo_envs  # noqa: F401 - registers the ids
+from bpo_algos.policy.base import Policy
 
 pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gym[swe]'")
 pytestmark = pytest.mark.slow
@@ -119,7 +120,7 @@ def test_sigkill_of_a_local_env_leaves_nothing_once_a_new_env_starts():
     assert _processes_naming(info["run_dir"]) == []
 
 
-class ShellPolicy:
+class ShellPolicy(Policy):
     """Uniform over a few deterministic commands (no admissible actions in SWE-bench)."""
 
     # each takes a moment, so that a fault most likely hits a command in flight
@@ -135,12 +136,13 @@ class ShellPolicy:
     def decision_entropy(self, contexts):
         return [math.log(len(self.COMMANDS))] * len(contexts)
 
-    def sample(self, contexts, n):
+    def sample(self, contexts, n, rngs):
         from bpo_algos.policy.base import Action
 
         lp = -math.log(len(self.COMMANDS))
-        return [[Action(self.COMMANDS[i], (int(i),), (lp,)) for i in self.rng.integers(len(self.COMMANDS), size=n)]
-                for _ in contexts]
+        self.meter.gen_tokens += n * len(contexts)  # the policy meters what it generates
+        return [[Action(self.COMMANDS[i], (int(i),), (lp,)) for i in (self.rng if rngs is None else rng).integers(len(self.COMMANDS), size=n)]
+                for rng in (rngs or [None] * len(contexts))]
 
     def token_logprobs(self, steps):  # pragma: no cover - never trained
         raise NotImplementedError

@@ -16,6 +16,7 @@ from gradcheck import exact_gradient, random_policy, tree_env
 from baselines import RLOO
 from bpo_algos import BPO
 from bpo_algos.diagnostics import gradient_samples, projection_z_scores
+from bpo_algos.policy.base import Policy
 
 BATCHES = 2000
 Z_MAX = 4.0
@@ -24,7 +25,7 @@ RANDOM_TREE = {"depth": 3, "n_actions": 3, "seed": 7}
 AGENT_TREE = {"depth": 4, "n_actions": 2, "seed": 3, "decisive_levels": (2,)}
 
 
-class PeekingPolicy:
+class PeekingPolicy(Policy):
     """Breaks rule 1: reports a high entropy exactly where the backbone's action (sampled in
     advance) is not the policy's most likely one, so branching depends on that action."""
 
@@ -36,20 +37,20 @@ class PeekingPolicy:
     def decision_entropy(self, contexts):
         out = []
         for context in contexts:
-            action = self.inner.sample([context], 1)[0][0]
+            action = self.inner.sample([context], 1, None)[0][0]
             self._stash[id(context)] = action
             logp = self.inner.log_probs(context.observation, context.admissible_actions).detach()
             out.append(0.0 if action.token_ids[0] == int(logp.argmax()) else 10.0)
         return out
 
-    def sample(self, contexts, n):
+    def sample(self, contexts, n, rngs):  # the inner policy's own generator: the stash needs it
         out = []
         for context in contexts:
             first = self._stash.pop(id(context), None)
             if first is None:
-                out.append(self.inner.sample([context], n)[0])
+                out.append(self.inner.sample([context], n, None)[0])
             else:
-                out.append([first, *(self.inner.sample([context], n - 1)[0] if n > 1 else [])])
+                out.append([first, *(self.inner.sample([context], n - 1, None)[0] if n > 1 else [])])
         return out
 
     def token_logprobs(self, steps):

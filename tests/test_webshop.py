@@ -229,6 +229,20 @@ def test_snapshot_is_tiny_and_restores_mid_episode(env):
     assert _walk(env, actions[2:]) == first
 
 
+def test_a_page_kept_for_the_next_click_is_never_another_tasks(env):
+    """The env keeps its last page (for the next click); the start page of task 7 restored
+    after task 8's start page was shown must show task 7's instruction, and click as task 7."""
+    start7, _ = env.reset(options={"task_id": 7})
+    snap = bpo_envs.snapshot(env)
+    actions = env.unwrapped.expert_actions()
+    first = _walk(env, actions[:3])
+    start8, _ = env.reset(options={"task_id": 8})
+    assert start8 != start7
+    bpo_envs.restore(env, snap)
+    assert env.unwrapped._render(env.unwrapped.session)[0] == start7  # same session object START
+    assert _walk(env, actions[:3]) == first
+
+
 def test_check_env(env):
     from gymnasium.utils.env_checker import check_env
 

@@ -34,6 +34,8 @@ import copy
 import importlib
 import json
 import os
+import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -55,11 +57,15 @@ from bpo_algos.mechanism import (
     measure,
     mechanism_table,
     predict_variance_ratio,
+    tree_moments,
 )
 from bpo_algos.rollout import EnvPool
 from bpo_envs.tree_mdp import TreeMDPEnv
 
 SEARCH_ORDER = ("cpu", "cpu-tabular", "cpu-swe", "cpu-llm")
+LLM_FLAGS = ("reasoning", "decision_entropy", "probe_samples", "sft_epochs", "sft_lr", "max_new_tokens")
+"""Flags that set the preset's (or the env setup's) LLM fields (:class:`~bpo_algos.experiments.presets.Preset`)."""
+SETUP_FLAGS = ("sft_epochs", "sft_lr", "max_new_tokens")
 
 
 def find_setup(env_id: str, preset_name: str | None) -> tuple[Preset, str, EnvSetup]:
@@ -74,6 +80,16 @@ def find_setup(env_id: str, preset_name: str | None) -> tuple[Preset, str, EnvSe
     setup = EnvSetup(env_id)
     preset.envs = {env_id: setup}
     return preset, env_id, setup
+
+
+def apply_llm_flags(preset: Preset, setup: EnvSetup, flags: dict[str, Any]) -> None:
+    """Set the given (not None) :data:`LLM_FLAGS`: the warm start and reply length on the env's
+    setup (which overrides the preset's), the reply format and decision entropy on the preset."""
+    for name, value in flags.items():
+        if name not in LLM_FLAGS:
+            raise ValueError(f"{name!r} is not one of {LLM_FLAGS}")
+        if value is not None:
+            setattr(setup if name in SETUP_FLAGS else preset, name, value)
 
 
 def build_policy(spec: str | None, preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
@@ -118,6 +134,27 @@ def collect(config: str, policy: Any, pool: EnvPool, tasks: list[Any], per_updat
     return out, (np.stack(grads) if grads else None), time.perf_counter() - start
 
 
+def behaviour(batches: Sequence[Batch]) -> dict[str, float]:
+    """What the policy did: the mean episode return and win rate over the leaves (rule-3
+    weighted within a tree, trees equal) and the share of its steps the env called invalid (an
+    LLM that does not yet answer in actions shows it here)."""
+    returns, wins, steps, invalid = [], [], 0, 0
+    for tree in (t for b in batches for t in b.trees):
+        moments = tree_moments(tree)
+        if moments is not None:
+            returns.append(moments.m1)
+        leaves = [e for e in tree.edges() if e.terminated or e.truncated or not e.child.children]
+        total = sum(e.weight for e in leaves)
+        if total > 0:
+            wins.append(sum(e.weight * bool(e.info.get("won", False)) for e in leaves) / total)
+        for edge in tree.edges():
+            steps += 1
+            invalid += bool(edge.info.get("invalid_action", False))
+    return {"mean_return": float(np.mean(returns)) if returns else float("nan"),
+            "success": float(np.mean(wins)) if wins else float("nan"),
+            "invalid_action_share": invalid / steps if steps else float("nan")}
+
+
 def trace_ratio(g: np.ndarray, ref: np.ndarray, n_boot: int = 1000, seed: int = 0) -> tuple[float, tuple[float, float]]:
     """``tr Cov(g) / tr Cov(ref)`` and a percentile bootstrap interval (batches resampled)."""
     width = max(g.shape[1], ref.shape[1])
@@ -154,6 +191,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
         preset.envs = {**preset.envs, env_name: setup}
     if args.tasks:
         setup.train_tasks = args.tasks
+    apply_llm_flags(preset, setup, {name: getattr(args, name) for name in LLM_FLAGS})
+    preset.envs = {**preset.envs, env_name: setup}
     tasks, _ = task_split(replace(setup, eval_split="train"))  # the diagnosis needs training tasks only
     torch.manual_seed(args.seed)
     policy = build_policy(args.policy, preset, setup, args.seed, tasks)
@@ -176,7 +215,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
             mechanisms[config] = measure(batches, seed=args.seed)
             grads[config] = g
             rows[config] = {"mechanism": mechanisms[config].to_json(), "seconds": seconds,
-                            "env_steps_per_batch": float(np.mean([b.compute.env_steps for b in batches]))}
+                            "env_steps_per_batch": float(np.mean([b.compute.env_steps for b in batches])),
+                            **behaviour(batches)}
         env = env_factory(setup)().unwrapped
         exact = None
         task_share = 0.0
@@ -201,6 +241,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
         pool.close()
     recommendation = recommend(rows, args.shapes, args.margin)
     return {
+        "command": "bpo-diagnose " + shlex.join(args.argv),
         "env_id": args.env_id,
         "env_kwargs": setup.kwargs,
         "policy": args.policy or setup.policy or preset.policy,
@@ -245,6 +286,11 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         mechanism_table(mechanisms),
         "",
+        "| algorithm | mean return | success | invalid actions |",
+        "|---|---:|---:|---:|",
+        *(f"| {name} | {row['mean_return']:.3f} | {row['success']:.3f} "
+          f"| {row['invalid_action_share']:.3f} |" for name, row in result["configs"].items()),
+        "",
         f"| shape | predicted ratio vs {result['reference']} | measured ratio [95% CI] | exact eta |",
         "|---|---:|---|---:|",
     ]
@@ -283,8 +329,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-measure", action="store_true", help="skip the gradients (prediction only)")
     parser.add_argument("--envs", type=int, default=2, help="envs in the pool")
     parser.add_argument("--seed", type=int, default=0)
+    group = parser.add_argument_group("LLM policies (default: the preset's)")
+    group.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=None,
+                       help="reply <think>...</think> then the action")
+    group.add_argument("--decision-entropy", choices=("exact", "probe"), help="exact over answers at h, or probe completions")
+    group.add_argument("--probe-samples", type=int, help="completions per probe entropy")
+    group.add_argument("--sft-epochs", type=int, help="behaviour-cloning epochs on the expert (the warm start)")
+    group.add_argument("--sft-lr", type=float, help="behaviour-cloning learning rate")
+    group.add_argument("--max-new-tokens", type=int, help="longest reply")
     parser.add_argument("--out", help="folder for diagnose.json and diagnose.md")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     result = diagnose(args)
     text = markdown(result)
     print(text)

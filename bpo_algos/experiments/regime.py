@@ -49,6 +49,7 @@ from bpo_algos.diagnostics import flat_gradient
 from bpo_algos.experiments.stats import paired_difference
 from bpo_algos.mechanism import measure, predict_variance_ratio
 from bpo_algos.rollout import EnvPool
+from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
 
 COMMON: dict[str, Any] = {"aggregation": "step-sum"}
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/regime", help="output folder (regime.json, regime.png, regime.md)")
     parser.add_argument("--quick", action="store_true", help="3 cells, 3 seeds, fewer configurations (< 2 min)")
-    parser.add_argument("--cells", nargs="+", help="only these cells")
+    parser.add_argument("--cells", nargs="+", help="only these cells, in this order")
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds per cell")
     parser.add_argument("--tuning-seeds", type=int, default=2)
     parser.add_argument("--updates", type=int, default=8)
@@ -392,25 +393,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         configs = QUICK_CONFIGS
     grid = cells(args.quick)
     if args.cells:
-        grid = [c for c in cells(False) if c.name in args.cells]
+        by_name = {c.name: c for c in cells(False)}
+        unknown = [n for n in args.cells if n not in by_name]
+        if unknown:
+            raise SystemExit(f"unknown cell(s) {unknown}; known: {list(by_name)}")
+        grid = [by_name[n] for n in args.cells]  # in the order given
     torch.manual_seed(0)
     start = time.perf_counter()
     results: dict[str, Any] = {"args": vars(args), "configs": list(configs), "cells": {}}
+    out = Path(args.out)
     for cell in grid:
         results["cells"][cell.name] = run_cell(cell, args, configs)
         print(f"{cell.name}: {results['cells'][cell.name]['seconds']:.0f} s", flush=True)
+        # written after every cell, so an interrupted map keeps the cells it finished
+        write(results, out, start, pending=[c.name for c in grid if c.name not in results["cells"]])
+    print(markdown(results))
+    print(f"wrote {out / 'regime.json'}, {out / 'regime.md'} and {out / 'regime.png'} in {results['seconds']:.0f} s")
+    return results
+
+
+def write(results: dict[str, Any], out: Path, start: float, pending: Sequence[str]) -> None:
+    """``regime.json``, ``regime.md`` and ``regime.png`` of the cells so far (``pending``: the
+    grid's cells not yet run, recorded in the JSON)."""
+    results["pending_cells"] = list(pending)
     results["predictor"] = predictor_summary(results)
     results["seconds"] = time.perf_counter() - start
     results["load_average"] = list(os.getloadavg())
     results["cpu_count"] = os.cpu_count()
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "regime.json").write_text(json.dumps(results, indent=1, default=float))
-    (out / "regime.md").write_text(markdown(results))
+    atomic_write(out / "regime.json", json.dumps(results, indent=1, default=float))
+    atomic_write(out / "regime.md", markdown(results))
     figure(results, out / "regime.png")
-    print(markdown(results))
-    print(f"wrote {out / 'regime.json'}, {out / 'regime.md'} and {out / 'regime.png'} in {results['seconds']:.0f} s")
-    return results
 
 
 def cli() -> None:

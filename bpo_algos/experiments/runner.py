@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import itertools
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -54,7 +55,7 @@ from bpo_algos.policy import TabularPolicy
 from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
 from bpo_algos.registry import algorithm_factory, make_algorithm
-from bpo_algos.rollout import EnvPool, RolloutEngine
+from bpo_algos.rollout import EnvPool, RolloutEngine, Topology
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer, TrainerConfig
 from bpo_envs.files import read_json_or_redo, write_json
@@ -117,6 +118,7 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
         "decision_entropy": preset.decision_entropy,
         "probe_samples": preset.probe_samples,
         "reference_offload": preset.reference_offload and not preset.lora,
+        "eval_temperature": preset.for_env("eval_temperature", env_name),
     }
     if preset.trainer.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
@@ -128,7 +130,6 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
         policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len or 4096, **options)
     else:
         policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len, **options)
-    policy.eval_temperature = preset.for_env("eval_temperature", env_name)
     return warm_start(policy, preset, setup, tasks, seed)
 
 
@@ -388,18 +389,6 @@ def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], d
     return train, eval_tasks, data
 
 
-class _Episode:
-    """A topology of one rollout from the root (an evaluation episode)."""
-
-    root_branches = 1
-
-    def wants_entropy(self, path: Any) -> bool:
-        return False
-
-    def fork_count(self, path: Any, entropy: float | None) -> int:
-        return 1
-
-
 def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int, split: int = 0) -> float:
     """See :func:`evaluate_episodes`: the mean success."""
     wins = evaluate_episodes(policy, pool, tasks, episodes, seed, split)
@@ -418,7 +407,7 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     """
     if not tasks:
         raise ValueError("no evaluation tasks")
-    state = policy.rng_state() if hasattr(policy, "rng_state") else None
+    state = policy.rng_state()
     per_task: dict[int, list[float]] = {}
     try:
         with evaluation_sampling(policy):  # the preset's evaluation temperature (0: greedy)
@@ -429,11 +418,10 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
                 for j in range(max(episodes, 1)):
                     episode_seed = stream_seed(seed, EVALUATION, i, j, split)
                     policy.seed(episode_seed)
-                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, _Episode(), [tasks[i]])
+                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, Topology(), [tasks[i]])  # one rollout from the root
                     per_task[i] += [float(e.won) for t in result.trees for e in t.leaf_edges()]
     finally:
-        if state is not None:
-            policy.set_rng_state(state)
+        policy.set_rng_state(state)
     if dp.is_distributed():
         for part in dp.all_gather_objects(per_task):
             per_task.update(part)
@@ -452,15 +440,18 @@ def initial_dir(out: Path, env: str, seed: int) -> Path:
     return out / "runs" / env / "_initial" / f"seed{seed}"
 
 
+_INITIAL_WEIGHTS: weakref.WeakKeyDictionary[Any, InitialWeights] = weakref.WeakKeyDictionary()
+"""The saved initial weights of each reusable initial policy, for as long as the policy lives."""
+
+
 def _initial_weights(initial: Any) -> InitialWeights | None:
     """The initial weights of an LLM policy, saved on its first run (then restored in place per
     run instead of deep-copying the model, or a vLLM engine); None for small policies."""
     if not reusable(initial):
         return None
-    saved = getattr(initial, "_initial_weights", None)
+    saved = _INITIAL_WEIGHTS.get(initial)
     if saved is None:
-        saved = InitialWeights(initial)
-        initial._initial_weights = saved
+        saved = _INITIAL_WEIGHTS[initial] = InitialWeights(initial)
     return saved
 
 
@@ -510,12 +501,11 @@ class _RNGGuard:
         self.policy = policy
 
     def __enter__(self) -> None:
-        self.policy_state = self.policy.rng_state() if hasattr(self.policy, "rng_state") else None
+        self.policy_state = self.policy.rng_state()
         self.torch_state = torch.get_rng_state()
 
     def __exit__(self, *exc: Any) -> None:
-        if self.policy_state is not None:
-            self.policy.set_rng_state(self.policy_state)
+        self.policy.set_rng_state(self.policy_state)
         torch.set_rng_state(self.torch_state)
 
 
@@ -525,8 +515,7 @@ def _gradient_rows(name: str, preset: Preset, env: str, seed: int, policy: Any, 
     state (BPO's threshold, the budget's tree-cost estimate) warmed by one discarded batch."""
     probe = build_algorithm(name, preset, seed, env)
     with _RNGGuard(policy):
-        if hasattr(policy, "seed"):
-            policy.seed(seed)
+        policy.seed(seed)
         probe.collect(policy, pool, tasks, budget)
         samples = gradient_samples(probe, policy, pool, tasks, n, budget, keep_grads=True)
     return samples

@@ -197,7 +197,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rows[label] = {
                 "per_tree": per_tree,
                 "matched_budget": {"env_steps": setting["budget"], **matched},
-                "threshold": getattr(algorithm, "threshold", None),
+                "threshold": algorithm.threshold,
                 "seconds": time.perf_counter() - start,
             }
         add_ratios(rows)

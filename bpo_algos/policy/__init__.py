@@ -1,4 +1,4 @@
-"""Policies: the protocol, the choice policies (tabular, text scorer), and (with the ``hf``/``vllm`` extras) LLM policies.
+"""Policies: the base class, the choice policies (tabular, text scorer), and (with the ``hf``/``vllm`` extras) LLM policies.
 
 ``HFPolicy`` and ``VLLMPolicy`` are imported on first access, so ``import bpo_algos`` does not
 import ``transformers`` (or ``vllm``).
@@ -10,7 +10,6 @@ from bpo_algos.policy.base import (
     Action,
     Context,
     Policy,
-    PolicyBase,
     Turn,
     action_mask,
     pad_token_rows,
@@ -31,7 +30,6 @@ __all__ = [
     "Context",
     "HFPolicy",
     "Policy",
-    "PolicyBase",
     "PromptConfig",
     "TabularPolicy",
     "TextScorerPolicy",

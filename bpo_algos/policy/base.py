@@ -1,17 +1,17 @@
-"""The ``Policy`` protocol: what the rollout engine and the losses need from a policy.
+"""The ``Policy`` base class: what the rollout engine, the losses and the trainer call on a policy.
 
 A *context* is one decision point (history ``h``) as the engine sees it; an :class:`Action` is
 one sample from the policy there, with the token ids and per-token log-probabilities of the
-sampled text. Every policy (tabular, transformers, vLLM) implements the same three methods:
+sampled text. Every policy (tabular, transformers, vLLM) subclasses :class:`Policy` and implements
+the same three methods (every other hook has a default there):
 
-* ``sample(contexts, n)`` — ``n`` i.i.d. samples per context (never deduplicated); a policy
-  may take ``rngs=`` (one ``numpy.random.Generator`` per context, the engine's per-path
-  streams) and draw each context's samples from its own, so a tree does not depend on what
-  else was in the batch (:mod:`bpo_algos.rollout`);
+* ``sample(contexts, n, rngs)`` — ``n`` i.i.d. samples per context (never deduplicated), each
+  context's drawn from its own ``numpy.random.Generator`` in ``rngs`` (the engine's per-path
+  streams), so a tree does not depend on what else was in the batch (:mod:`bpo_algos.rollout`);
 * ``decision_entropy(contexts)`` — the entropy of the policy's distribution at each context,
   computed before the backbone's action is sampled (docs/unbiasedness.md, rule 1: exact over the
   admissible actions, or of the first action token; for a policy that reasons before it acts,
-  the ``"probe"`` estimate of :meth:`PolicyBase.probe_entropy`, docs/paper-setting.md);
+  the ``"probe"`` estimate of :meth:`Policy.probe_entropy`, docs/paper-setting.md);
 * ``token_logprobs(steps)`` — differentiable per-token log-probs of recorded actions, a
   ``[n_steps, max_action_tokens]`` tensor padded with zeros past each action's length.
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -62,17 +62,10 @@ def plugin_entropy(labels: Sequence[Hashable]) -> float:
     return float(-sum(c / n * math.log(c / n) for c in Counter(labels).values()))
 
 
-def evaluation_sampling(policy: Any) -> Any:
-    """A context manager that samples at the policy's ``eval_temperature`` (evaluation episodes;
-    :meth:`~bpo_algos.policy.hf.HFPolicy.sampling_temperature`), or does nothing for a policy
-    without one."""
-    temperature = getattr(policy, "eval_temperature", None)
-    set_temperature = getattr(policy, "sampling_temperature", None)
-    if temperature is None or not callable(set_temperature):
-        from contextlib import nullcontext
-
-        return nullcontext()
-    return set_temperature(temperature)
+def evaluation_sampling(policy: Policy) -> AbstractContextManager[None]:
+    """A context manager that samples at the policy's :attr:`Policy.eval_temperature` (evaluation
+    episodes; :meth:`Policy.sampling_temperature`)."""
+    return policy.sampling_temperature(policy.eval_temperature)
 
 
 def admissible_of(info: dict[str, Any]) -> tuple[str, ...] | None:
@@ -102,8 +95,7 @@ def as_context(value: Any) -> Context:
 
 def as_steps(batch_or_steps: Any) -> Sequence[StepLike]:
     """The recorded steps of a :class:`~bpo_algos.algorithm.Batch`, or the sequence itself."""
-    steps = getattr(batch_or_steps, "steps", batch_or_steps)
-    return steps
+    return batch_or_steps if isinstance(batch_or_steps, Sequence) else batch_or_steps.steps
 
 
 @dataclass(frozen=True)
@@ -118,6 +110,9 @@ class Action:
             output does not parse sends the raw text, and the env answers with an invalid
             action observation (bad model output is an observation, never a crash).
         prompt_token_ids: the prompt the action was generated from.
+        index: for a policy that chooses among the admissible actions, the action's position in
+            the context's list (``text`` is the action there; the loss reads this index and
+            checks the text against it); None for free text.
     """
 
     text: str
@@ -125,6 +120,7 @@ class Action:
     logprobs: tuple[float, ...]
     env_action: str | None = None
     prompt_token_ids: tuple[int, ...] = field(default=(), repr=False)
+    index: int | None = None
 
     @property
     def command(self) -> str:
@@ -143,32 +139,52 @@ class StepLike(Protocol):
     action: Action
 
 
-@runtime_checkable
-class Policy(Protocol):
-    """The binding policy interface (docs/unbiasedness.md states the rules it serves)."""
+class Policy:
+    """Base class of every policy: the three binding methods, and every other hook the engine,
+    the loss and the trainer call, each with its default (docs/unbiasedness.md states the rules
+    the three serve).
 
-    meter: ComputeMeter
-
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]: ...
-
-    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]: ...
-
-    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor: ...
-
-
-class PolicyBase:
-    """Shared plumbing: the usage meter, seeding and optional reference log-probs.
-
-    Subclasses count ``policy_calls``, ``gen_tokens`` and ``prefill_tokens`` (generation) and
-    ``score_tokens`` (decision-entropy passes: the prompt and every candidate scored) in
-    ``self.meter``; the engine reads the difference around each call and charges it to the
-    trees the call served. :meth:`train_tokens` and :meth:`flops_parameters` are the learner's
-    side of the cost model (:mod:`bpo_algos.compute`).
+    Subclasses implement :meth:`sample`, :meth:`decision_entropy` and :meth:`token_logprobs`,
+    and meter their own work in ``self.meter``: ``policy_calls``, ``gen_tokens`` and
+    ``prefill_tokens`` (generation) and ``score_tokens`` (decision-entropy passes: the prompt
+    and every candidate scored). The engine reads the difference around each call and charges
+    it to the trees the call served; it counts no token itself. :meth:`train_tokens` and
+    :meth:`flops_parameters` are the learner's side of the cost model (:mod:`bpo_algos.compute`).
     """
 
+    meter: ComputeMeter
+    eval_temperature: float | None = None
+    """The temperature evaluation episodes sample at (:func:`evaluation_sampling`; 0: greedy;
+    None: the policy's own)."""
+    device: torch.device | None = None
+    """Where the policy computes, when it says so (an LLM policy: its model's device); None:
+    where its parameters are."""
+    train_batch_size: int | None = None
+    """Steps per forward pass of :meth:`token_logprobs` (None: all in one)."""
     def __init__(self) -> None:
         self.meter = ComputeMeter()
+        self._reference: Any = None  # the frozen k3 KL reference, once set_reference made one
 
+    # ---- the binding methods -------------------------------------------------------------
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
+        """``n`` i.i.d. samples per context, never deduplicated (docs/unbiasedness.md, rule 2).
+
+        ``rngs``: one generator per context, which that context's samples are drawn from (the
+        engine always passes its per-path streams, so a tree does not depend on what else was
+        in the batch); None: the policy's own generator (direct calls)."""
+        raise NotImplementedError(f"{type(self).__name__} implements no sample()")
+
+    def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
+        """The entropy of the policy's distribution at each context, before any action there is
+        sampled (docs/unbiasedness.md, rule 1)."""
+        raise NotImplementedError(f"{type(self).__name__} implements no decision_entropy()")
+
+    def token_logprobs(self, steps: Sequence[StepLike]) -> torch.Tensor:
+        """Differentiable per-token log-probs of recorded actions, ``[n_steps, max_action_tokens]``
+        padded with zeros past each action's length."""
+        raise NotImplementedError(f"{type(self).__name__} implements no token_logprobs()")
+
+    # ---- hooks with defaults -------------------------------------------------------------
     def train_tokens(self, step: StepLike) -> int:
         """Tokens the learner's forward and backward pass over ``step`` covers: its prompt and
         its action tokens (what :meth:`token_logprobs` runs the model over)."""
@@ -176,11 +192,41 @@ class PolicyBase:
 
     def flops_parameters(self) -> int:
         """``P`` of the cost model: the parameters a forward pass multiplies by (a frozen KL
-        reference copy is not counted: it runs only when a KL term is on)."""
-        named = getattr(self, "named_parameters", None)
-        if not callable(named):
+        reference copy is not counted: it runs only when a KL term is on); 0 for a policy that
+        is no module."""
+        if not isinstance(self, torch.nn.Module):
             return 0
-        return int(sum(p.numel() for name, p in named() if not name.startswith("_reference.")))
+        return int(sum(p.numel() for name, p in self.named_parameters() if not name.startswith("_reference.")))
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates: those of the module that require a gradient."""
+        if not isinstance(self, torch.nn.Module):
+            return []
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute activations in the backward pass (``TrainerConfig.gradient_checkpointing``)."""
+        raise TypeError(f"gradient_checkpointing=True but {type(self).__name__} has no enable_gradient_checkpointing()")
+
+    def sampling_temperature(self, temperature: float | None) -> AbstractContextManager[None]:
+        """A context in which :meth:`sample` draws at ``temperature`` (evaluation); by default
+        the policy's distribution is left as it is."""
+        return nullcontext()
+
+    def clear_cache(self) -> None:
+        """Drop state kept between calls that an update makes stale; by default none."""
+
+    def shardable_model(self) -> torch.nn.Module | None:
+        """The transformers model FSDP shards (``TrainerConfig.fsdp``); None: nothing to shard."""
+        return None
+
+    def sync_weights(self) -> None:
+        """Push the trained weights to where samples are drawn (a vLLM engine); by default
+        sampling reads them directly."""
+
+    def set_reference(self) -> None:
+        """Freeze the current policy as the k3 KL's reference."""
+        raise NotImplementedError(f"{type(self).__name__} has no reference policy")
 
     # The sampling RNG: a numpy Generator in ``self._rng`` unless a subclass keeps another
     # (HFPolicy: a torch Generator) and overrides these three.
@@ -240,8 +286,8 @@ class PolicyBase:
         weights under ``_reference.``; a fresh policy has none yet and would refuse those keys.
         Making it first lets loading restore it, so the KL keeps its original anchor.
         """
-        if getattr(self, "_reference", None) is None and any(k.startswith("_reference.") for k in state_dict):
-            self.set_reference()  # type: ignore[attr-defined]
+        if self._reference is None and any(k.startswith("_reference.") for k in state_dict):
+            self.set_reference()
 
     def rng_state(self) -> Any:
         """The sampling RNG state, for checkpoints."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_context, as_steps
+from bpo_algos.policy.base import Action, Context, Policy, StepLike, as_context, as_steps
 from bpo_envs.validation import check_count
 
 
@@ -42,7 +42,16 @@ def gumbel_top_k(logp: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
 
 
 
-class ChoicePolicy(PolicyBase, nn.Module):
+def chosen(step: StepLike) -> int:
+    """The index of ``step``'s action in its context's admissible list, checked against the
+    action's text (the two travel together from the sample to the loss)."""
+    index, admissible = step.action.index, step.context.admissible_actions or ()
+    if index is None or not 0 <= index < len(admissible) or admissible[index] != step.action.text:
+        raise ValueError(f"the recorded action {step.action.text[:60]!r} (index {index}) is not that admissible action of its context")
+    return index
+
+
+class ChoicePolicy(Policy, nn.Module):
     """Base class of the policies that pick one of the admissible actions.
 
     Subclasses implement :meth:`scores`; they may override :meth:`set_reference` and
@@ -50,7 +59,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
     """
 
     def __init__(self, temperature: float = 1.0, seed: int = 0) -> None:
-        PolicyBase.__init__(self)
+        Policy.__init__(self)
         nn.Module.__init__(self)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -96,9 +105,10 @@ class ChoicePolicy(PolicyBase, nn.Module):
         actions = self._admissible(context)
         if command not in actions:
             return None
-        return Action(command, (actions.index(command),), (0.0,), None, (context_key(context.observation),))
+        i = actions.index(command)
+        return Action(command, (i,), (0.0,), None, (context_key(context.observation),), index=i)
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         """``n`` i.i.d. samples per context; token id = index in the admissible list.
 
         ``rngs``: one generator per context that its samples are drawn from (the engine's
@@ -118,7 +128,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
             rng = self._rng if rngs is None else rngs[i]
             picks = rng.choice(len(actions), size=n, p=probs / probs.sum())
             prompt = (context_key(context.observation),)
-            out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt) for i in picks])
+            out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt, index=int(i)) for i in picks])
             self.meter.gen_tokens += n
             # the forward pass behind the softmax: the context and every candidate, as a scoring pass
             self.meter.prefill_tokens += 1 + len(actions)
@@ -147,7 +157,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
             actions = self._admissible(context)
             picks = gumbel_top_k(logp, k, self._rng if rngs is None else rngs[i])
             prompt = (context_key(context.observation),)
-            out.append([Action(actions[j], (int(j),), (float(logp[j]),), None, prompt) for j in picks])
+            out.append([Action(actions[j], (int(j),), (float(logp[j]),), None, prompt, index=int(j)) for j in picks])
             self.meter.gen_tokens += len(picks)
             self.meter.prefill_tokens += 1 + len(actions)
         self.meter.policy_calls += 1
@@ -174,7 +184,7 @@ class ChoicePolicy(PolicyBase, nn.Module):
         """``[n_steps, 1]`` differentiable log-probs of the recorded actions (steps or a Batch)."""
         steps = as_steps(steps)
         all_logp = self.log_probs_of([s.context for s in steps])
-        rows = [lp[s.action.token_ids[0]] for lp, s in zip(all_logp, steps, strict=True)]
+        rows = [lp[chosen(s)] for lp, s in zip(all_logp, steps, strict=True)]
         return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
 
     # ---- reference policy (k3 KL) --------------------------------------------------------

@@ -72,7 +72,7 @@ from torch import nn
 from bpo_algos.policy.base import (
     Action,
     Context,
-    PolicyBase,
+    Policy,
     StepLike,
     as_steps,
     check_entropy_mode,
@@ -187,7 +187,7 @@ class _Batch:
     logits: torch.Tensor
 
 
-class HFPolicy(PolicyBase, nn.Module):
+class HFPolicy(Policy, nn.Module):
     """A ``transformers`` causal LM policy (see the module docstring).
 
     Args:
@@ -215,6 +215,8 @@ class HFPolicy(PolicyBase, nn.Module):
         probe_samples: completions per context of a ``"probe"`` entropy (>= 2).
         reference_offload: keep the frozen KL reference in host memory (module docstring).
         reference_dtype: the reference copy's dtype (None: the model's).
+        eval_temperature: the temperature evaluation episodes sample at (0: greedy; None: the
+            policy's own; :meth:`sampling_temperature`).
     """
 
     def __init__(
@@ -240,8 +242,12 @@ class HFPolicy(PolicyBase, nn.Module):
         probe_samples: int = 8,
         reference_offload: bool = False,
         reference_dtype: torch.dtype | None = None,
+        eval_temperature: float | None = None,
     ) -> None:
-        PolicyBase.__init__(self)
+        Policy.__init__(self)
+        if eval_temperature is not None and not eval_temperature >= 0:
+            raise ValueError(f"eval_temperature must be >= 0 (0: greedy) or None, got {eval_temperature}")
+        self.eval_temperature = eval_temperature
         check_entropy_mode(decision_entropy, probe_samples)
         self.decision_entropy_mode = decision_entropy
         self.probe_samples = int(probe_samples)
@@ -309,7 +315,7 @@ class HFPolicy(PolicyBase, nn.Module):
         self._store_version = self.weights_version()
         self._sample_temperature: float | None = None
 
-    # ---- PolicyBase ----------------------------------------------------------------------
+    # ---- Policy ----------------------------------------------------------------------
     @property
     def config(self) -> PromptConfig:
         return self.prompts.config
@@ -344,6 +350,10 @@ class HFPolicy(PolicyBase, nn.Module):
             yield
         finally:
             self._sample_temperature = previous
+
+    def shardable_model(self) -> nn.Module:
+        """The transformers model, which FSDP shards."""
+        return self.model
 
     def clear_cache(self) -> None:
         """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
@@ -659,7 +669,7 @@ class HFPolicy(PolicyBase, nn.Module):
             groups.append((group, counts))
         return groups
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         """``n`` i.i.d. answers per context (never deduplicated), parsed into env actions;
         ``rngs``: one generator per context (the engine's per-path streams)."""
         out = self.generate(contexts, n, rngs=rngs)

@@ -13,7 +13,7 @@ on the exact-gradient TreeMDP, with the same parsing and probe code as the LLM p
 
 * ``decision_entropy="exact"``: the entropy of an immediate answer at ``h``, ``softmax(alpha0[h])``
   (the proxy an LLM's exact mode computes: answers scored at ``h`` without reasoning).
-* ``decision_entropy="probe"``: :meth:`~bpo_algos.policy.base.PolicyBase.probe_entropy` with
+* ``decision_entropy="probe"``: :meth:`~bpo_algos.policy.base.Policy.probe_entropy` with
   ``probe_samples`` replies, parsed by :func:`~bpo_envs.prompting.parse_action`.
 * ``decision_entropy="sampled-reasoning"``: the rule that is **not** offered by the LLM
   policies. The backbone's own reasoning ``r`` is sampled first and the entropy of
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, PolicyBase, StepLike, as_steps
+from bpo_algos.policy.base import Action, Context, Policy, StepLike, as_steps
 from bpo_envs.prompting import PromptConfig, env_action, parse_action
 from bpo_envs.validation import check_count
 
@@ -45,7 +45,7 @@ def _key(observation: str) -> str:
     return "o" + hashlib.blake2b(observation.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
 
 
-class ReasoningTabularPolicy(PolicyBase, nn.Module):
+class ReasoningTabularPolicy(Policy, nn.Module):
     """Think, then act, from tables keyed by observation (module docstring).
 
     Args:
@@ -56,7 +56,7 @@ class ReasoningTabularPolicy(PolicyBase, nn.Module):
     """
 
     def __init__(self, reasons: Sequence[str] = ("I am sure.", "I am unsure."), *, decision_entropy: str = "exact", probe_samples: int = 4, seed: int = 0) -> None:
-        PolicyBase.__init__(self)
+        Policy.__init__(self)
         nn.Module.__init__(self)
         if decision_entropy not in REASONING_RULES:
             raise ValueError(f"decision_entropy must be one of {REASONING_RULES}, got {decision_entropy!r}")
@@ -110,29 +110,32 @@ class ReasoningTabularPolicy(PolicyBase, nn.Module):
         return torch.logsumexp(lr[:, None] + la, 0)
 
     # ---- Policy --------------------------------------------------------------------------
-    def _reply(self, context: Context, reason: int | None) -> Action:
+    def _reply(self, context: Context, reason: int | None, rng: np.random.Generator) -> Action:
         actions = context.admissible_actions or ()
         lr, la, _ = self._split_np(context.observation, len(actions))
         pr = np.exp(lr)
-        r = int(self._rng.choice(len(pr), p=pr / pr.sum())) if reason is None else reason
+        r = int(rng.choice(len(pr), p=pr / pr.sum())) if reason is None else reason
         pa = np.exp(la[r])
-        a = int(self._rng.choice(len(pa), p=pa / pa.sum()))
+        a = int(rng.choice(len(pa), p=pa / pa.sum()))
         text = f"{CONFIG.think_open}{self.reasons[r]}{CONFIG.think_close}{CONFIG.action_open}{actions[a]}{CONFIG.action_close}"
         self.meter.gen_tokens += 2
         return Action(text, (r, a), (float(lr[r]), float(la[r, a])), env_action(text, CONFIG), (0,))
 
-    def _generate(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
+    def _generate(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None = None) -> list[list[Action]]:
+        if rngs is not None and len(rngs) != len(contexts):
+            raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
         out = []
-        for context in contexts:
+        for j, context in enumerate(contexts):
+            rng = self._rng if rngs is None else rngs[j]
             first = self._stash.pop(id(context), None)
-            out.append([self._reply(context, first if i == 0 else None) for i in range(n)])
+            out.append([self._reply(context, first if i == 0 else None, rng) for i in range(n)])
             self.meter.prefill_tokens += 1
         return out
 
-    def sample(self, contexts: Sequence[Context], n: int) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[np.random.Generator] | None) -> list[list[Action]]:
         check_count("n", n)
         self.meter.policy_calls += 1
-        return self._generate(contexts, n)
+        return self._generate(contexts, n, rngs)
 
     def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
         self.meter.policy_calls += 1

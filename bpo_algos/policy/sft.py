@@ -120,8 +120,6 @@ def behaviour_cloning(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
-    if hasattr(policy, "clear_cache"):
-        policy.clear_cache()
-    if hasattr(policy, "sync_weights"):
-        policy.sync_weights()
+    policy.clear_cache()
+    policy.sync_weights()
     return losses

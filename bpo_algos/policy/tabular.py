@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bpo_algos.policy.base import Context, StepLike, as_steps
-from bpo_algos.policy.choice import ChoicePolicy
+from bpo_algos.policy.choice import ChoicePolicy, chosen
 
 
 def _key(observation: str) -> str:
@@ -86,7 +86,7 @@ class TabularPolicy(ChoicePolicy):
         for s in steps:
             actions = s.context.admissible_actions or ()
             logits = self._reference_table.get(_key(s.context.observation), torch.zeros(len(actions)))
-            rows.append(torch.log_softmax(logits / self.temperature, dim=-1)[s.action.token_ids[0]])
+            rows.append(torch.log_softmax(logits / self.temperature, dim=-1)[chosen(s)])
         return torch.stack(rows).unsqueeze(-1) if rows else torch.zeros(0, 1)
 
     # ---- checkpoints ---------------------------------------------------------------------

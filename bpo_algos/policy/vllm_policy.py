@@ -189,7 +189,7 @@ class VLLMPolicy(HFPolicy):
         if self.weights_version() != self._pushed_version:
             self.sync_weights()
 
-    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[Any] | None = None) -> list[list[Action]]:
+    def sample(self, contexts: Sequence[Context], n: int, rngs: Sequence[Any] | None) -> list[list[Action]]:
         """``n`` i.i.d. answers per context from vLLM (weights synced first when they changed).
 
         ``rngs`` is accepted and not used: vLLM samples from its engine seed (a per-request seed

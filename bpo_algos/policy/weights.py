@@ -19,17 +19,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from bpo_algos.policy.base import Policy
+
 
 class InitialWeights:
     """The trainable parameters of ``policy`` now, to :meth:`restore` before each run.
 
     Args:
-        policy: an ``nn.Module`` policy (its ``trainable_parameters()`` when it has them, else
-            every parameter that requires grad).
+        policy: an ``nn.Module`` policy (its ``trainable_parameters()``).
         path: where to save them (None: CPU memory). A file is loaded memory-mapped.
     """
 
-    def __init__(self, policy: nn.Module, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, policy: Policy, path: str | os.PathLike[str] | None = None) -> None:
         if not isinstance(policy, nn.Module):
             raise TypeError(f"InitialWeights needs an nn.Module policy, got {type(policy).__name__}")
         names = self._names(policy)
@@ -37,7 +38,7 @@ class InitialWeights:
         if not state:
             raise ValueError("the policy has no trainable parameters to save")
         self.names = sorted(state)
-        self.rng = policy.rng_state() if hasattr(policy, "rng_state") else None
+        self.rng = policy.rng_state()
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,9 +48,8 @@ class InitialWeights:
             self._state = state
 
     @staticmethod
-    def _names(policy: nn.Module) -> set[str]:
-        explicit = getattr(policy, "trainable_parameters", None)
-        chosen = {id(p) for p in (explicit() if callable(explicit) else policy.parameters()) if p.requires_grad}
+    def _names(policy: Policy) -> set[str]:
+        chosen = {id(p) for p in policy.trainable_parameters() if p.requires_grad}
         return {n for n, p in policy.named_parameters() if id(p) in chosen}
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -59,7 +59,7 @@ class InitialWeights:
         return torch.load(self.path, map_location="cpu", mmap=True, weights_only=True)
 
     @torch.no_grad()
-    def restore(self, policy: nn.Module) -> nn.Module:
+    def restore(self, policy: Policy) -> Policy:
         """Copy the saved values into ``policy``'s parameters in place (any device or dtype)
         and reset its sampling RNG; returns ``policy``."""
         state = self.state()
@@ -70,13 +70,9 @@ class InitialWeights:
         for name in self.names:
             params[name].copy_(state[name])
             params[name].requires_grad_(True)
-        if getattr(policy, "_reference", None) is not None:
-            policy._reference = None  # made again from the restored weights on first use
-        for method in ("clear_cache",):
-            if callable(getattr(policy, method, None)):
-                getattr(policy, method)()
-        if self.rng is not None and hasattr(policy, "set_rng_state"):
-            policy.set_rng_state(self.rng)
+        policy._reference = None  # made again from the restored weights on first use
+        policy.clear_cache()
+        policy.set_rng_state(self.rng)
         return policy
 
 

@@ -31,7 +31,7 @@ from starlette.types import Receive, Send
 import bpo_envs
 from bpo_envs.core import Snapshot
 from bpo_envs.serve.protocol import WSErrorCode, dumps, error, json_safe, loads
-from bpo_envs.serve.session import DeadlineExceeded, Session
+from bpo_envs.serve.session import DeadlineExceeded, EnvCalls, Session
 from bpo_envs.serve.snapshots import DEFAULT_CAP, SnapshotStore, UnknownSnapshotError
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,9 @@ class ServeConfig:
     """When set, every WebSocket must send ``Authorization: Bearer <token>``."""
     threads: int | None = None
     """Threads running env calls (default: ``max_sessions``)."""
+    inline_ms: float | None = 2.0
+    """A kind of env call whose recent calls each took under this many milliseconds runs on the
+    event loop, not in the thread pool (``bpo_envs.serve.session.EnvCalls``; None: never)."""
 
     def __post_init__(self) -> None:
         if self.env_id not in gym.registry:
@@ -72,6 +75,7 @@ class EnvServer:
         self.config = config
         self.executor = ThreadPoolExecutor(config.threads or config.max_sessions, thread_name_prefix="bpo-serve")
         self.store = SnapshotStore(config.snapshot_cap, free=self._free_snapshot)
+        self.calls = EnvCalls(self.executor, config.step_deadline, config.inline_ms)
         self.sessions: dict[str, Session | None] = {}
         self._idle_envs: list[gym.Env] = []
         self.refused = 0
@@ -129,6 +133,8 @@ class EnvServer:
             "refused": self.refused,
             "closed_idle": self.closed_idle,
             "deadline_exceeded": self.deadline_exceeded,
+            "env_calls_inline": dict(self.calls.inline),
+            "env_calls_pooled": dict(self.calls.pooled),
         }
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
@@ -164,7 +170,7 @@ class EnvServer:
             await _send_text(send, error(WSErrorCode.FACTORY_ERROR, f"could not make {self.config.env_id}: {exc}"))
             await send({"type": "websocket.close", "code": 1011})
             return
-        session = Session(session_id, env, self.executor, self.store, self.config.step_deadline)
+        session = Session(session_id, env, self.calls, self.store)
         self.sessions[session_id] = session
         self.sessions_total += 1
         closed = False
@@ -186,7 +192,8 @@ class EnvServer:
         limit = self.config.max_message_bytes
         while True:
             try:
-                message = await asyncio.wait_for(receive(), timeout)
+                async with asyncio.timeout(timeout):  # no task per message, unlike wait_for
+                    message = await receive()
             except TimeoutError:
                 self.closed_idle += 1
                 await _send_text(send, error(WSErrorCode.SESSION_ERROR, f"closed after {timeout:g} s without a message"))

@@ -64,7 +64,7 @@ def run(app: ServedApp, host: str, port: int, max_message_bytes: int = 1 << 20, 
     uvicorn.Server(uv_config).run(sockets=[sock])
 
 
-def _seconds_or_none(text: str) -> float | None:
+def _positive_or_none(text: str) -> float | None:
     value = float(text)
     return None if value <= 0 else value
 
@@ -76,11 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000, OpenEnv's; 0: a free one)")
     p.add_argument("--max-sessions", type=int, default=64)
-    p.add_argument("--idle-timeout", type=_seconds_or_none, default=600.0, help="seconds (0: none)")
-    p.add_argument("--step-deadline", type=_seconds_or_none, default=600.0, help="seconds one env call may take (0: none)")
+    p.add_argument("--idle-timeout", type=_positive_or_none, default=600.0, help="seconds (0: none)")
+    p.add_argument("--step-deadline", type=_positive_or_none, default=600.0, help="seconds one env call may take (0: none)")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20)
     p.add_argument("--snapshot-cap", type=int, default=DEFAULT_CAP, help="snapshots kept, oldest evicted first")
     p.add_argument("--threads", type=int, default=None, help="threads running env calls (default: --max-sessions)")
+    p.add_argument("--inline-ms", type=_positive_or_none, default=2.0,
+                   help="run a kind of env call on the event loop while its calls take under this many ms (0: never)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
             snapshot_cap=args.snapshot_cap,
             token=os.environ.get(TOKEN_VARIABLE) or None,
             threads=args.threads,
+            inline_ms=args.inline_ms,
         )
     except ValueError as exc:
         sys.exit(f"bpo-serve: {exc}")

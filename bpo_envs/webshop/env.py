@@ -149,6 +149,10 @@ class WebShopEnv(SnapshotEnv):
         self._task_ids = self.catalog.split(split)
         self._session = START
         self._goal: dict[str, Any] = {}
+        # the last page built: (session, goal, nodes, clickables). A page is a pure function of
+        # the (immutable) session and the goal, so an identity match is always the same page;
+        # a click then reads the page it clicks on instead of building it again.
+        self._page: tuple[Session, dict[str, Any], list[pages.Node], dict[str, pages.Node]] | None = None
 
     # ---- SnapshotEnv ---------------------------------------------------------------------
     def task_ids(self) -> Sequence[int]:
@@ -239,14 +243,23 @@ class WebShopEnv(SnapshotEnv):
             return pages.sub_page(text, products[s.product], s.sub)
         return pages.done_page(products[s.product]["asin"], dict(s.options), s.reward)
 
+    def _page_of(self, s: Session) -> tuple[list[pages.Node], dict[str, pages.Node]]:
+        """The nodes and clickables of session ``s``'s page (the last one built, if it is ``s``'s)."""
+        page = self._page
+        if page is not None and page[0] is s and page[1] is self._goal:
+            return page[2], page[3]
+        nodes = self._nodes(s)
+        table = pages.clickables(nodes)
+        self._page = (s, self._goal, nodes, table)
+        return nodes, table
+
     def _admissible(self, s: Session, table: dict[str, pages.Node]) -> list[str]:
         if s.page == "start":
             return search_candidates(self.search_actions, self._goal)
         return [f"click[{label}]" for label in table if label != "search"]
 
     def _render(self, s: Session) -> tuple[str, dict[str, Any]]:
-        nodes = self._nodes(s)
-        table = pages.clickables(nodes)
+        nodes, table = self._page_of(s)
         if self.observation_mode == "text":
             obs = pages.to_text(nodes)
         else:
@@ -265,8 +278,7 @@ class WebShopEnv(SnapshotEnv):
         if name == "search" and arg:
             new = Session("results", arg, 1, None, (), s.visited)
         elif name == "click" and arg is not None and arg != "search":
-            table = pages.clickables(self._nodes(s))
-            node = table.get(arg)
+            node = self._page_of(s)[1].get(arg)
             if node is None:
                 return self._invalid(action, f"there is no {arg[:80]!r} to click on this page")
             new = self._click(s, arg, node)

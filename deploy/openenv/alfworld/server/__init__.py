@@ -1,0 +1,1 @@
+"""BPO-ALFWorld-v0 as an OpenEnv environment (deploy/openenv/; docs/serving.md)."""
