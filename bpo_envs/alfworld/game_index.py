@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 INDEX_FORMAT = "bpo-alfworld-game-index/1"
+GAME_FILE = "game.tw-pddl"
+TRAJ_FILE = "traj_data.json"
 DATA_DIR = Path(__file__).parent / "data"
 
 
@@ -159,14 +161,12 @@ def write_index(path: Path, root: Path, wanted: Mapping[str, Sequence[str]], ver
     """Write the index of the cached games ``wanted`` (``{split: task ids}``) found under
     ``root`` (a ``GeneratedGames`` cache's ``json_2.1.1`` folder); every one must be there,
     planner-checked. Returns a summary (games per split, bytes)."""
-    from bpo_envs.alfworld.games import GAME_FILE, TRAJ_FILE, read_game
-
     games: dict[str, dict[str, Any]] = {}
     for split, ids in wanted.items():
         entries = games.setdefault(split, {})
         for task_id in ids:
             folder = root / split / task_id
-            game = read_game(folder / GAME_FILE)
+            game = json.loads((folder / GAME_FILE).read_text())
             meta = json.loads((folder / TRAJ_FILE).read_text())["generator"]
             if game.get("solvable") is not True or meta.get("version") != version or meta.get("seed") != seed:
                 raise ValueError(f"{folder} is not a planner-checked v{version} seed {seed} game")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bpo_envs.alfworld._upstream import cache_root, upstream
-from bpo_envs.alfworld.game_index import game_digest, load_index
+from bpo_envs.alfworld.game_index import GAME_FILE, TRAJ_FILE, game_digest, load_index
 from bpo_envs.alfworld.generator import (
     GENERATOR_VERSION,
     GENERATOR_VERSIONS,
@@ -35,8 +35,6 @@ from bpo_envs.alfworld.verify import PLANNER_TIMEOUT_S, worker
 
 log = logging.getLogger(__name__)
 
-GAME_FILE = "game.tw-pddl"
-TRAJ_FILE = "traj_data.json"
 _GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
 MAX_ATTEMPTS = 200
 
