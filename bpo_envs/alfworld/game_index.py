@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 INDEX_FORMAT = "bpo-alfworld-game-index/1"
+GAME_FILE = "game.tw-pddl"
+TRAJ_FILE = "traj_data.json"
 DATA_DIR = Path(__file__).parent / "data"
 
 
@@ -46,32 +48,10 @@ class GameIndexMismatch(GameIndexError):
     """A game rebuilt from the index is not the game the index recorded."""
 
 
-GAME_FILE = "game.tw-pddl"
-"""A cached game's PDDL, grammar and walkthrough (JSON), beside its ``traj_data.json``."""
-TRAJ_FILE = "traj_data.json"
-_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
-
-
-def read_game(path: Path) -> dict[str, Any]:
-    """Read a ``game.tw-pddl`` file; raise ``FileNotFoundError``/``ValueError`` naming ``path``."""
-    if not path.is_file():
-        raise FileNotFoundError(f"ALFWorld game file not found: {path}")
-    try:
-        game = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"malformed ALFWorld game file {path}: {exc}") from exc
-    if not isinstance(game, dict):
-        raise ValueError(f"malformed ALFWorld game file {path}: expected a JSON object")
-    missing = [k for k in _GAME_KEYS if not isinstance(game.get(k), str)]
-    if missing:
-        raise ValueError(f"malformed ALFWorld game file {path}: missing or non-text {missing}")
-    return game
-
-
 def game_digest(game: Mapping[str, Any]) -> str:
     """SHA-256 over the game's three texts (domain, grammar with the goal, problem)."""
     digest = hashlib.sha256()
-    for key in _GAME_KEYS:
+    for key in ("pddl_domain", "grammar", "pddl_problem"):
         digest.update(str(game[key]).encode())
         digest.update(b"\x00")
     return digest.hexdigest()
@@ -186,7 +166,7 @@ def write_index(path: Path, root: Path, wanted: Mapping[str, Sequence[str]], ver
         entries = games.setdefault(split, {})
         for task_id in ids:
             folder = root / split / task_id
-            game = read_game(folder / GAME_FILE)
+            game = json.loads((folder / GAME_FILE).read_text())
             meta = json.loads((folder / TRAJ_FILE).read_text())["generator"]
             if game.get("solvable") is not True or meta.get("version") != version or meta.get("seed") != seed:
                 raise ValueError(f"{folder} is not a planner-checked v{version} seed {seed} game")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bpo_envs.alfworld._upstream import cache_root, upstream
-from bpo_envs.alfworld.game_index import GAME_FILE, TRAJ_FILE, game_digest, load_index, read_game
+from bpo_envs.alfworld.game_index import GAME_FILE, TRAJ_FILE, game_digest, load_index
 from bpo_envs.alfworld.generator import (
     GENERATOR_VERSION,
     GENERATOR_VERSIONS,
@@ -35,6 +35,7 @@ from bpo_envs.alfworld.verify import PLANNER_TIMEOUT_S, worker
 
 log = logging.getLogger(__name__)
 
+_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
 MAX_ATTEMPTS = 200
 
 
@@ -47,6 +48,22 @@ def _check_task_types(task_types: Sequence[str] | None) -> tuple[str, ...]:
     if bad or not task_types:
         raise ValueError(f"task_types must be a non-empty subset of {TASK_TYPES}, got {list(task_types)}")
     return tuple(t for t in TASK_TYPES if t in task_types)
+
+
+def read_game(path: Path) -> dict[str, Any]:
+    """Read a ``game.tw-pddl`` file; raise ``FileNotFoundError``/``ValueError`` naming ``path``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"ALFWorld game file not found: {path}")
+    try:
+        game = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"malformed ALFWorld game file {path}: {exc}") from exc
+    if not isinstance(game, dict):
+        raise ValueError(f"malformed ALFWorld game file {path}: expected a JSON object")
+    missing = [k for k in _GAME_KEYS if not isinstance(game.get(k), str)]
+    if missing:
+        raise ValueError(f"malformed ALFWorld game file {path}: missing or non-text {missing}")
+    return game
 
 
 def _write_json(path: Path, obj: Any) -> None:
