@@ -113,6 +113,8 @@ def test_recommendation_rule() -> None:
     worse = {"a": {"predicted_ratio": 1.4, "measured_ratio": 2.0}}
     assert diagnose.recommend(worse, ["a"], 0.9)["branch"] is False
     assert diagnose.recommend({"a": {"predicted_ratio": None}}, ["a"], 0.9)["branch"] is False
+    flat = {"a": {"predicted_ratio": None, "mechanism": {"zero_variance_groups": 1.0}}}
+    assert diagnose.recommend(flat, ["a"], 0.9)["reason"].startswith("every sibling group's returns were equal")
 
 
 def test_llm_flags_set_the_warm_start_on_the_env_and_the_reply_format_on_the_preset() -> None:

@@ -270,7 +270,10 @@ def recommend(rows: dict[str, Any], shapes: Sequence[str], margin: float) -> dic
         if value is not None and np.isfinite(value):
             scored.append((value, shape, "measured" if "measured_ratio" in r else "predicted"))
     if not scored:
-        return {"branch": False, "shape": None, "reason": "no BPO shape branched: no mechanism to judge"}
+        flat = all((rows[s].get("mechanism") or {}).get("zero_variance_groups") == 1.0 for s in shapes)
+        reason = ("every sibling group's returns were equal: no gradient for branching to improve (warm-start the policy "
+                  "until it sometimes succeeds)" if flat and shapes else "no BPO shape branched: no mechanism to judge")
+        return {"branch": False, "shape": None, "reason": reason}
     value, shape, basis = min(scored)
     upper = rows[shape].get("measured_ratio_ci95", [value, value])[1] if basis == "measured" else value
     if value < margin and upper < 1:
