@@ -100,14 +100,21 @@ def test_diagnose_eta_matches_exact_on_a_tree_mdp(tmp_path: Path) -> None:
 
 
 def test_recommendation_rule() -> None:
-    rows = {"a": {"predicted_ratio": 0.7}, "b": {"predicted_ratio": 0.95, "measured_ratio": 0.6}, "c": {"predicted_ratio": None}}
+    rows = {"a": {"predicted_ratio": 0.7}, "b": {"predicted_ratio": 0.95, "measured_ratio": 0.6, "measured_ratio_ci95": [0.4, 0.8]},
+            "c": {"predicted_ratio": None}}
     assert diagnose.recommend(rows, ["a", "b", "c"], 0.9) == {
         "branch": True, "shape": "b", "ratio": 0.6, "basis": "measured",
         "reason": "b's measured gradient variance is 0.60x RLOO's at the same env steps",
     }
+    # the broken case: a low point estimate whose interval reaches 1 is no reason to branch
+    wide = {"a": {"predicted_ratio": 1.5, "measured_ratio": 0.12, "measured_ratio_ci95": [0.0, 1.13]}}
+    assert diagnose.recommend(wide, ["a"], 0.9)["branch"] is False
+    assert diagnose.recommend(wide, ["a"], 0.9)["reason"].startswith("inconclusive")
     worse = {"a": {"predicted_ratio": 1.4, "measured_ratio": 2.0}}
     assert diagnose.recommend(worse, ["a"], 0.9)["branch"] is False
     assert diagnose.recommend({"a": {"predicted_ratio": None}}, ["a"], 0.9)["branch"] is False
+    flat = {"a": {"predicted_ratio": None, "mechanism": {"zero_variance_groups": 1.0}}}
+    assert diagnose.recommend(flat, ["a"], 0.9)["reason"].startswith("every sibling group's returns were equal")
 
 
 def test_llm_flags_set_the_warm_start_on_the_env_and_the_reply_format_on_the_preset() -> None:

@@ -261,7 +261,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
 
 def recommend(rows: dict[str, Any], shapes: Sequence[str], margin: float) -> dict[str, Any]:
     """The shape with the lowest ratio (measured where measured, else predicted) if below
-    ``margin``, else "do not branch"."""
+    ``margin`` and, when measured, with its 95% interval below 1; else "do not branch" (an
+    interval that reaches 1 says: inconclusive, more batches)."""
     scored = []
     for shape in shapes:
         r = rows[shape]
@@ -269,11 +270,19 @@ def recommend(rows: dict[str, Any], shapes: Sequence[str], margin: float) -> dic
         if value is not None and np.isfinite(value):
             scored.append((value, shape, "measured" if "measured_ratio" in r else "predicted"))
     if not scored:
-        return {"branch": False, "shape": None, "reason": "no BPO shape branched: no mechanism to judge"}
+        flat = all((rows[s].get("mechanism") or {}).get("zero_variance_groups") == 1.0 for s in shapes)
+        reason = ("every sibling group's returns were equal: no gradient for branching to improve (warm-start the policy "
+                  "until it sometimes succeeds)" if flat and shapes else "no BPO shape branched: no mechanism to judge")
+        return {"branch": False, "shape": None, "reason": reason}
     value, shape, basis = min(scored)
-    if value < margin:
+    upper = rows[shape].get("measured_ratio_ci95", [value, value])[1] if basis == "measured" else value
+    if value < margin and upper < 1:
         return {"branch": True, "shape": shape, "ratio": value, "basis": basis,
                 "reason": f"{shape}'s {basis} gradient variance is {value:.2f}x RLOO's at the same env steps"}
+    if value < margin:
+        return {"branch": False, "shape": None, "ratio": value, "basis": basis,
+                "reason": f"inconclusive: the best shape ({shape}) has {value:.2f}x RLOO's gradient variance ({basis}) "
+                          f"but its 95% interval reaches {upper:.2f}; run more batches before branching"}
     return {"branch": False, "shape": None, "ratio": value, "basis": basis,
             "reason": f"do not branch: the best shape ({shape}) has {value:.2f}x RLOO's gradient variance ({basis}) at the same env steps"}
 
