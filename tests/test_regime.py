@@ -66,7 +66,7 @@ def test_regime_quick_command(tmp_path: Path) -> None:
 
 def test_diagnose_eta_matches_exact_on_a_tree_mdp(tmp_path: Path) -> None:
     result = diagnose.main([
-        "BPO-TreeMDP-v0", "--env-kwargs", json.dumps(TREE), "--policy", "tabular-prior", "--batches", "40",
+        "BPO-TreeMDP-v0", "--env-kwargs", json.dumps(TREE), "--policy", "tabular-prior", "--batches", "40", "--tasks", "6",
         "--budget", "128", "--tasks-per-update", "4", "--shapes", "bpo-2x4-q0.95", "--out", str(tmp_path),
     ])
     row = result["configs"]["bpo-2x4-q0.95"]
