@@ -17,7 +17,7 @@ pytest.importorskip("alfworld")
 from bpo_envs.alfworld import ALFWorldEnv  # noqa: E402
 from bpo_envs.alfworld import game_index as gi  # noqa: E402
 from bpo_envs.alfworld.games import GAME_FILE, GeneratedGames  # noqa: E402
-from tests.alfworld_support import private_cache  # noqa: E402
+from alfworld_support import private_cache  # noqa: E402
 
 SHIPPED = gi.load_index(3, 0)
 
