@@ -40,6 +40,10 @@ def wilson(wins: int, n: int) -> list[float]:
     return [centre - half, centre + half]
 
 
+def _epochs(row: dict[str, Any], result: dict[str, Any]) -> int:
+    return int(row.get("sft_epochs", result["sft_epochs"]))
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -50,15 +54,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 4), sharey=True)
     for ax, split in zip(axes, splits, strict=True):
         for policy in result["policies"]:
-            rows = sorted((r for r in result["rows"] if r["policy"] == policy and split in r), key=lambda r: r["games"])
-            if not rows:
-                continue
-            x = [r["games"] for r in rows]
-            y = [r[split]["success"] for r in rows]
-            lo = [r[split]["success"] - r[split]["ci95"][0] for r in rows]
-            hi = [r[split]["ci95"][1] - r[split]["success"] for r in rows]
-            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"{policy} ({rows[0]['parameters'] / 1e6:.1f}M)")
-            ax.plot(x, [r["train_agree"] for r in rows], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
+            for epochs in sorted({_epochs(r, result) for r in result["rows"]}, reverse=True):
+                rows = sorted((r for r in result["rows"] if r["policy"] == policy and split in r and _epochs(r, result) == epochs), key=lambda r: r["games"])
+                if not rows:
+                    continue
+                x = [r["games"] for r in rows]
+                y = [r[split]["success"] for r in rows]
+                lo = [r[split]["success"] - r[split]["ci95"][0] for r in rows]
+                hi = [r[split]["ci95"][1] - r[split]["success"] for r in rows]
+                label = f"{policy} ({rows[0]['parameters'] / 1e6:.1f}M), {epochs} epochs"
+                ax.errorbar(x, y, yerr=[lo, hi], marker="o" if epochs == result["sft_epochs"] else "s", capsize=3, label=label)
+                ax.plot(x, [r["train_agree"] for r in rows], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
         ax.set(xscale="log", xlabel="distinct training games (behaviour cloning)", title=f"{split} ({result['eval_games'][split]} games x 1)")
         ax.set_xticks(result["games"], [str(g) for g in result["games"]])
         ax.grid(alpha=0.3)
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--bc-only", action="store_true", help="clone (into --policies-dir) and stop before evaluating")
     ap.add_argument("--eval-only", action="store_true", help="only the rows whose policy --policies-dir holds already")
     ap.add_argument("--splits", nargs="+", default=["train_heldout", "valid_seen", "valid_unseen"], help="the splits to evaluate")
+    ap.add_argument("--sft-epochs", type=int, default=None, help="cloning epochs (default: the preset's)")
     ap.add_argument("--heldout", type=int, default=0, help="evaluate this many held-out training games too (train_heldout)")
     ap.add_argument("--heldout-from", type=int, default=1000, help="train_heldout's first position in the training shuffle")
     args = ap.parse_args(argv)
@@ -119,21 +126,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["games"] = sorted({*old.get("games", []), *args.games})
         result["policies"] = list(dict.fromkeys([*old.get("policies", []), *args.policies]))
         result["eval_games"] = {**old.get("eval_games", {}), **result["eval_games"]}
-    done = {(r["games"], r["policy"]): r for r in result["rows"]}
+    epochs = base.sft_epochs if args.sft_epochs is None else args.sft_epochs
+    done = {(r["games"], r["policy"], _epochs(r, result)): r for r in result["rows"]}
     for games in sorted(args.games):
         for name in args.policies:
             # a row measured already is kept; one that lacks a split asked for now gets it (the
             # cloning is seeded, so the policy is the row's policy again)
-            old_row = done.get((games, name))
+            old_row = done.get((games, name, epochs))
             if old_row is not None and all(s in old_row for s in args.splits if s in evals):
                 continue
             start, cpu = time.time(), time.process_time()
             tasks = order[:games]
-            saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}.pt") if args.policies_dir else None
+            saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}" + ("" if epochs == base.sft_epochs else f"-{epochs}ep") + ".pt") if args.policies_dir else None
             cloned = saved is None or not saved.is_file()
             if args.eval_only and cloned:
                 continue
-            policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=base.sft_epochs if cloned else 0), args.seed, tasks)
+            policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0), args.seed, tasks)
             if saved is not None and cloned:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"cloned {name} on {games} games: {kept['bc_seconds']:.0f} s", flush=True)
                 continue
             demos = runner._expert_demos(replace(setup, train_tasks=games), tasks, runner.stream_seed(args.seed, runner.WARM_START))
-            row: dict[str, Any] = {"games": games, "policy": name, "parameters": sum(p.numel() for p in policy.parameters()),
+            row: dict[str, Any] = {"games": games, "policy": name, "sft_epochs": epochs, "parameters": sum(p.numel() for p in policy.parameters()),
                                    "decisions": len(demos), "bc_seconds": round(kept["bc_seconds"], 1), "bc_cpu_s": round(kept["bc_cpu_s"], 1)}  # fmt: skip
             steps = demo_steps(policy, demos)
             with torch.no_grad():
