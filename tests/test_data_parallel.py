@@ -108,7 +108,7 @@ def test_the_main_job_runs_under_torchrun_with_rank_0_writing(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     out = tmp_path / "two"
-    args = ["-m", "bpo_algos.experiments.compare", "--smoke", "--envs", "webshop", "--updates", "2", "--no-progress", "--out", str(out)]
+    args = ["-m", "bpo_experiments.compare", "--smoke", "--envs", "webshop", "--updates", "2", "--no-progress", "--out", str(out)]
     subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", *args], check=True, env=env, timeout=600)
     results = json.loads((out / "results.json").read_text())
     assert results["timing"]["ranks"] == 2 and results["timing"]["jobs"] == 1
