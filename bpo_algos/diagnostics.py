@@ -1,6 +1,6 @@
 """Gradient diagnostics shared by the estimator study (``bpo-variance``,
-:mod:`bpo_algos.experiments.variance`), the main job (``bpo-compare``,
-:mod:`bpo_algos.experiments.runner`) and the tests.
+:mod:`bpo_experiments.variance`), the main job (``bpo-compare``,
+:mod:`bpo_experiments.runner`) and the tests.
 
 At fixed parameters, every algorithm's gradient estimate is measured the same way: collect a
 batch, back-propagate its loss, read minus the gradient (the ascent direction), repeat with

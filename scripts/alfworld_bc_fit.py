@@ -29,10 +29,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="bc_fit.json")
     args = ap.parse_args(argv)
 
-    from bpo_algos.experiments import runner
-    from bpo_algos.experiments.presets import PRESETS
     from bpo_algos.policy.sft import demo_steps
     from bpo_algos.rollout import EnvPool
+    from bpo_experiments import runner
+    from bpo_experiments.presets import PRESETS
 
     preset = PRESETS[args.preset]
     if preset.torch_threads:

@@ -45,7 +45,7 @@ def _one(split: str, task_id: str) -> dict[str, Any]:
 
 
 def order(split: str, count: int) -> list[str]:
-    """The first ``count`` games of ``split``'s fixed shuffle (``bpo_algos.experiments.runner``)."""
+    """The first ``count`` games of ``split``'s fixed shuffle (``bpo_experiments.runner``)."""
     import numpy as np
 
     from bpo_envs.alfworld.generator import TASK_TYPES

@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return write(from_curve(json.loads(Path(args.from_curve).read_text())), Path(args.out))
 
     import bpo_envs  # noqa: F401
-    from bpo_algos.experiments.presets import PRESETS
-    from bpo_algos.experiments.runner import env_factory, evaluate_episodes, make_policy, task_split
     from bpo_algos.rollout import EnvPool
     from bpo_envs.alfworld import ALFWorldEnv
+    from bpo_experiments.presets import PRESETS
+    from bpo_experiments.runner import env_factory, evaluate_episodes, make_policy, task_split
 
     preset = PRESETS[args.preset]
     if preset.torch_threads:

@@ -28,9 +28,9 @@ import bpo_envs  # noqa: F401 - registers the ids
 from baselines import RLOO
 from bpo_algos import BPO
 from bpo_algos.advantages import anchored_sets, gigpo_step_group_sizes, observation_key
-from bpo_algos.experiments.presets import PRESETS
-from bpo_algos.experiments.runner import env_factory, make_policy, task_split
 from bpo_algos.rollout import EnvPool
+from bpo_experiments.presets import PRESETS
+from bpo_experiments.runner import env_factory, make_policy, task_split
 
 KEYS = {
     "observation": observation_key,

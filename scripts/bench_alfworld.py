@@ -126,9 +126,9 @@ def _first_reset_worker(spec: str) -> None:
 def first_reset(preset: str, max_games: int | None) -> dict[str, Any]:
     from dataclasses import replace
 
-    from bpo_algos.experiments.presets import PRESETS
-    from bpo_algos.experiments.runner import task_split
     from bpo_envs.alfworld import _upstream
+    from bpo_experiments.presets import PRESETS
+    from bpo_experiments.runner import task_split
 
     setup = PRESETS[preset].envs["alfworld"]
     kwargs = {k: v for k, v in setup.kwargs.items() if k not in ("split", "max_episode_steps", "expert")}

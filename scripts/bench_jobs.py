@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--out", default="docs/results/bench-jobs/results.json")
     parser.add_argument("compare_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    from bpo_algos.experiments import compare
+    from bpo_experiments import compare
 
     extra = [a for a in args.compare_args if a != "--"] or ["--smoke"]
     walls: dict[str, float] = {}

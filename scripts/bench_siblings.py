@@ -1,7 +1,7 @@
 """Distinct siblings and the measured branch rule against BPO's defaults, on exact TreeMDPs.
 
 For each TreeMDP setting of ``bpo-variance`` (a TreeMDP and a fixed tabular policy,
-:data:`bpo_algos.experiments.variance.SETTINGS`) and each configuration: ``--batches`` one-tree
+:data:`bpo_experiments.variance.SETTINGS`) and each configuration: ``--batches`` one-tree
 gradient estimates at the fixed policy after ``--warmup`` batches (adaptive thresholds and the
 measured rule's plan settle on earlier batches, and keep updating while measured, as in
 training; a batch is one tree here, so the measured rules read 64 of them, about the trees of the
@@ -42,7 +42,7 @@ from baselines import RLOO
 from bpo_algos import BPO, Budget
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import gradient_samples, projection_z_scores, variance_summary
-from bpo_algos.experiments.variance import SETTINGS, exact_gradient, fixed_policy
+from bpo_experiments.variance import SETTINGS, exact_gradient, fixed_policy
 
 REFERENCE = "rloo-4"
 BASE = {"backbones": 2, "branch_factor": 4, "entropy_quantile": 0.8, "aggregation": "step-sum"}
@@ -158,9 +158,9 @@ WEBSHOP_CONFIGS = ("rloo-4", "bpo-entropy-iid", "bpo-entropy-distinct+backbones"
 
 
 def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
-    from bpo_algos.experiments.presets import PRESETS
-    from bpo_algos.experiments.runner import env_factory, make_policy, task_split
     from bpo_algos.rollout import EnvPool
+    from bpo_experiments.presets import PRESETS
+    from bpo_experiments.runner import env_factory, make_policy, task_split
 
     load_at_start = os.getloadavg()
     preset = PRESETS["cpu"]

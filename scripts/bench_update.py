@@ -19,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-from bpo_algos.experiments.presets import PRESETS
-from bpo_algos.experiments.runner import (
+from bpo_algos.rollout import EnvPool
+from bpo_algos.trainer import Trainer
+from bpo_experiments.presets import PRESETS
+from bpo_experiments.runner import (
     build_algorithm,
     env_factory,
     make_policy,
     task_split,
     trainer_config,
 )
-from bpo_algos.rollout import EnvPool
-from bpo_algos.trainer import Trainer
 
 
 def main() -> None:

@@ -131,7 +131,7 @@ def compare_resume() -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "cmp"
     args = ["--smoke", "--envs", "treemdp", "--algorithms", "bpo", "rloo", "--seeds", "0", "--updates", "1", "--budget", "100",
             "--grad-batches", "2", "--no-progress", "--jobs", "1", "--out", str(out)]
-    cmd = [sys.executable, "-m", "bpo_algos.experiments.compare", *args]
+    cmd = [sys.executable, "-m", "bpo_experiments.compare", *args]
     subprocess.run(cmd, capture_output=True, check=True)
     run_json = out / "runs" / "treemdp" / "rloo" / "seed0" / "run.json"
     run_json.write_bytes(run_json.read_bytes()[:20])

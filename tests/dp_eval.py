@@ -13,8 +13,8 @@ import torch
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool
 from bpo_algos import data_parallel as dp
-from bpo_algos.experiments.runner import evaluate_episodes
 from bpo_algos.policy.scorer import TextScorerPolicy
+from bpo_experiments.runner import evaluate_episodes
 
 
 def main() -> None:

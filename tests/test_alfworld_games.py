@@ -145,8 +145,8 @@ def test_a_damaged_or_foreign_index_is_an_error(tmp_path: Path) -> None:
 
 
 def test_a_game_set_smaller_than_asked_is_an_error() -> None:
-    from bpo_algos.experiments.presets import EnvSetup
-    from bpo_algos.experiments.runner import extra_eval_tasks, task_split
+    from bpo_experiments.presets import EnvSetup
+    from bpo_experiments.runner import extra_eval_tasks, task_split
 
     kwargs = {"split": "train", "games_per_type": 2, "task_types": ["pick_and_place_simple"]}
     with pytest.raises(ValueError, match="3 training tasks asked, but the training env has 2"):
@@ -160,8 +160,8 @@ def test_a_game_set_smaller_than_asked_is_an_error() -> None:
 def test_the_cpu_default_needs_no_planner_on_a_fresh_machine() -> None:
     # every game the CPU default trains and evaluates on is in the shipped index, so a fresh
     # machine rebuilds them in milliseconds each instead of planner-checking them for minutes
-    from bpo_algos.experiments.presets import PRESETS
-    from bpo_algos.experiments.runner import extra_eval_tasks, task_split
+    from bpo_experiments.presets import PRESETS
+    from bpo_experiments.runner import extra_eval_tasks, task_split
 
     setup = PRESETS["cpu"].envs["alfworld"]
     train, evals = task_split(setup)
@@ -173,7 +173,7 @@ def test_the_cpu_default_needs_no_planner_on_a_fresh_machine() -> None:
 
 
 def test_streams_of_a_further_split_are_its_own() -> None:
-    from bpo_algos.experiments.streams import EVALUATION, stream_seed
+    from bpo_experiments.streams import EVALUATION, stream_seed
 
     assert stream_seed(3, EVALUATION, 5, 1, 0) == stream_seed(3, EVALUATION, 5, 1)  # the primary split's keys are unchanged
     keys = {stream_seed(3, EVALUATION, i, j, k) for i in range(20) for j in range(2) for k in range(3)}
@@ -186,9 +186,9 @@ def test_the_main_job_evaluates_both_validation_splits(tmp_path: Path) -> None:
     # primary split) and valid_unseen (a further split), reported per split; the positive control
     # (frozen) is the warm start itself, so its final equals its warm start on both splits
     # (common random numbers), while RLOO's is measured afresh
-    from bpo_algos.experiments.presets import EnvSetup, Preset, _trainer
-    from bpo_algos.experiments.runner import extra_eval_tasks, initial_job, run_one, task_split
-    from bpo_algos.experiments.stats import aggregate
+    from bpo_experiments.presets import EnvSetup, Preset, _trainer
+    from bpo_experiments.runner import extra_eval_tasks, initial_job, run_one, task_split
+    from bpo_experiments.stats import aggregate
 
     setup = EnvSetup(
         "BPO-ALFWorld-v0", {"max_episode_steps": 4, "split": "train", "expert": "handcoded"}, train_tasks=2, eval_tasks=3,

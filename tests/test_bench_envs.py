@@ -8,7 +8,6 @@ import json
 import gymnasium as gym
 import pytest
 
-from bpo_algos.experiments import bench as bench_envs
 from bpo_envs.timing import (
     random_walk,
     replay_restore_ms,
@@ -16,6 +15,7 @@ from bpo_envs.timing import (
     snapshot_restore_ms,
     walk_prefix,
 )
+from bpo_experiments import bench as bench_envs
 
 COST_FIELDS = ("reset_ms", "step_ms", "steps_per_s", "snapshot_ms", "restore_ms", "depth",
                "replay_restore_ms", "replay_over_restore")  # fmt: skip

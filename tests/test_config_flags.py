@@ -12,10 +12,10 @@ from baselines.rloo import RLOOOptions
 from bpo_algos import BPO
 from bpo_algos.algorithm import AlgorithmConfig
 from bpo_algos.bpo import BPOOptions
-from bpo_algos.experiments import compare
-from bpo_algos.experiments.flags import add_flags, field_docs, given
-from bpo_algos.experiments.presets import PRESETS, RUN_FIELDS, Preset
 from bpo_algos.trainer_config import TrainerConfig
+from bpo_experiments import compare
+from bpo_experiments.flags import add_flags, field_docs, given
+from bpo_experiments.presets import PRESETS, RUN_FIELDS, Preset
 
 
 def _parse(argv):

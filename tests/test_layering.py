@@ -1,8 +1,8 @@
 """The packages import only downward and never in a circle.
 
 Layers, lowest first: ``bpo_envs`` (environments) <- ``bpo_algos`` (engine, algorithms,
-trainer) <- ``baselines`` (GRPO, RLOO, GiGPO, Tree-GRPO); the main job,
-``bpo_algos.experiments``, may import everything. Every ``import`` statement counts, also one
+trainer) <- ``baselines`` (GRPO, RLOO, GiGPO, Tree-GRPO) <- ``bpo_experiments`` (the main job
+and the studies around it). Every ``import`` statement counts, also one
 inside a function or under ``TYPE_CHECKING``: each is a dependency a reader has to follow.
 Built-in algorithms reach ``bpo_algos`` through entry points (``pyproject.toml``), not imports.
 """
@@ -13,8 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("bpo_envs", "bpo_algos", "baselines")
-MAIN_JOB = "bpo_algos.experiments"
+PACKAGES = ("bpo_envs", "bpo_algos", "baselines", "bpo_experiments")
 
 
 def modules() -> dict[str, Path]:
@@ -49,9 +48,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def layer(module: str) -> int:
-    if module == MAIN_JOB or module.startswith(MAIN_JOB + "."):
-        return 3
-    return {"bpo_envs": 0, "bpo_algos": 1, "baselines": 2}[module.split(".")[0]]
+    return PACKAGES.index(module.split(".")[0])
 
 
 def graph() -> dict[str, set[str]]:
@@ -96,7 +93,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def upward(edges: dict[str, set[str]]) -> list[str]:
     return sorted(
-        f"{a} -> {b}" for a, targets in edges.items() for b in targets if layer(a) != 3 and layer(b) > layer(a)
+        f"{a} -> {b}" for a, targets in edges.items() for b in targets if layer(b) > layer(a)
     )
 
 
@@ -109,7 +106,7 @@ def test_no_import_cycle():
 
 def test_no_upward_import():
     found = upward(graph())
-    assert not found, "imports from a layer above (bpo_envs <- bpo_algos <- baselines):\n" + "\n".join(found)
+    assert not found, "imports from a layer above (bpo_envs <- bpo_algos <- baselines <- bpo_experiments):\n" + "\n".join(found)
 
 
 def test_the_walk_sees_what_it_must_refuse(tmp_path):
@@ -120,6 +117,8 @@ def test_the_walk_sees_what_it_must_refuse(tmp_path):
     (tmp_path / "bpo_envs" / "a.py").write_text("def f():\n    from bpo_envs import b\n")
     (tmp_path / "bpo_envs" / "b.py").write_text("from . import a\n")
     (tmp_path / "bpo_algos" / "x.py").write_text("import baselines\n")
+    (tmp_path / "baselines" / "y.py").write_text("from bpo_experiments import z\n")
+    (tmp_path / "bpo_experiments" / "z.py").write_text("import bpo_algos.x\n")
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
@@ -127,7 +126,8 @@ def test_the_walk_sees_what_it_must_refuse(tmp_path):
     finally:
         ROOT = saved
     assert cycles(edges) == [["bpo_envs.a", "bpo_envs.b"]]
-    assert upward(edges) == ["bpo_algos.x -> baselines"]
+    # the top layer imports every layer below it; an import of it from below is refused
+    assert upward(edges) == ["baselines.y -> bpo_experiments.z", "bpo_algos.x -> baselines"]
 
 
 if __name__ == "__main__":  # the report: modules, imports, cycles, upward imports

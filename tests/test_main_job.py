@@ -11,7 +11,7 @@ import torch
 
 import bpo_envs  # noqa: F401
 from bpo_algos import Budget, EnvPool, Trainer, make_algorithm
-from bpo_algos.experiments import compare
+from bpo_experiments import compare
 
 SMALL = ["--smoke", "--updates", "2", "--no-progress"]
 
@@ -100,7 +100,7 @@ def test_plan_from_a_saved_run_uses_its_spread(tmp_path, capsys):
     entry = plan["per_env"]["treemdp"]
     assert entry["source"] == f"recorded: {out / 'results.json'}"
     saved = json.loads((out / "results.json").read_text())["per_env"]["treemdp"]["vs_comparator"]["bpo"]["final"]
-    from bpo_algos.experiments.stats import minimal_detectable_effect
+    from bpo_experiments.stats import minimal_detectable_effect
 
     assert entry["mde"]["bpo"]["final"] == pytest.approx(minimal_detectable_effect(saved["sd"], 4))
 
@@ -152,7 +152,7 @@ def test_jobs_workers_end_when_the_main_process_is_killed(tmp_path):
     import sys
     import time
 
-    script = ("import time\nfrom bpo_algos.experiments import parallel\n"
+    script = ("import time\nfrom bpo_experiments import parallel\n"
               "parallel.execute([(time.sleep, (120,))] * 2, jobs=2)\n")
     main = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:

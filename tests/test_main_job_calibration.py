@@ -7,9 +7,9 @@ import pytest
 
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool, TabularPolicy, make_algorithm
-from bpo_algos.experiments.presets import PRESETS
-from bpo_algos.experiments.runner import build_algorithm, run_budget
-from bpo_algos.experiments.stats import run_metrics
+from bpo_experiments.presets import PRESETS
+from bpo_experiments.runner import build_algorithm, run_budget
+from bpo_experiments.stats import run_metrics
 
 
 def test_rloo_2x_collects_twice_the_budget_of_rloo():

@@ -20,13 +20,13 @@ from baselines import GRPO
 from bpo_algos import BPO, Budget
 from bpo_algos.compute import cost_flops
 from bpo_algos.diagnostics import signal_to_noise
-from bpo_algos.experiments.stats import (
+from bpo_algos.policy.choice import ChoicePolicy
+from bpo_experiments.stats import (
     curve_metrics,
     minimal_detectable_effect,
     paired_difference,
     t_quantile,
 )
-from bpo_algos.policy.choice import ChoicePolicy
 
 
 def test_t_quantiles_match_the_tables():

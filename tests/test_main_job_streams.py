@@ -9,9 +9,9 @@ import gymnasium as gym
 
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool, TabularPolicy
-from bpo_algos.experiments.presets import PRESETS
-from bpo_algos.experiments.runner import build_algorithm, evaluate_episodes, trainer_config
-from bpo_algos.experiments.streams import ROLES, stream_seed
+from bpo_experiments.presets import PRESETS
+from bpo_experiments.runner import build_algorithm, evaluate_episodes, trainer_config
+from bpo_experiments.streams import ROLES, stream_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +54,6 @@ def test_algorithms_of_one_seed_share_their_streams():
 
 def test_no_additive_seed_offset_is_left():
     pattern = re.compile(r"\bseed\s*\+\s*(\d|offset)")
-    files = [*(ROOT / "bpo_algos" / "experiments").glob("*.py"), ROOT / "scripts" / "alfworld_per_type.py"]
+    files = [*(ROOT / "bpo_experiments").glob("*.py"), ROOT / "scripts" / "alfworld_per_type.py"]
     found = [f"{p.name}:{i + 1}" for p in files for i, line in enumerate(p.read_text().splitlines()) if pattern.search(line)]
     assert not found, found

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from bpo_algos.experiments import compare
-from bpo_algos.experiments.plan import extra_runs
-from bpo_algos.experiments.presets import PRESETS
-from bpo_algos.experiments.runner import task_order, task_split
-from bpo_algos.experiments.tuning import choose, tuning_tasks
+from bpo_experiments import compare
+from bpo_experiments.plan import extra_runs
+from bpo_experiments.presets import PRESETS
+from bpo_experiments.runner import task_order, task_split
+from bpo_experiments.tuning import choose, tuning_tasks
 
 
 def _preset(*argv: str):

@@ -30,7 +30,7 @@ def test_reasoning_prompt_asks_for_think_then_action():
     system, user = build_messages(context, REASONING)
     assert "<think>" in system["content"] and "</think>" in system["content"] and "<action>ACTION</action>" in system["content"]
     assert "First reason" in user["content"]
-    from bpo_algos.experiments.presets import PRESETS
+    from bpo_experiments.presets import PRESETS
 
     envs = PRESETS["gpu"].envs
     assert envs["webshop"].max_new_tokens == 512 == envs["alfworld"].max_new_tokens  # verl-agent's response limit
@@ -125,8 +125,8 @@ def test_memory_plan_published_recipe_fits_8x80_only_with_the_offloaded_referenc
 def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
     from dataclasses import replace
 
-    from bpo_algos.experiments.presets import GPU_UPDATE_FLOPS, PRESETS
     from bpo_algos.memory_plan import check_preset_fits
+    from bpo_experiments.presets import GPU_UPDATE_FLOPS, PRESETS
 
     gpu, lora = PRESETS["gpu"], PRESETS["gpu-lora"]
     for preset in (gpu, lora):
@@ -177,14 +177,14 @@ def test_evaluation_temperature_zero_is_greedy_and_restored(probe_policy):
 
 
 def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
-    from bpo_algos.experiments.gpu_plan import (
+    from bpo_experiments.gpu_plan import (
         ASSUMED_SPREAD,
         TARGET_MDE,
         choose,
         gpu_plan,
         markdown,
     )
-    from bpo_algos.experiments.presets import PRESETS
+    from bpo_experiments.presets import PRESETS
 
     preset = PRESETS["gpu"]
     plan = gpu_plan(preset)
@@ -203,7 +203,7 @@ def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
 
 def _built_preset(argv, monkeypatch):
     """The preset ``bpo-compare argv`` would run (nothing trains)."""
-    from bpo_algos.experiments import compare
+    from bpo_experiments import compare
 
     built = {}
     original = compare.build_preset
@@ -236,8 +236,8 @@ def test_bad_paper_setting_flags_fail_before_training(tmp_path, monkeypatch):
 def test_training_needs_the_gpus_the_preset_is_planned_for(monkeypatch):
     from types import SimpleNamespace
 
-    from bpo_algos.experiments import compare
-    from bpo_algos.experiments.presets import PRESETS
+    from bpo_experiments import compare
+    from bpo_experiments.presets import PRESETS
 
     compare.check_launch_fits(PRESETS["gpu"], "gpu")  # no CUDA here: nothing to check
     memory = {"gb": 80.0}

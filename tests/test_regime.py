@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from bpo_algos.experiments import diagnose, regime
 from bpo_algos.mechanism import Mechanism, exact_prefix_explained, predict_variance_ratio
 from bpo_algos.policy import TabularPolicy
 from bpo_envs import TreeMDPEnv
+from bpo_experiments import diagnose, regime
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"depth": 8, "n_actions": 3, "seed": 0, "decisive_levels": [1, 5], "observe": "state", "n_tasks": 6}
@@ -56,7 +56,7 @@ def test_regime_runs_a_cell_and_writes_the_map(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_regime_quick_command(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bpo_algos.experiments.regime", "--quick", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "bpo_experiments.regime", "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((tmp_path / "regime.json").read_text())

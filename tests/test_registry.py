@@ -12,10 +12,10 @@ import pytest
 
 from baselines import RLOO
 from bpo_algos import BPO, make_algorithm, register_algorithm, registered_algorithms
-from bpo_algos.experiments import compare
-from bpo_algos.experiments.presets import PRESETS, EnvSetup
-from bpo_algos.experiments.runner import algorithm_options
 from bpo_algos.registry import _ALGORITHMS
+from bpo_experiments import compare
+from bpo_experiments.presets import PRESETS, EnvSetup
+from bpo_experiments.runner import algorithm_options
 
 TINY = ["--envs", "treemdp", "--seeds", "0", "--updates", "2", "--budget", "96", "--grad-batches", "2", "--no-progress", "--jobs", "1"]
 
@@ -108,7 +108,7 @@ def test_resume_refuses_another_setting(tmp_path):
 
 
 def test_console_commands_answer_help():
-    for module in ("bpo_algos.experiments.compare", "bpo_algos.experiments.variance", "bpo_algos.experiments.bench", "bpo_envs.system"):
+    for module in ("bpo_experiments.compare", "bpo_experiments.variance", "bpo_experiments.bench", "bpo_envs.system"):
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "usage" in done.stdout
@@ -144,7 +144,7 @@ def test_an_installed_packages_algorithms_and_estimators_are_found_by_entry_poin
                 for edge in tree.edges():
                     edge.advantage = 0.0
     """)
-    listed = subprocess.run([sys.executable, "-m", "bpo_algos.experiments.compare", "--list-algorithms"],
+    listed = subprocess.run([sys.executable, "-m", "bpo_experiments.compare", "--list-algorithms"],
                             capture_output=True, text=True, env=env, timeout=120, check=True).stdout.split()
     assert listed[0] == "bpo" and "rloo-16" in listed  # the project's first, no --import
     code = ("from bpo_algos import make_algorithm, registered_advantages; "
@@ -154,7 +154,7 @@ def test_an_installed_packages_algorithms_and_estimators_are_found_by_entry_poin
 
 def test_a_broken_entry_point_is_an_error_naming_it(tmp_path):
     env = _plugin(tmp_path, "[bpo_algos.algorithms]\nbroken = my_plugin:missing\n", "x = 1\n")
-    done = subprocess.run([sys.executable, "-m", "bpo_algos.experiments.compare", "--list-algorithms"],
+    done = subprocess.run([sys.executable, "-m", "bpo_experiments.compare", "--list-algorithms"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode != 0
     assert "entry point 'broken' (my_plugin:missing, from my-plugin) failed to load" in done.stderr

@@ -301,8 +301,8 @@ def _without_times(value):
 
 @pytest.mark.slow
 def test_bpo_compare_on_a_server_matches_in_process(tmp_path):
-    from bpo_algos.experiments import compare
-    from bpo_algos.experiments.presets import PRESETS
+    from bpo_experiments import compare
+    from bpo_experiments.presets import PRESETS
 
     setup = PRESETS["smoke"].envs["treemdp"]
     args = ["--smoke", "--envs", "treemdp", "--seeds", "0", "--updates", "1", "--budget", "100", "--grad-batches", "2",

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from bpo_algos.experiments import compare
+from bpo_experiments import compare
 
 
 class _Built(Exception):
@@ -86,8 +86,8 @@ def test_rows_split_evaluates_every_given_row_in_order_and_refuses_shared_ids():
     """``eval_split="rows"`` (how SWE-bench evaluates on --swe-instances): the evaluation env is
     made with ``eval_kwargs`` and its tasks are taken in order; a task id it shares with the
     training env is an error. Shown on WebShop's splits, whose envs need no sandbox."""
-    from bpo_algos.experiments.presets import EnvSetup
-    from bpo_algos.experiments.runner import task_split_with_provenance
+    from bpo_experiments.presets import EnvSetup
+    from bpo_experiments.runner import task_split_with_provenance
 
     setup = EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 5, "split": "train"}, train_tasks=4, eval_tasks=6,
                      eval_split="rows", eval_kwargs={"split": "test"})

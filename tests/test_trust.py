@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import bpo_envs
-from bpo_algos.experiments import compare
 from bpo_envs.files import CorruptFileError, FolderLock, atomic_write, read_json, write_json
+from bpo_experiments import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 

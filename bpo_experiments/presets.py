@@ -5,7 +5,7 @@ A :class:`Preset` is a full setting: the envs (:class:`EnvSetup`), a
 (the shared :class:`~bpo_algos.algorithm.AlgorithmConfig` and each algorithm's own, e.g.
 :class:`~bpo_algos.bpo.BPOOptions`), and the main job's own settings (policy, seeds, budgets).
 Nothing is declared twice: ``bpo-compare``'s flags are generated from these dataclasses
-(:mod:`bpo_algos.experiments.flags`).
+(:mod:`bpo_experiments.flags`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from baselines.grpo import GRPOOptions
 from baselines.rloo import RLOOOptions
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.bpo import BPOOptions
-from bpo_algos.experiments.tuning import TuningConfig
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_envs.reward_settings import REWARD_SETTINGS
+from bpo_experiments.tuning import TuningConfig
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Preset:
     number of updates): its difference to the comparator, reported beside the headline, says
     whether the instrument can see what halving the variance is worth."""
     tuning: TuningConfig | None = None
-    """The tuning protocol (``bpo-compare --tune``; :mod:`bpo_algos.experiments.tuning`), or None:
+    """The tuning protocol (``bpo-compare --tune``; :mod:`bpo_experiments.tuning`), or None:
     every algorithm at the preset's options."""
     target_success: float | dict[str, float] = 1.0
     """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to
@@ -321,7 +321,7 @@ GPU_COMMON: dict[str, Any] = {
     "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
     # paths decoding at once per process (per rank under torchrun): their KV cache is planned
     "pool_size": 32,
-    # the power plan (bpo_algos.experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
+    # the power plan (bpo_experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
     # and evaluation episodes whose detectable effect is <= 4 points on each env
     "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(8)), "swebench": tuple(range(11))},
     "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},

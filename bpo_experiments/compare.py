@@ -57,39 +57,6 @@ import torch
 from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import AlgorithmConfig, Options
 from bpo_algos.compute import Budget
-from bpo_algos.experiments.flags import add_flags, given
-from bpo_algos.experiments.parallel import check_ray_address, execute
-from bpo_algos.experiments.presets import (
-    PER_ENV_FIELDS,
-    PRESETS,
-    RUN_FIELDS,
-    EnvSetup,
-    Preset,
-    preset_dict,
-    with_server,
-)
-from bpo_algos.experiments.report import example_trees, markdown, plots
-from bpo_algos.experiments.runner import (
-    algorithm_class,
-    build_algorithm,
-    initial_dir,
-    initial_job,
-    option_kinds,
-    run_dir,
-    run_one,
-    task_order,
-    task_split_with_provenance,
-)
-from bpo_algos.experiments.stats import METRICS, aggregate, run_metrics
-from bpo_algos.experiments.tuning import (
-    DEFAULTS_SUFFIX,
-    TuningConfig,
-    candidate_options,
-    check_tuning,
-    choose,
-    tuning_tasks,
-)
-from bpo_algos.experiments.tuning import label as tuning_label
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import algorithm_factory, registered_algorithms
@@ -102,6 +69,39 @@ from bpo_envs.files import (
     write_json,
 )
 from bpo_envs.sealed import SealError, seal, unseal
+from bpo_experiments.flags import add_flags, given
+from bpo_experiments.parallel import check_ray_address, execute
+from bpo_experiments.presets import (
+    PER_ENV_FIELDS,
+    PRESETS,
+    RUN_FIELDS,
+    EnvSetup,
+    Preset,
+    preset_dict,
+    with_server,
+)
+from bpo_experiments.report import example_trees, markdown, plots
+from bpo_experiments.runner import (
+    algorithm_class,
+    build_algorithm,
+    initial_dir,
+    initial_job,
+    option_kinds,
+    run_dir,
+    run_one,
+    task_order,
+    task_split_with_provenance,
+)
+from bpo_experiments.stats import METRICS, aggregate, run_metrics
+from bpo_experiments.tuning import (
+    DEFAULTS_SUFFIX,
+    TuningConfig,
+    candidate_options,
+    check_tuning,
+    choose,
+    tuning_tasks,
+)
+from bpo_experiments.tuning import label as tuning_label
 
 PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment", "tuning")
 """Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
@@ -204,7 +204,7 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
 
 def apply_tuning_flags(preset: Preset, args: argparse.Namespace) -> None:
     """``--tune`` / ``--no-tune``, ``--tuning-seeds``, ``--tuning-grid KIND=JSON`` and
-    ``--allow-unequal-grids`` on ``preset.tuning``, then :func:`~bpo_algos.experiments.tuning.check_tuning`:
+    ``--allow-unequal-grids`` on ``preset.tuning``, then :func:`~bpo_experiments.tuning.check_tuning`:
     a bad tuning setting is an error before any run."""
     tune = getattr(args, "tune", None)
     seeds = getattr(args, "tuning_seeds", None)
@@ -334,7 +334,7 @@ def check_launch_fits(preset: Preset, name: str) -> None:
         raise SystemExit(
             f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}) and this "
             f"launch has {dp.world_size()} rank(s): run torchrun --nproc_per_node={preset.gpus} -m "
-            f"bpo_algos.experiments.compare --preset {name} ..., or --preset gpu-lora on one GPU"
+            f"bpo_experiments.compare --preset {name} ..., or --preset gpu-lora on one GPU"
         )
     if have < preset.gpu_gb - 1:
         try:
@@ -521,7 +521,7 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.ray is not None:
         check_ray_address(args.ray)  # before any run starts
     if args.plan:
-        from bpo_algos.experiments.plan import plan
+        from bpo_experiments.plan import plan
 
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
     check_launch_fits(preset, "smoke" if args.smoke else args.preset)

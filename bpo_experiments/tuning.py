@@ -10,7 +10,7 @@ fixed grid of its shape options (docs/main-job.md, "Tuning"):
 * each candidate trains from the warm start on the *tuning seeds* (disjoint from the evaluation
   seeds: an error otherwise) exactly as a run of the comparison does;
 * the criterion, fixed before the run, is the AUC of its evaluated success (the comparison's
-  primary metric's formula, :func:`~bpo_algos.experiments.stats.curve_metrics`) on *held-out
+  primary metric's formula, :func:`~bpo_experiments.stats.curve_metrics`) on *held-out
   training tasks*: tasks of the training env after the training tasks, never an evaluation
   task (:func:`tuning_tasks` checks it). The candidate with the highest mean over the tuning
   seeds is chosen (the first on a tie);

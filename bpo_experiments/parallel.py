@@ -1,7 +1,7 @@
 """Running the main job's independent jobs: in this process, in worker processes, or on Ray.
 
 A job is a module-level function and its arguments (picklable), and a function of them only
-(:mod:`bpo_algos.experiments.runner`), so where and in which order it runs does not change its
+(:mod:`bpo_experiments.runner`), so where and in which order it runs does not change its
 result: ``--jobs N`` and ``--ray ADDRESS`` give the ``results.json`` of ``--jobs 1``
 (wall-clock fields aside).
 

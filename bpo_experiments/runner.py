@@ -13,7 +13,7 @@ trainer's state in its checkpoint) so an interrupted comparison resumes.
 
 Each job is a function of its arguments only (its seeds, the initial policy's bytes, the
 tasks), so the jobs run in any order, in this process, in worker processes (``--jobs``) or on a
-Ray cluster (``--ray``) with the same results (:mod:`bpo_algos.experiments.parallel`).
+Ray cluster (``--ray``) with the same results (:mod:`bpo_experiments.parallel`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,17 @@ from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import Algorithm, AlgorithmConfig
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, signal_to_noise, variance_summary
-from bpo_algos.experiments.presets import EnvSetup, Preset, preset_dict
-from bpo_algos.experiments.streams import (
+from bpo_algos.mechanism import measure as measure_mechanism
+from bpo_algos.policy import TabularPolicy
+from bpo_algos.policy.base import evaluation_sampling
+from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
+from bpo_algos.registry import algorithm_factory, make_algorithm
+from bpo_algos.rollout import EnvPool, RolloutEngine, Topology
+from bpo_algos.run_log import code_version
+from bpo_algos.trainer import Trainer, TrainerConfig
+from bpo_envs.files import read_json_or_redo, write_json
+from bpo_experiments.presets import EnvSetup, Preset, preset_dict
+from bpo_experiments.streams import (
     ALGORITHM,
     BOOTSTRAP,
     EVALUATION,
@@ -50,15 +59,6 @@ from bpo_algos.experiments.streams import (
     WARM_START,
     stream_seed,
 )
-from bpo_algos.mechanism import measure as measure_mechanism
-from bpo_algos.policy import TabularPolicy
-from bpo_algos.policy.base import evaluation_sampling
-from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
-from bpo_algos.registry import algorithm_factory, make_algorithm
-from bpo_algos.rollout import EnvPool, RolloutEngine, Topology
-from bpo_algos.run_log import code_version
-from bpo_algos.trainer import Trainer, TrainerConfig
-from bpo_envs.files import read_json_or_redo, write_json
 
 SCORER_POLICIES: dict[str, tuple[str | None, int, int]] = {
     "scorer": (None, 32, 64),
@@ -80,7 +80,7 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
     is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder). Its
     randomness (initialisation, demos, cloning) is the seed's warm-start stream
-    (:mod:`bpo_algos.experiments.streams`).
+    (:mod:`bpo_experiments.streams`).
     """
     seed = stream_seed(seed, WARM_START)
     name = setup.policy or preset.policy
@@ -228,7 +228,7 @@ def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = No
 
 def build_algorithm(name: str, preset: Preset, seed: int, env: str | None = None) -> Algorithm:
     """Algorithm ``name`` from the registry, with :func:`algorithm_options` (for ``env``); ``seed``
-    is the algorithm's own stream (the caller's key, :mod:`bpo_algos.experiments.streams`)."""
+    is the algorithm's own stream (the caller's key, :mod:`bpo_experiments.streams`)."""
     return make_algorithm(name, **algorithm_options(name, preset, seed, env))
 
 

@@ -48,9 +48,6 @@ import torch
 from bpo_algos import Budget, TabularPolicy
 from bpo_algos.algorithm import Batch
 from bpo_algos.diagnostics import flat_gradient
-from bpo_algos.experiments.presets import PRESETS, EnvSetup, Preset
-from bpo_algos.experiments.regime import CONFIGS, SHAPES, task_gradient_spread
-from bpo_algos.experiments.runner import env_factory, make_policy, task_split
 from bpo_algos.mechanism import (
     Mechanism,
     exact_prefix_explained,
@@ -61,10 +58,13 @@ from bpo_algos.mechanism import (
 )
 from bpo_algos.rollout import EnvPool
 from bpo_envs.tree_mdp import TreeMDPEnv
+from bpo_experiments.presets import PRESETS, EnvSetup, Preset
+from bpo_experiments.regime import CONFIGS, SHAPES, task_gradient_spread
+from bpo_experiments.runner import env_factory, make_policy, task_split
 
 SEARCH_ORDER = ("cpu", "cpu-tabular", "cpu-swe", "cpu-llm")
 LLM_FLAGS = ("reasoning", "decision_entropy", "probe_samples", "sft_epochs", "sft_lr", "max_new_tokens")
-"""Flags that set the preset's (or the env setup's) LLM fields (:class:`~bpo_algos.experiments.presets.Preset`)."""
+"""Flags that set the preset's (or the env setup's) LLM fields (:class:`~bpo_experiments.presets.Preset`)."""
 SETUP_FLAGS = ("sft_epochs", "sft_lr", "max_new_tokens")
 
 

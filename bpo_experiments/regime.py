@@ -46,11 +46,11 @@ from baselines import GRPO, RLOO
 from bpo_algos import BPO, Budget, TabularPolicy
 from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.diagnostics import flat_gradient
-from bpo_algos.experiments.stats import paired_difference
 from bpo_algos.mechanism import measure, predict_variance_ratio
 from bpo_algos.rollout import EnvPool
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
+from bpo_experiments.stats import paired_difference
 
 COMMON: dict[str, Any] = {"aggregation": "step-sum"}
 CONFIGS: dict[str, Callable[[int], Algorithm]] = {

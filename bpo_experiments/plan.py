@@ -9,7 +9,7 @@ seeds and evaluation episodes (docs/main-job.md, "Planning"). The figures come f
   algorithm's paired difference with the comparator. The detectable effect at the preset's
   ``n`` seeds is ``(t_{0.975, n-1} + t_{0.80, n-1}) sd / sqrt(n)`` with that spread ``sd``;
 * a GPU preset (``preset.gpus`` set; no CPU pilot can run its model): the named assumptions of
-  :mod:`bpo_algos.experiments.gpu_plan` (the spread from the CPU pilot plus evaluation noise,
+  :mod:`bpo_experiments.gpu_plan` (the spread from the CPU pilot plus evaluation noise,
   flops from the budget, GPU-hours at an assumed share of the peak), GPU-hours and days on one
   H200 and on 8 x H100 printed beside;
 * else a short pilot: per env, the first seed's initial policy is built and evaluated once, and
@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
-from bpo_algos.experiments.presets import Preset
-from bpo_algos.experiments.runner import (
+from bpo_envs.files import CorruptFileError, read_json
+from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
+from bpo_experiments.presets import Preset
+from bpo_experiments.runner import (
     build_algorithm,
     env_factory,
     eval_env_factory,
@@ -46,14 +47,13 @@ from bpo_algos.experiments.runner import (
     task_split,
     trainer_config,
 )
-from bpo_algos.experiments.stats import METRICS, minimal_detectable_effect
-from bpo_envs.files import CorruptFileError, read_json
+from bpo_experiments.stats import METRICS, minimal_detectable_effect
 
 PILOT_UPDATES = 3
 """Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
 timed)."""
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -111,7 +111,7 @@ def _pilot(preset: Preset, env: str) -> dict[str, Any]:
 
 
 def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
-    """The runs tuning adds on ``env`` (:mod:`bpo_algos.experiments.tuning`), as the algorithm each
+    """The runs tuning adds on ``env`` (:mod:`bpo_experiments.tuning`), as the algorithm each
     costs like: ``{"tuning": [...], "defaults": [...]}``: every candidate of every tuned kind
     once per tuning seed, and the treatment and the comparator at their defaults once per
     evaluation seed of the secondary row (counted even where a default will equal the tuned choice)."""
@@ -183,7 +183,7 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
             # a GPU preset: no CPU pilot can run its model; sized from named assumptions
             row = gpu_plan(preset)[env]
             entry["source"] = (
-                f"assumed (bpo_algos.experiments.gpu_plan): flops from the preset's budget and episode shape, "
+                f"assumed (bpo_experiments.gpu_plan): flops from the preset's budget and episode shape, "
                 f"{ASSUMED_MFU:.0%} of {PEAK_BF16_FLOPS['H100'] / 1e12:.0f} TFLOPS per GPU"
             )
             seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / preset.gpus  # on the preset's GPUs

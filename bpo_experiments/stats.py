@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_algos.experiments.presets import Preset, preset_dict
+from bpo_experiments.presets import Preset, preset_dict
 
 METRICS: tuple[str, ...] = ("auc", "final", "compute_to_threshold")
 """The three headline metrics, in the report's order."""

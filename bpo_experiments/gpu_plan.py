@@ -11,11 +11,11 @@ per seed) is assumed from a named figure (:data:`ASSUMED_SPREAD`):
 own evaluation noise, so this overstates it); the second term: two independent evaluations of
 ``T`` tasks x ``E`` episodes at success ``p`` (``p = 1/2``, the worst case; common random
 numbers make the real term smaller). The detectable effect at ``n`` seeds is the main job's
-:func:`~bpo_algos.experiments.stats.minimal_detectable_effect` (a paired t-test, level 0.05,
+:func:`~bpo_experiments.stats.minimal_detectable_effect` (a paired t-test, level 0.05,
 power 0.8).
 
 Cost: per run ``updates x budget`` flops of training (the budget unit is flops) plus, per
-evaluation point, ``T x E`` episodes of :data:`~bpo_algos.experiments.presets.GPU_EPISODE_SHAPE`
+evaluation point, ``T x E`` episodes of :data:`~bpo_experiments.presets.GPU_EPISODE_SHAPE`
 at ``2P`` a token. GPU-hours = flops / (peak bf16 dense x :data:`ASSUMED_MFU`).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bpo_algos.experiments.presets import GPU_EPISODE_SHAPE, QWEN_7B_PARAMS, Preset
+from bpo_experiments.presets import GPU_EPISODE_SHAPE, QWEN_7B_PARAMS, Preset
 
 TARGET_MDE = 0.04
 """The largest detectable effect the plan accepts (success, absolute): 4 points, so that effects
@@ -53,14 +53,14 @@ def planned_sd(env: str, eval_tasks: int, episodes: int, p: float = 0.5) -> floa
 
 
 def mde(sd: float, n: int) -> float:
-    from bpo_algos.experiments.stats import minimal_detectable_effect
+    from bpo_experiments.stats import minimal_detectable_effect
 
     return minimal_detectable_effect(sd, n)
 
 
 def eval_points(preset: Preset, env: str) -> int:
     """Evaluations per run (the main job's evaluation points: update 0, every ``eval_every``, the last)."""
-    from bpo_algos.experiments.runner import eval_points as points
+    from bpo_experiments.runner import eval_points as points
 
     return len(points(preset, env))
 

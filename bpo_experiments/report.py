@@ -395,9 +395,9 @@ def example_trees(runs: list[dict[str, Any]], out: Path) -> dict[str, dict[str, 
     relative to ``out``, by env then algorithm; a run that saved no trees (cached by an older
     version) is skipped with a warning.
     """
-    from bpo_algos.experiments.runner import run_dir
     from bpo_algos.tree import load_trees
     from bpo_algos.viz import draw_tree, tree_files
+    from bpo_experiments.runner import run_dir
 
     firsts: dict[tuple[str, str], int] = {}
     for run in runs:
