@@ -164,9 +164,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 result["rows"].remove(old_row)
                 row = dict(old_row) if not cloned else {**old_row, "reclone": {"bc_seconds": row["bc_seconds"], "bc_cpu_s": row["bc_cpu_s"], "train_agree": row["train_agree"],
                                               "same_fit_as_the_row": same, "splits": [s for s in args.splits if s not in old_row]}}  # fmt: skip
-            for k, (split, ids) in enumerate(evals.items()):
-                if split not in args.splits or split in row:
+            for split in args.splits:  # in the order asked; each split keeps its own streams (k)
+                if split not in evals or split in row:
                     continue
+                k, ids = list(evals).index(split), evals[split]
                 t0, c0 = time.time(), time.process_time()
                 kwargs = {**setup.kwargs, "split": "train" if split == "train_heldout" else split}
                 pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 row[split] = {"success": sum(wins) / len(wins), "ci95": wilson(int(sum(wins)), len(wins)), "episodes": len(wins),
                               "wins": [int(w) for w in wins], "tasks": list(ids), "seconds": round(time.time() - t0, 1),
                               "cpu_s": round(time.process_time() - c0, 1)}  # fmt: skip
+                path.parent.mkdir(parents=True, exist_ok=True)  # every split as soon as it is measured
+                path.write_text(json.dumps({**result, "rows": [*result["rows"], row]}, indent=1) + "\n")
             row["load_average"] = os.getloadavg()
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in evals}
