@@ -6,8 +6,10 @@ builds it (behaviour cloning on the handcoded expert's demos of those games, the
 and learning rate, the seed's warm-start stream) and evaluated, one episode a game, on the
 first ``--valid-seen`` games of ``valid_seen`` and ``--valid-unseen`` of ``valid_unseen`` (the
 main job's evaluation streams: the same episodes for every row). Also the fit: the share of the
-training decisions where the expert's action is the policy's argmax. Writes JSON after every row
-and, with ``--plot``, a PNG:
+training decisions where the expert's action is the policy's argmax. With ``--heldout N``, also
+``train_heldout``: the ``N`` training games at positions ``--heldout-from`` on of the training
+shuffle, which no row trains on (the selection set: a choice made from this curve is made on
+it, never on the evaluation splits). Writes JSON after every row and, with ``--plot``, a PNG:
 
     python scripts/alfworld_curve.py --games 60 250 1000 --policies scorer-memory scorer-memory-wide \
         --out docs/results/alfworld-curve/curve.json --plot docs/results/alfworld-curve/curve.png
@@ -38,24 +40,31 @@ def wilson(wins: int, n: int) -> list[float]:
     return [centre - half, centre + half]
 
 
+def _epochs(row: dict[str, Any], result: dict[str, Any]) -> int:
+    return int(row.get("sft_epochs", result["sft_epochs"]))
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, split in zip(axes, ("valid_seen", "valid_unseen"), strict=True):
+    splits = [s for s in ("train_heldout", "valid_seen", "valid_unseen") if s in result["eval_games"]]
+    fig, axes = plt.subplots(1, len(splits), figsize=(5 * len(splits), 4), sharey=True)
+    for ax, split in zip(axes, splits, strict=True):
         for policy in result["policies"]:
-            rows = sorted((r for r in result["rows"] if r["policy"] == policy and split in r), key=lambda r: r["games"])
-            if not rows:
-                continue
-            x = [r["games"] for r in rows]
-            y = [r[split]["success"] for r in rows]
-            lo = [r[split]["success"] - r[split]["ci95"][0] for r in rows]
-            hi = [r[split]["ci95"][1] - r[split]["success"] for r in rows]
-            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=f"{policy} ({rows[0]['parameters'] / 1e6:.1f}M)")
-            ax.plot(x, [r["train_agree"] for r in rows], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
+            for epochs in sorted({_epochs(r, result) for r in result["rows"]}, reverse=True):
+                rows = sorted((r for r in result["rows"] if r["policy"] == policy and split in r and _epochs(r, result) == epochs), key=lambda r: r["games"])
+                if not rows:
+                    continue
+                x = [r["games"] for r in rows]
+                y = [r[split]["success"] for r in rows]
+                lo = [r[split]["success"] - r[split]["ci95"][0] for r in rows]
+                hi = [r[split]["ci95"][1] - r[split]["success"] for r in rows]
+                label = f"{policy} ({rows[0]['parameters'] / 1e6:.1f}M), {epochs} epochs"
+                ax.errorbar(x, y, yerr=[lo, hi], marker="o" if epochs == result["sft_epochs"] else "s", capsize=3, label=label)
+                ax.plot(x, [r["train_agree"] for r in rows], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
         ax.set(xscale="log", xlabel="distinct training games (behaviour cloning)", title=f"{split} ({result['eval_games'][split]} games x 1)")
         ax.set_xticks(result["games"], [str(g) for g in result["games"]])
         ax.grid(alpha=0.3)
@@ -80,7 +89,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--policies-dir", default=None, help="keep each cloned policy here (state dict) and reuse it")
     ap.add_argument("--bc-only", action="store_true", help="clone (into --policies-dir) and stop before evaluating")
     ap.add_argument("--eval-only", action="store_true", help="only the rows whose policy --policies-dir holds already")
-    ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"], help="the splits to evaluate")
+    ap.add_argument("--splits", nargs="+", default=["train_heldout", "valid_seen", "valid_unseen"], help="the splits to evaluate")
+    ap.add_argument("--sft-epochs", type=int, default=None, help="cloning epochs (default: the preset's)")
+    ap.add_argument("--heldout", type=int, default=0, help="evaluate this many held-out training games too (train_heldout)")
+    ap.add_argument("--heldout-from", type=int, default=1000, help="train_heldout's first position in the training shuffle")
     args = ap.parse_args(argv)
 
     from bpo_algos.policy.sft import demo_steps
@@ -97,6 +109,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     extra_eval={"valid_unseen": args.valid_unseen})  # fmt: skip
     order = task_order(setup)
     evals = {"valid_seen": task_split(setup)[1], **extra_eval_tasks(setup)}
+    if args.heldout:
+        if max(args.games) > args.heldout_from:
+            raise SystemExit(f"--heldout-from {args.heldout_from} must not be below the most training games, {max(args.games)}")
+        held = replace(setup, train_tasks=args.heldout_from + args.heldout)
+        evals["train_heldout"] = task_order(held)[args.heldout_from : args.heldout_from + args.heldout]
     path = Path(args.out)
     result: dict[str, Any] = {
         "preset": args.preset, "seed": args.seed, "games": sorted(args.games), "policies": args.policies,
@@ -106,19 +123,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }  # fmt: skip
     if path.is_file():  # resume: rows already measured are kept
         old = json.loads(path.read_text())
-        result["rows"] = [r for r in old.get("rows", []) if r["games"] in args.games and r["policy"] in args.policies]
-    done = {(r["games"], r["policy"]) for r in result["rows"]}
+        result["rows"] = old.get("rows", [])
+        result["games"] = sorted({*old.get("games", []), *args.games})
+        result["policies"] = list(dict.fromkeys([*old.get("policies", []), *args.policies]))
+        result["eval_games"] = {**old.get("eval_games", {}), **result["eval_games"]}
+    epochs = base.sft_epochs if args.sft_epochs is None else args.sft_epochs
+    done = {(r["games"], r["policy"], _epochs(r, result)): r for r in result["rows"]}
     for games in sorted(args.games):
         for name in args.policies:
-            if (games, name) in done:
+            # a row measured already is kept; one that lacks a split asked for now gets it (the
+            # cloning is seeded, so the policy is the row's policy again)
+            old_row = done.get((games, name, epochs))
+            if old_row is not None and all(s in old_row for s in args.splits if s in evals):
                 continue
             start, cpu = time.time(), time.process_time()
             tasks = order[:games]
-            saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}.pt") if args.policies_dir else None
+            saved = Path(args.policies_dir, f"{games}-{name}-seed{args.seed}" + ("" if epochs == base.sft_epochs else f"-{epochs}ep") + ".pt") if args.policies_dir else None
             cloned = saved is None or not saved.is_file()
             if args.eval_only and cloned:
                 continue
-            policy = build.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=base.sft_epochs if cloned else 0), args.seed, tasks)
+            policy = build.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0), args.seed, tasks)
             if saved is not None and cloned:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)
@@ -129,17 +153,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f"cloned {name} on {games} games: {kept['bc_seconds']:.0f} s", flush=True)
                 continue
             demos = build._expert_demos(replace(setup, train_tasks=games), tasks, streams.stream_seed(args.seed, streams.WARM_START))
-            row: dict[str, Any] = {"games": games, "policy": name, "parameters": sum(p.numel() for p in policy.parameters()),
+            row: dict[str, Any] = {"games": games, "policy": name, "sft_epochs": epochs, "parameters": sum(p.numel() for p in policy.parameters()),
                                    "decisions": len(demos), "bc_seconds": round(kept["bc_seconds"], 1), "bc_cpu_s": round(kept["bc_cpu_s"], 1)}  # fmt: skip
             steps = demo_steps(policy, demos)
             with torch.no_grad():
                 best = [max(d, key=d.get) for d in map(policy.action_distribution, (s.context for s in steps))]
             row["train_agree"] = sum(b == s.action.text for b, s in zip(best, steps, strict=True)) / len(steps)
+            if old_row is not None:
+                if abs(old_row["train_agree"] - row["train_agree"]) > 1e-9:
+                    raise SystemExit(f"the re-cloned {name} on {games} games is not the row's policy (fit {row['train_agree']} vs {old_row['train_agree']})")
+                result["rows"].remove(old_row)
+                row = {**old_row, "reclone_bc_seconds": row["bc_seconds"], "reclone_bc_cpu_s": row["bc_cpu_s"]}
             for k, (split, ids) in enumerate(evals.items()):
-                if split not in args.splits:
+                if split not in args.splits or split in row:
                     continue
                 t0, c0 = time.time(), time.process_time()
-                kwargs = {**setup.kwargs, "split": split}
+                kwargs = {**setup.kwargs, "split": "train" if split == "train_heldout" else split}
                 pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
                 try:
                     wins = evaluation.evaluate_episodes(policy, pool, ids, 1, args.seed, split=k)
@@ -150,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "cpu_s": round(time.process_time() - c0, 1)}  # fmt: skip
             row["load_average"] = os.getloadavg()
             result["rows"].append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("valid_seen", "valid_unseen")}
+            print(json.dumps({k: v for k, v in row.items() if k not in evals}
                              | {s: row[s]["success"] for s in evals if s in row}), flush=True)  # fmt: skip
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result, indent=1) + "\n")

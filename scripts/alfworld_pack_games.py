@@ -9,6 +9,11 @@ planner accepted, its plan and a digest of its text. With the index a fresh mach
 the games in milliseconds without the planner (docs/alfworld.md, "Many training games"). Games
 the index already lists are rebuilt from it (``BPO_ALFWORLD_INDEX=0`` planner-checks every one).
 
+Resumable: every game is cached on disk as soon as it is made, so a stopped run started again
+reads the games it made from the cache; with ``--index`` the index is also rewritten every
+``--checkpoint`` games (games the index already lists are done first), so partial progress is
+kept in the shipped file too.
+
     python scripts/alfworld_pack_games.py --train 1200 --valid-seen 1200 --valid-unseen 1200 \
         --jobs 2 --times docs/results/alfworld-games/generation.json \
         --index bpo_envs/alfworld/data/games-v3-seed0.json.gz
@@ -51,6 +56,27 @@ def order(split: str, count: int) -> list[str]:
     return [ids[i] for i in rng.permutation(len(ids))][:count]
 
 
+def _indexed_first(wanted: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
+    """``wanted`` with the games the shipped index lists first (stable otherwise), and how many
+    those are: a checkpoint is written only past them, so it keeps every game the index held."""
+    from bpo_envs.alfworld.game_index import load_index
+
+    index = load_index(3, 0)
+    if index is None:
+        return wanted, 0
+    return sorted(wanted, key=lambda w: index.entry(*w) is None), sum(index.entry(*w) is not None for w in wanted)
+
+
+def _write(path: str, done: list[tuple[str, str]]) -> dict[str, Any]:
+    """Write the game index of the (cached) games ``done``."""
+    from bpo_envs.alfworld.game_index import write_index
+    from bpo_envs.alfworld.games import GeneratedGames
+
+    root = GeneratedGames("train", None, 200, 0).root.parent
+    splits = {split: [t for s, t in done if s == split] for split in ("train", "valid_seen", "valid_unseen")}
+    return write_index(Path(path), root, splits, version=3, seed=0)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train", type=int, default=1200)
@@ -59,10 +85,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--times", default=None, help="JSON of the per-game generation times")
     ap.add_argument("--index", default=None, help="write the game index here (.json.gz)")
+    ap.add_argument("--checkpoint", type=int, default=250, help="rewrite --index every this many games")
     args = ap.parse_args(argv)
     wanted = [("train", t) for t in order("train", args.train)]
     wanted += [("valid_seen", t) for t in order("valid_seen", args.valid_seen)]
     wanted += [("valid_unseen", t) for t in order("valid_unseen", args.valid_unseen)]
+    wanted, held = _indexed_first(wanted)
     load = os.getloadavg()
     start = time.perf_counter()
     rows = []
@@ -71,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append(row)
             if len(rows) % 50 == 0:
                 print(f"{len(rows)}/{len(wanted)} games, {time.perf_counter() - start:.0f} s", flush=True)
+            if args.index and len(rows) % args.checkpoint == 0 and held <= len(rows) < len(wanted):
+                print(f"checkpoint: {_write(args.index, wanted[: len(rows)])}", flush=True)
     new = [r for r in rows if r["made"] == "planner"]
     result: dict[str, Any] = {
         "games": len(rows), "generated": len(new), "jobs": args.jobs, "cpus": os.cpu_count(),
@@ -89,12 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.times).parent.mkdir(parents=True, exist_ok=True)
         Path(args.times).write_text(json.dumps({**result, "rows": rows}, indent=1) + "\n")
     if args.index:
-        from bpo_envs.alfworld.game_index import write_index
-        from bpo_envs.alfworld.games import GeneratedGames
-
-        root = GeneratedGames("train", None, 200, 0).root.parent
-        splits = {split: [t for s, t in wanted if s == split] for split in ("train", "valid_seen", "valid_unseen")}
-        result["index"] = write_index(Path(args.index), root, splits, version=3, seed=0)
+        result["index"] = _write(args.index, wanted)
     print(json.dumps({k: v for k, v in result.items() if k != "slowest"}), flush=True)
     return result
 

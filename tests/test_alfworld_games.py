@@ -72,6 +72,39 @@ def test_the_indexed_plan_wins_the_rebuilt_game(fresh_cache: None) -> None:
         env.close()
 
 
+def _pack_script(monkeypatch: pytest.MonkeyPatch):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "alfworld_pack_games.py"
+    spec = importlib.util.spec_from_file_location("alfworld_pack_games", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "alfworld_pack_games", module)  # its workers (forked) find it by name
+    return module
+
+
+def test_packing_is_resumable_and_checkpoints_the_index(fresh_cache: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # scripts/alfworld_pack_games.py: a stopped run keeps what it made (the cache), and the index
+    # is rewritten every --checkpoint games with the games done so far, never fewer
+    pack = _pack_script(monkeypatch)
+    monkeypatch.setattr(pack, "_indexed_first", lambda wanted: (wanted, 0))  # checkpoint from the first game on
+    written: list[dict] = []
+    write = pack._write
+    monkeypatch.setattr(pack, "_write", lambda path, done: written.append(write(path, done)) or written[-1])
+    index = tmp_path / "games-v3-seed0.json.gz"
+    args = ["--train", "3", "--valid-seen", "1", "--valid-unseen", "0", "--jobs", "1", "--checkpoint", "2", "--index", str(index)]
+    first = pack.main(args)
+    assert first["made"] == {"cache": 0, "index": 4, "planner": 0}
+    assert [w["games"] for w in written] == [{"train": 2, "valid_seen": 0, "valid_unseen": 0}, {"train": 3, "valid_seen": 1, "valid_unseen": 0}]
+    mine = gi.load_index(3, 0, index)
+    for task_id in pack.order("train", 3):
+        assert mine.entry("train", task_id) == SHIPPED.entry("train", task_id)
+    again = pack.main(args)  # resumed: every game read back from the cache
+    assert again["made"] == {"cache": 4, "index": 0, "planner": 0}
+    assert gi.load_index(3, 0, index)._games == mine._games
+
+
 def test_a_damaged_or_foreign_cached_game_is_rebuilt_and_says_so(fresh_cache: None, caplog: pytest.LogCaptureFixture) -> None:
     task_id = _indexed("train", 1)[0]
     games = GeneratedGames("train", None, 200, 0)

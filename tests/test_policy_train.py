@@ -116,3 +116,20 @@ def _nodes(node):
     for edge in node.children:
         yield from _nodes(edge.child)
 
+
+
+def test_behaviour_cloning_creates_a_table_policy_s_entries_before_its_optimizer(monkeypatch):
+    """A table policy's entries appear on first sight: ``prepare_parameters`` must create them
+    before the optimizer is built (an LLM's parameters are all there and skip that pass)."""
+    from bpo_algos import TabularPolicy
+    from bpo_algos.policy.base import Policy
+
+    demos = expert_demos(make_env, list(range(4)))
+    policy = TabularPolicy(seed=0)
+    behaviour_cloning(policy, demos, epochs=30, lr=0.3, batch_size=4, seed=0)
+    for demo in demos:
+        assert policy.action_distribution(demo.context)[demo.action] > 0.9
+    # broken: the default (no pass) leaves the optimizer with no parameters to train
+    monkeypatch.setattr(TabularPolicy, "prepare_parameters", Policy.prepare_parameters)
+    with pytest.raises(ValueError, match="empty parameter list"):
+        behaviour_cloning(TabularPolicy(seed=0), demos, epochs=1, lr=0.3, seed=0)

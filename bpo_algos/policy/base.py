@@ -204,6 +204,11 @@ class Policy:
             return []
         return [p for p in self.parameters() if p.requires_grad]
 
+    def prepare_parameters(self, steps: Sequence[StepLike]) -> None:
+        """Create the parameters ``steps`` will train before an optimizer is built over
+        :meth:`trainable_parameters` (a table policy whose entries appear on first sight); by
+        default a policy's parameters are all there already and nothing runs."""
+
     def enable_gradient_checkpointing(self) -> None:
         """Recompute activations in the backward pass (``TrainerConfig.gradient_checkpointing``)."""
         raise TypeError(f"gradient_checkpointing=True but {type(self).__name__} has no enable_gradient_checkpointing()")

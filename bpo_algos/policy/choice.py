@@ -98,6 +98,11 @@ class ChoicePolicy(Policy, nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
+    def prepare_parameters(self, steps: Sequence[StepLike]) -> None:
+        """Create the entries of ``steps``' contexts (a forward pass without gradient)."""
+        with torch.no_grad():
+            self.token_logprobs(steps)
+
     def recorded_action(self, context: Context, command: str) -> Action | None:
         """The :class:`Action` that chooses ``command`` at ``context`` (behaviour cloning), or
         None when ``command`` is not one of the admissible actions there."""

@@ -169,6 +169,11 @@ class ReasoningTabularPolicy(Policy, nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
+    def prepare_parameters(self, steps: Sequence[StepLike]) -> None:
+        """Create the entries of ``steps``' contexts (a forward pass without gradient)."""
+        with torch.no_grad():
+            self.token_logprobs(steps)
+
 
 
 def tree_reasoning_policy(env: Any, decision_entropy: str = "exact", *, task: int = 0, seed: int = 0, probe_samples: int = 4) -> tuple[ReasoningTabularPolicy, torch.Tensor]:

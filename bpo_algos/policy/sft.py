@@ -103,8 +103,7 @@ def behaviour_cloning(
     steps = demo_steps(policy, demos)
     if not steps:
         raise ValueError(f"none of the {len(demos)} demos is an action {type(policy).__name__} can take")
-    with torch.no_grad():  # a tabular policy creates its entries on first sight
-        policy.token_logprobs(steps)
+    policy.prepare_parameters(steps)  # a table policy's entries, before the optimizer sees its parameters
     params = policy.trainable_parameters()
     optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = np.random.default_rng(seed)
