@@ -470,6 +470,16 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     return [figure(results, out, envs, algorithms, colours) for figure in figures]
 
 
+def _save(fig: Any, path: Path, **savefig: Any) -> Path:
+    """Lay out ``fig``, write it to ``path`` (110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, **savefig)
+    plt.close(fig)
+    return path
+
+
 def _success_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
     """``success.png``: evaluated success against env steps and against flops."""
     import matplotlib.pyplot as plt
@@ -501,11 +511,7 @@ def _success_figure(results: dict[str, Any], out: Path, envs: list[str], algorit
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         axes[0][j].set_title(f"{env}: evaluated success vs env steps")
         axes[1][j].set_title(f"{env}: evaluated success vs flops")
-    fig.tight_layout()
-    path = out / "success.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, out / "success.png", bbox_inches="tight")
 
 
 def _training_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
@@ -524,11 +530,7 @@ def _training_figure(results: dict[str, Any], out: Path, envs: list[str], algori
         ax.set(title=f"{env}: training batches' success (the tasks drawn that update)", xlabel="update", ylabel="batch success")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "training_success.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "training_success.png")
 
 
 def _final_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
@@ -557,11 +559,7 @@ def _final_figure(results: dict[str, Any], out: Path, envs: list[str], algorithm
         ax.set_xticks(range(len(names)), names, rotation=20)
         ax.set(title=f"{env}: final evaluated success ({er.get('eval_split', 'held-out')})", ylabel="success (mean, 95% CI; dots: seeds)")
         ax.set_ylim(0, 1.08)
-    fig.tight_layout()
-    path = out / "final_success.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "final_success.png")
 
 
 def _snr_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
@@ -591,11 +589,7 @@ def _snr_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms:
         handles, labels = ax.get_legend_handles_labels()
         if handles:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "gradient_snr.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "gradient_snr.png")
 
 
 def _grad_norm_variance_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
@@ -615,10 +609,6 @@ def _grad_norm_variance_figure(results: dict[str, Any], out: Path, envs: list[st
     ax.set(title="gradient-norm variance at the warm start (same budget)", ylabel=f"Var ||g|| ({scale} scale)")
     ax.set_yscale(scale)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "grad_norm_variance.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "grad_norm_variance.png")
 
 

@@ -38,14 +38,20 @@ def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     return lambda: gym.make(setup.env_id, **kwargs)
 
 
-def _shuffled_ids(make: Callable[[], gym.Env], seed: int = 12345) -> tuple[list[Any], dict[str, Any] | None]:
+def _ids_and_provenance(make: Callable[[], gym.Env]) -> tuple[list[Any], dict[str, Any] | None]:
+    """The task ids of an env ``make`` builds, in its own order, and its ``provenance()`` (None
+    for an env without one)."""
     env = make()
     try:
         ids = list(env.unwrapped.task_ids())
         provenance = getattr(env.unwrapped, "provenance", None)
-        info = provenance() if callable(provenance) else None
+        return ids, provenance() if callable(provenance) else None
     finally:
         env.close()
+
+
+def _shuffled_ids(make: Callable[[], gym.Env], seed: int = 12345) -> tuple[list[Any], dict[str, Any] | None]:
+    ids, info = _ids_and_provenance(make)
     rng = np.random.default_rng(seed)
     return [ids[i] for i in rng.permutation(len(ids))], info
 
@@ -101,14 +107,7 @@ def task_split_with_provenance(setup: EnvSetup) -> tuple[list[Any], list[Any], d
             raise ValueError(f"{setup.env_id}: evaluation tasks {sorted(overlap)[:5]} are also training tasks")
     elif setup.eval_split == "rows":
         # every evaluation row in its source's order (the gpu preset: all of Verified's given)
-        make = eval_env_factory(setup)
-        env = make()
-        try:
-            eval_order = list(env.unwrapped.task_ids())
-            provenance = getattr(env.unwrapped, "provenance", None)
-            eval_prov = provenance() if callable(provenance) else None
-        finally:
-            env.close()
+        eval_order, eval_prov = _ids_and_provenance(eval_env_factory(setup))
         eval_tasks = eval_order[: setup.eval_tasks]
         overlap = sorted(set(map(str, eval_order)) & set(map(str, order)))
         if overlap:
