@@ -161,7 +161,7 @@ def option_kinds(names: Any, preset: Preset | None = None) -> dict[str, str | No
 def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = None) -> dict[str, Any]:
     """The options the main job builds algorithm ``name`` with.
 
-    The seed, ``aggregation`` and ``max_parallel_trees`` (default: a quarter of the env pool)
+    The seed, ``aggregation`` and ``max_parallel_trees`` (:meth:`Preset.max_parallel_trees`)
     and every other shared option the preset changes (:attr:`Preset.shared`); for a built-in
     kind of algorithm its own options (``preset.options[cls.name]``, all but those its variant
     fixes, e.g. ``bpo-anchored``'s ``baseline``; a control that collects as another algorithm,
@@ -170,8 +170,7 @@ def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = No
     """
     defaults = AlgorithmConfig().to_dict()
     shared = preset.shared.to_dict()
-    options: dict[str, Any] = {"seed": seed, "aggregation": shared["aggregation"],
-                               "max_parallel_trees": shared["max_parallel_trees"] or max(1, preset.pool_size // 4)}
+    options: dict[str, Any] = {"seed": seed, "aggregation": shared["aggregation"], "max_parallel_trees": preset.max_parallel_trees()}
     options.update({k: v for k, v in shared.items() if v != defaults[k] and k not in options})
     factory = algorithm_factory(name)
     explicit = preset.algorithm_options.get(name, {})

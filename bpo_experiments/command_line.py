@@ -44,8 +44,18 @@ PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options",
 whose fields get flags, tables)."""
 
 
-OLD_FLAGS = {"group_size": "--ALGORITHM.group-size", "backbones": "--bpo.backbones", "branch_factor": "--bpo.branch-factor"}
-"""Flags of earlier versions that set one option of every algorithm that has it."""
+REMOVED_FLAGS = {"--group-size": "--KIND.group-size (e.g. --rloo.group-size 4)", "--backbones": "--bpo.backbones",
+                 "--branch-factor": "--bpo.branch-factor"}
+"""Flags of earlier versions that set one option of every algorithm that has it, and the flag
+that sets it now: each kind of algorithm's option has one flag, ``--KIND.OPTION``."""
+
+
+class _Removed(argparse.Action):
+    """A removed flag: an error naming the flag that replaced it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was removed: an algorithm's option is set by its kind's flag, "
+                     f"{REMOVED_FLAGS[option_string or '']} (bpo-compare --help lists them)")
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:
@@ -62,10 +72,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str
     for kind, options in option_classes().items():
         group = parser.add_argument_group(f"{kind} ({options.__name__}; also its variants)")
         holders[f"options:{kind}"] = add_flags(group, options, prefix=f"{kind}.", taken=taken)
-    group = parser.add_argument_group("earlier flags")
-    for name, new in OLD_FLAGS.items():
-        group.add_argument("--" + name.replace("_", "-"), dest=f"old__{name}", type=int, default=argparse.SUPPRESS,
-                           help=f"{name} of every algorithm that has it (as {new})")
+    for flag in REMOVED_FLAGS:
+        parser.add_argument(flag, action=_Removed, nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return holders
 
 
@@ -161,11 +169,6 @@ def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, di
         classes = option_classes()
         changes: dict[str, dict[str, Any]] = {kind: given(args, dests) for holder, dests in holders.items()
                                               if holder.startswith("options:") for kind in [holder.split(":", 1)[1]]}
-        for name in OLD_FLAGS:
-            if hasattr(args, f"old__{name}"):
-                for kind, options in classes.items():
-                    if name in options.field_names():
-                        changes.setdefault(kind, {}).setdefault(name, getattr(args, f"old__{name}"))
         for kind, fields in changes.items():
             if fields:
                 current = preset.options.get(kind) or classes[kind]()
