@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bpo_algos.experiments.diagnose import find_setup
-from bpo_algos.experiments.runner import _expert_demos, task_split
 from bpo_algos.policy import HFPolicy, PromptConfig
 from bpo_algos.policy.sft import demo_steps
 from bpo_algos.policy.tiny import smollm2_path
+from bpo_experiments.build import _expert_demos
+from bpo_experiments.diagnose import find_setup
+from bpo_experiments.tasks import task_split
 
 ENVS = {"webshop": ("BPO-WebShop-v0", "cpu-llm", {}), "alfworld": ("BPO-ALFWorld-v0", None, {"max_episode_steps": 8})}
 
