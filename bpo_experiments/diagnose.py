@@ -196,6 +196,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
     preset.envs = {**preset.envs, env_name: setup}
     tasks, _ = task_split(replace(setup, eval_split="train"))  # the diagnosis needs training tasks only
     torch.manual_seed(args.seed)
+    if preset.torch_threads:  # as the main job's workers: on a busy CPU extra threads spin-wait
+        torch.set_num_threads(preset.torch_threads)
     policy = build_policy(args.policy, preset, setup, args.seed, tasks)
     amount = args.budget or preset.for_env("budget", env_name)
     if preset.budget_unit != "env_steps" and not args.budget:
