@@ -58,9 +58,10 @@ from bpo_algos.mechanism import (
 )
 from bpo_algos.rollout import EnvPool
 from bpo_envs.tree_mdp import TreeMDPEnv
+from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS, EnvSetup, Preset
 from bpo_experiments.regime import CONFIGS, SHAPES, task_gradient_spread
-from bpo_experiments.runner import env_factory, make_policy, task_split
+from bpo_experiments.tasks import env_factory, task_split
 
 SEARCH_ORDER = ("cpu", "cpu-tabular", "cpu-swe", "cpu-llm")
 LLM_FLAGS = ("reasoning", "decision_entropy", "probe_samples", "sft_epochs", "sft_lr", "max_new_tokens")
@@ -195,6 +196,8 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
     preset.envs = {**preset.envs, env_name: setup}
     tasks, _ = task_split(replace(setup, eval_split="train"))  # the diagnosis needs training tasks only
     torch.manual_seed(args.seed)
+    if preset.torch_threads:  # as the main job's workers: on a busy CPU extra threads spin-wait
+        torch.set_num_threads(preset.torch_threads)
     policy = build_policy(args.policy, preset, setup, args.seed, tasks)
     amount = args.budget or preset.for_env("budget", env_name)
     if preset.budget_unit != "env_steps" and not args.budget:

@@ -60,7 +60,7 @@ def mde(sd: float, n: int) -> float:
 
 def eval_points(preset: Preset, env: str) -> int:
     """Evaluations per run (the main job's evaluation points: update 0, every ``eval_every``, the last)."""
-    from bpo_experiments.runner import eval_points as points
+    from bpo_experiments.evaluation import eval_points as points
 
     return len(points(preset, env))
 

@@ -33,21 +33,13 @@ from typing import Any
 import numpy as np
 
 from bpo_envs.files import CorruptFileError, read_json
+from bpo_experiments.build import build_algorithm, make_policy, option_kinds, trainer_config
+from bpo_experiments.evaluation import eval_points, evaluate_episodes
 from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
 from bpo_experiments.presets import Preset
-from bpo_experiments.runner import (
-    build_algorithm,
-    env_factory,
-    eval_env_factory,
-    eval_points,
-    evaluate_episodes,
-    make_policy,
-    option_kinds,
-    probes_on,
-    task_split,
-    trainer_config,
-)
+from bpo_experiments.probes import probes_on
 from bpo_experiments.stats import METRICS, minimal_detectable_effect
+from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
 
 PILOT_UPDATES = 3
 """Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
@@ -157,66 +149,11 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
         }
         record = (saved or {}).get("per_env", {}).get(env) if saved else None
         if record and "vs_comparator" in record:  # (an older results.json has no paired spreads)
-            entry["source"] = f"recorded: {source}"
-            old_updates = (saved.get("preset") or {}).get("updates")
-            old_updates = old_updates.get(env) if isinstance(old_updates, dict) else old_updates
-            scale = updates / old_updates if old_updates else 1.0
-            seconds, flops = {}, {}
-            for a in preset.algorithms:
-                r = record["algorithms"].get(a) or record["algorithms"].get(preset.comparator) or next(iter(record["algorithms"].values()))
-                seconds[a] = r.get("seconds_per_run", 0.0) * scale
-                flops[a] = r["compute"].get("flops", float("nan")) * updates
-            entry["seconds_per_run"] = seconds
-            entry["flops_per_run"] = flops
-            run_seconds = n * sum(seconds.values())
-            timing = saved.get("timing") or {}
-            pairs = max(1, sum(len(v.get("seeds", [])) for v in saved["per_env"].values()))
-            run_seconds += n * timing.get("initial_seconds_total", 0.0) / pairs
-            mde: dict[str, dict[str, float]] = {}
-            for a, vs in record.get("vs_comparator", {}).items():
-                if a not in preset.algorithms:
-                    continue
-                mde[a] = {m: minimal_detectable_effect(vs[m]["sd"], n) for m in METRICS if m in vs and vs[m].get("sd") is not None}
-            entry["mde"] = mde
-            entry["mde_basis"] = f"the per-seed spread of each paired difference in {source}, at {n} seeds"
+            run_seconds = _size_from_record(preset, env, entry, n, updates, saved, source, record)
         elif preset.gpus and env in ASSUMED_SPREAD:
-            # a GPU preset: no CPU pilot can run its model; sized from named assumptions
-            row = gpu_plan(preset)[env]
-            entry["source"] = (
-                f"assumed (bpo_experiments.gpu_plan): flops from the preset's budget and episode shape, "
-                f"{ASSUMED_MFU:.0%} of {PEAK_BF16_FLOPS['H100'] / 1e12:.0f} TFLOPS per GPU"
-            )
-            seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / preset.gpus  # on the preset's GPUs
-            entry["seconds_per_run"] = {a: seconds_per_run for a in preset.algorithms}
-            entry["flops_per_run"] = {a: row["flops_per_run"]["total"] for a in preset.algorithms}
-            entry["gpu_hours"] = row["gpu_hours"]
-            entry["days_on_1xH200"] = row["days_on_1xH200"]
-            entry["days_on_8xH100"] = row["days_on_8xH100"]
-            run_seconds = row["gpu_hours"] * 3600 / preset.gpus
-            entry["mde"] = {a: {"final": row["mde"]} for a in preset.algorithms if a != preset.comparator}
-            entry["mde_basis"] = f"sd {row['sd_assumed']:.3f} per seed: {row['sd_source']} ({n} seeds)"
+            run_seconds = _size_from_gpu_plan(preset, env, entry, n)
         else:
-            if progress:
-                print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
-            pilot = _pilot(preset, env)
-            entry["source"] = f"pilot: {preset.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
-            entry["pilot"] = pilot
-            probe_batches = 2 * (preset.for_env("grad_batches", env) + 1)
-            per_run = updates * pilot["seconds_per_update"] + (len(points) - 1) * pilot["seconds_per_eval"]
-            probe = probe_batches * pilot["seconds_per_update"]
-            seconds = {a: per_run for a in preset.algorithms}
-            entry["seconds_per_run"] = seconds
-            entry["flops_per_run"] = {a: pilot["flops_per_update"] * updates for a in preset.algorithms}
-            run_seconds = n * sum(seconds.values()) + len(probing) * len(preset.algorithms) * probe + n * pilot["seconds_initial"]
-            episodes = max(pilot["eval_episodes_total"], 1)
-            # (wins + 1/2) / (episodes + 1): a success of exactly 0 or 1 in the pilot still has noise
-            p = (pilot["warm_success"] * episodes + 0.5) / (episodes + 1)
-            sd = math.sqrt(2 * p * (1 - p) / episodes)
-            entry["mde"] = {a: {"final": minimal_detectable_effect(sd, n)} for a in preset.algorithms if a != preset.comparator}
-            entry["mde_basis"] = (
-                f"evaluation noise alone (warm start success {pilot['warm_success']:.3f}, {episodes} episodes per evaluation, {n} seeds): "
-                "a lower bound, training adds its own spread"
-            )
+            run_seconds = _size_from_pilot(preset, env, entry, n, updates, seeds, points, probing, progress)
         extra_seconds = sum(entry["seconds_per_run"].get(a, 0.0) for a in extra["tuning"] + extra["defaults"])
         entry["seconds_extra"] = extra_seconds
         run_seconds += extra_seconds
@@ -236,6 +173,84 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
     }
     print(render(result))
     return result
+
+
+def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, saved: dict[str, Any],
+                      source: str, record: dict[str, Any]) -> float:
+    """Size ``env``'s runs from a recorded ``results.json`` (its costs and paired spreads) into
+    ``entry``; returns their seconds."""
+    entry["source"] = f"recorded: {source}"
+    old_updates = (saved.get("preset") or {}).get("updates")
+    old_updates = old_updates.get(env) if isinstance(old_updates, dict) else old_updates
+    scale = updates / old_updates if old_updates else 1.0
+    seconds, flops = {}, {}
+    for a in preset.algorithms:
+        r = record["algorithms"].get(a) or record["algorithms"].get(preset.comparator) or next(iter(record["algorithms"].values()))
+        seconds[a] = r.get("seconds_per_run", 0.0) * scale
+        flops[a] = r["compute"].get("flops", float("nan")) * updates
+    entry["seconds_per_run"] = seconds
+    entry["flops_per_run"] = flops
+    run_seconds = n * sum(seconds.values())
+    timing = saved.get("timing") or {}
+    pairs = max(1, sum(len(v.get("seeds", [])) for v in saved["per_env"].values()))
+    run_seconds += n * timing.get("initial_seconds_total", 0.0) / pairs
+    mde: dict[str, dict[str, float]] = {}
+    for a, vs in record.get("vs_comparator", {}).items():
+        if a not in preset.algorithms:
+            continue
+        mde[a] = {m: minimal_detectable_effect(vs[m]["sd"], n) for m in METRICS if m in vs and vs[m].get("sd") is not None}
+    entry["mde"] = mde
+    entry["mde_basis"] = f"the per-seed spread of each paired difference in {source}, at {n} seeds"
+    return run_seconds
+
+
+def _size_from_gpu_plan(preset: Preset, env: str, entry: dict[str, Any], n: int) -> float:
+    """Size a GPU preset's runs of ``env`` from named assumptions (:mod:`bpo_experiments.gpu_plan`:
+    no CPU pilot can run its model) into ``entry``; returns their seconds."""
+    # a GPU preset: no CPU pilot can run its model; sized from named assumptions
+    row = gpu_plan(preset)[env]
+    entry["source"] = (
+        f"assumed (bpo_experiments.gpu_plan): flops from the preset's budget and episode shape, "
+        f"{ASSUMED_MFU:.0%} of {PEAK_BF16_FLOPS['H100'] / 1e12:.0f} TFLOPS per GPU"
+    )
+    seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / preset.gpus  # on the preset's GPUs
+    entry["seconds_per_run"] = {a: seconds_per_run for a in preset.algorithms}
+    entry["flops_per_run"] = {a: row["flops_per_run"]["total"] for a in preset.algorithms}
+    entry["gpu_hours"] = row["gpu_hours"]
+    entry["days_on_1xH200"] = row["days_on_1xH200"]
+    entry["days_on_8xH100"] = row["days_on_8xH100"]
+    run_seconds = row["gpu_hours"] * 3600 / preset.gpus
+    entry["mde"] = {a: {"final": row["mde"]} for a in preset.algorithms if a != preset.comparator}
+    entry["mde_basis"] = f"sd {row['sd_assumed']:.3f} per seed: {row['sd_source']} ({n} seeds)"
+    return run_seconds
+
+
+def _size_from_pilot(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, seeds: list[int],
+                     points: list[int], probing: list[int], progress: bool) -> float:
+    """Size ``env``'s runs from a short pilot of the comparator (:func:`_pilot`) into ``entry``;
+    returns their seconds."""
+    if progress:
+        print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
+    pilot = _pilot(preset, env)
+    entry["source"] = f"pilot: {preset.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
+    entry["pilot"] = pilot
+    probe_batches = 2 * (preset.for_env("grad_batches", env) + 1)
+    per_run = updates * pilot["seconds_per_update"] + (len(points) - 1) * pilot["seconds_per_eval"]
+    probe = probe_batches * pilot["seconds_per_update"]
+    seconds = {a: per_run for a in preset.algorithms}
+    entry["seconds_per_run"] = seconds
+    entry["flops_per_run"] = {a: pilot["flops_per_update"] * updates for a in preset.algorithms}
+    run_seconds = n * sum(seconds.values()) + len(probing) * len(preset.algorithms) * probe + n * pilot["seconds_initial"]
+    episodes = max(pilot["eval_episodes_total"], 1)
+    # (wins + 1/2) / (episodes + 1): a success of exactly 0 or 1 in the pilot still has noise
+    p = (pilot["warm_success"] * episodes + 0.5) / (episodes + 1)
+    sd = math.sqrt(2 * p * (1 - p) / episodes)
+    entry["mde"] = {a: {"final": minimal_detectable_effect(sd, n)} for a in preset.algorithms if a != preset.comparator}
+    entry["mde_basis"] = (
+        f"evaluation noise alone (warm start success {pilot['warm_success']:.3f}, {episodes} episodes per evaluation, {n} seeds): "
+        "a lower bound, training adds its own spread"
+    )
+    return run_seconds
 
 
 def render(result: dict[str, Any]) -> str:
@@ -265,3 +280,4 @@ def render(result: dict[str, Any]) -> str:
         for a, by_metric in e["mde"].items():
             lines.append(f"    {a}: " + ", ".join(f"{m} {v:.3g}" for m, v in by_metric.items()))
     return "\n".join(lines)
+

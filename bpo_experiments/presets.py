@@ -11,6 +11,8 @@ Nothing is declared twice: ``bpo-compare``'s flags are generated from these data
 from __future__ import annotations
 
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -196,7 +198,8 @@ class Preset:
     vllm: bool = False
     """LLM policies: generate with vLLM (training stays in transformers)."""
     pool_size: int = 4
-    """Envs in each run's pool (trees in flight: a quarter of it)."""
+    """Envs in each run's pool; the trees in flight are a quarter of it unless ``shared`` sets
+    ``max_parallel_trees`` (:meth:`max_parallel_trees`)."""
     max_model_len: int | None | dict[str, int | None] = None
     """LLM policies: the longest prompt + answer (None: the model config's), or per env."""
     torch_threads: int | None = None
@@ -227,6 +230,12 @@ class Preset:
         if isinstance(value, dict):
             return value[env] if env in value else Preset.__dataclass_fields__[name].default
         return value
+
+    def max_parallel_trees(self) -> int:
+        """The trees each run grows at once: ``shared.max_parallel_trees`` when the preset sets
+        it, else a quarter of :attr:`pool_size` (at least 1), so that every tree in flight has
+        envs to fork into."""
+        return self.shared.max_parallel_trees or max(1, self.pool_size // 4)
 
     def trainer_for(self, env: str) -> TrainerConfig:
         """The training settings of ``env``: :attr:`trainer` with the env's own fields."""
@@ -500,10 +509,15 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-PER_ENV_FIELDS: tuple[str, ...] = (
-    "budget", "seeds", "eval_episodes", "eval_every", "grad_batches", "grad_seeds", "reference_batches", "target_success",
-)
-"""The fields that may be a dict keyed by env name (:meth:`Preset.for_env`)."""
+def _per_env(annotation: Any) -> bool:
+    """Whether a field of type ``annotation`` may be per env: ``X | dict[str, X]``."""
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(
+        typing.get_origin(part) is dict for part in typing.get_args(annotation))
+
+
+PER_ENV_FIELDS: tuple[str, ...] = ("budget", *(name for name, hint in typing.get_type_hints(Preset).items() if _per_env(hint)))
+"""The fields that may be a dict keyed by env name (:meth:`Preset.for_env`), read from their
+types: ``budget`` (always one per env) and every field typed ``X | dict[str, X]``."""
 
 
 def preset_dict(preset: Preset) -> dict[str, Any]:

@@ -274,73 +274,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
     ]
     for env, er in results["per_env"].items():
-        horizon = er.get("horizon")
-        th = er.get("threshold", {})
-        lines += [
-            f"## {env} (budget {er['budget']} {unit}/update, {horizon:,.0f} {unit} in all; evaluated on {er.get('eval_split')} tasks, "
-            f"{er.get('eval_episodes')} episode(s) each; seeds {er.get('seeds')})",
-            "",
-        ]
-        if er.get("data", {}).get("train", {}).get("data_source"):
-            lines += [data_line(er["data"]), ""]
-        warm = er.get("warm_start", {})
-        lines += [
-            f"Warm start (update 0, the same policy for every algorithm of a seed): {warm.get('mean', float('nan')):.3f} "
-            f"(per seed {', '.join(f'{v:.3f}' for v in warm.get('per_seed', []))}). Threshold: warm start + "
-            f"{th.get('fraction')} × ({th.get('target_success')} − warm start).",
-            "",
-            f"| algorithm | AUC | final success | {unit} to threshold (not reached) | Δ{er.get('primary_metric')} vs {comparator} (MDE) "
-            "| env steps/update | flops/update | budget used |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for a, r in er["algorithms"].items():
-            m = r["metrics"]
-            vs = er.get("vs_comparator", {}).get(a, {}).get(er.get("primary_metric", "auc"))
-            delta = f"{_pm(vs['diff'], vs['diff_ci95'])} ({vs['mde']:.3f})" if vs else "(comparator)"
-            c2t = m["compute_to_threshold"]
-            lines.append(
-                f"| {a} | {m['auc']['mean']:.3f} ± {m['auc']['ci95']:.3f} | {m['final']['mean']:.3f} ± {m['final']['ci95']:.3f} "
-                f"| {_number(c2t['mean'])} ± {_number(c2t['ci95'])} ({c2t.get('not_reached', 0)}) | {delta} "
-                f"| {r['compute']['env_steps']:.0f} | {r['compute'].get('flops', float('nan')):.3g} | {r['budget_used_ratio']:.2f} |"
-            )
-        lines += split_lines(er)
-        if any(r.get("gradient_initial") for r in er["algorithms"].values()):
-            first = next(r for r in er["algorithms"].values() if r.get("gradient_initial"))
-            probe = first["gradient_initial"]
-            mid = first.get("gradient_mid") or {}
-            lines += [
-                "",
-                f"Gradient signal-to-noise `ŝ / tr Cov(g)` ({probe['batches']} independent batches at the training budget; "
-                f"[95% bootstrap interval]) at the warm start and at update {mid.get('update', '–')}; cosine of the mean gradient "
-                "to a reference RLOO gradient at the same policy (docs/main-job.md):",
-                "",
-                "| algorithm | SNR, warm start | SNR, mid-training | cosine to RLOO, warm start | cosine to RLOO, mid-training |",
-                "|---|---:|---:|---:|---:|",
-            ]
-            for a, r in er["algorithms"].items():
-                lines.append(
-                    f"| {a} | {_snr_cell(r.get('gradient_initial'))} | {_snr_cell(r.get('gradient_mid'))} "
-                    f"| {_snr_cell(r.get('gradient_initial'), 'cosine')} | {_snr_cell(r.get('gradient_mid'), 'cosine')} |"
-                )
-        meters = [k for k in METER_COLUMNS if all(k in r["compute"] for r in er["algorithms"].values())]
-        lines += [
-            "",
-            "Compute per update (every meter; the budget unit is one of them):",
-            "",
-            "| algorithm | " + " | ".join(k.replace("_", " ") for k in meters) + " |",
-            "|---|" + "---:|" * len(meters),
-        ]
-        for a, r in er["algorithms"].items():
-            lines.append(f"| {a} | " + " | ".join(_number(r["compute"][k]) for k in meters) + " |")
-        best = er.get("treatment_vs_best_baseline")
-        if best:
-            lines += [
-                "",
-                f"Secondary, chosen after seeing the results (biased against the treatment when nothing differs): "
-                f"{best['treatment']} − {best['best_baseline']} (the baseline with the best mean final success) "
-                f"{_pm(best['success_diff'], best['success_diff_ci95'])} final success (MDE {best['mde']:.3f}).",
-            ]
-        lines.append("")
+        lines += _env_lines(env, er, unit, comparator)
     lines += [
         "![final success](final_success.png)",
         "",
@@ -349,7 +283,103 @@ def markdown(results: dict[str, Any]) -> str:
         "![training batch success](training_success.png)",
         "",
     ]
-    trees = results.get("example_trees") or {}
+    lines += _trees_lines(results.get("example_trees") or {})
+    lines += _provenance_lines(results)
+    return "\n".join(lines) + "\n"
+
+
+def _env_lines(env: str, er: dict[str, Any], unit: str, comparator: str) -> list[str]:
+    """One env's section of ``results.md``: its setting, the metrics table, the splits, the
+    gradient probes, every compute meter and the post-hoc best-of-the-others."""
+    lines: list[str] = []
+    horizon = er.get("horizon")
+    th = er.get("threshold", {})
+    lines += [
+        f"## {env} (budget {er['budget']} {unit}/update, {horizon:,.0f} {unit} in all; evaluated on {er.get('eval_split')} tasks, "
+        f"{er.get('eval_episodes')} episode(s) each; seeds {er.get('seeds')})",
+        "",
+    ]
+    if er.get("data", {}).get("train", {}).get("data_source"):
+        lines += [data_line(er["data"]), ""]
+    warm = er.get("warm_start", {})
+    lines += [
+        f"Warm start (update 0, the same policy for every algorithm of a seed): {warm.get('mean', float('nan')):.3f} "
+        f"(per seed {', '.join(f'{v:.3f}' for v in warm.get('per_seed', []))}). Threshold: warm start + "
+        f"{th.get('fraction')} × ({th.get('target_success')} − warm start).",
+        "",
+        f"| algorithm | AUC | final success | {unit} to threshold (not reached) | Δ{er.get('primary_metric')} vs {comparator} (MDE) "
+        "| env steps/update | flops/update | budget used |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for a, r in er["algorithms"].items():
+        m = r["metrics"]
+        vs = er.get("vs_comparator", {}).get(a, {}).get(er.get("primary_metric", "auc"))
+        delta = f"{_pm(vs['diff'], vs['diff_ci95'])} ({vs['mde']:.3f})" if vs else "(comparator)"
+        c2t = m["compute_to_threshold"]
+        lines.append(
+            f"| {a} | {m['auc']['mean']:.3f} ± {m['auc']['ci95']:.3f} | {m['final']['mean']:.3f} ± {m['final']['ci95']:.3f} "
+            f"| {_number(c2t['mean'])} ± {_number(c2t['ci95'])} ({c2t.get('not_reached', 0)}) | {delta} "
+            f"| {r['compute']['env_steps']:.0f} | {r['compute'].get('flops', float('nan')):.3g} | {r['budget_used_ratio']:.2f} |"
+        )
+    lines += split_lines(er)
+    lines += _gradient_lines(er)
+    lines += _meter_lines(er, unit)
+    best = er.get("treatment_vs_best_baseline")
+    if best:
+        lines += [
+            "",
+            f"Secondary, chosen after seeing the results (biased against the treatment when nothing differs): "
+            f"{best['treatment']} − {best['best_baseline']} (the baseline with the best mean final success) "
+            f"{_pm(best['success_diff'], best['success_diff_ci95'])} final success (MDE {best['mde']:.3f}).",
+        ]
+    lines.append("")
+    return lines
+
+
+def _gradient_lines(er: dict[str, Any]) -> list[str]:
+    """The gradient probes' table of one env (none when no run probed)."""
+    if not any(r.get("gradient_initial") for r in er["algorithms"].values()):
+        return []
+    lines: list[str] = []
+    first = next(r for r in er["algorithms"].values() if r.get("gradient_initial"))
+    probe = first["gradient_initial"]
+    mid = first.get("gradient_mid") or {}
+    lines += [
+        "",
+        f"Gradient signal-to-noise `ŝ / tr Cov(g)` ({probe['batches']} independent batches at the training budget; "
+        f"[95% bootstrap interval]) at the warm start and at update {mid.get('update', '–')}; cosine of the mean gradient "
+        "to a reference RLOO gradient at the same policy (docs/main-job.md):",
+        "",
+        "| algorithm | SNR, warm start | SNR, mid-training | cosine to RLOO, warm start | cosine to RLOO, mid-training |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for a, r in er["algorithms"].items():
+        lines.append(
+            f"| {a} | {_snr_cell(r.get('gradient_initial'))} | {_snr_cell(r.get('gradient_mid'))} "
+            f"| {_snr_cell(r.get('gradient_initial'), 'cosine')} | {_snr_cell(r.get('gradient_mid'), 'cosine')} |"
+        )
+    return lines
+
+
+def _meter_lines(er: dict[str, Any], unit: str) -> list[str]:
+    """Every compute meter per update of one env (the budget unit is one of them)."""
+    lines: list[str] = []
+    meters = [k for k in METER_COLUMNS if all(k in r["compute"] for r in er["algorithms"].values())]
+    lines += [
+        "",
+        "Compute per update (every meter; the budget unit is one of them):",
+        "",
+        "| algorithm | " + " | ".join(k.replace("_", " ") for k in meters) + " |",
+        "|---|" + "---:|" * len(meters),
+    ]
+    for a, r in er["algorithms"].items():
+        lines.append(f"| {a} | " + " | ".join(_number(r["compute"][k]) for k in meters) + " |")
+    return lines
+
+
+def _trees_lines(trees: dict[str, dict[str, str]]) -> list[str]:
+    """Links to the example rollout trees (none when no tree was drawn)."""
+    lines: list[str] = []
     if trees:
         lines += [
             "## Example rollout trees",
@@ -363,6 +393,12 @@ def markdown(results: dict[str, Any]) -> str:
             links = " · ".join(f"[{a}]({p})" for a, p in pictures.items())
             lines.append(f"* {env}: {links}")
         lines.append("")
+    return lines
+
+
+def _provenance_lines(results: dict[str, Any]) -> list[str]:
+    """Which code versions made the results, and the wall time."""
+    lines: list[str] = []
     versions = results.get("code_versions") or []
     if len(versions) > 1:
         lines += [f"**Made by {len(versions)} code versions** (a folder resumed after the code changed): "
@@ -384,7 +420,7 @@ def markdown(results: dict[str, Any]) -> str:
         if timing.get("tuning_run_seconds_total"):
             text += f", the tuning runs' {timing['tuning_run_seconds_total'] / 60:.1f} min"
         lines += [text + ".", ""]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def example_trees(runs: list[dict[str, Any]], out: Path) -> dict[str, dict[str, str]]:
@@ -397,7 +433,7 @@ def example_trees(runs: list[dict[str, Any]], out: Path) -> dict[str, dict[str, 
     """
     from bpo_algos.tree import load_trees
     from bpo_algos.viz import draw_tree, tree_files
-    from bpo_experiments.runner import run_dir
+    from bpo_experiments.output import run_dir
 
     firsts: dict[tuple[str, str], int] = {}
     for run in runs:
@@ -430,7 +466,24 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     envs = list(results["per_env"])
     algorithms = list(dict.fromkeys(a for e in envs for a in results["per_env"][e]["algorithms"]))
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
-    paths = []
+    figures = (_success_figure, _training_figure, _final_figure, _snr_figure, _grad_norm_variance_figure)
+    return [figure(results, out, envs, algorithms, colours) for figure in figures]
+
+
+def _save(fig: Any, path: Path, **savefig: Any) -> Path:
+    """Lay out ``fig``, write it to ``path`` (110 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, **savefig)
+    plt.close(fig)
+    return path
+
+
+def _success_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
+    """``success.png``: evaluated success against env steps and against flops."""
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(2, len(envs), figsize=(9 * len(envs), 8), squeeze=False)  # legends right of the axes
     for j, env in enumerate(envs):
         er = results["per_env"][env]
@@ -458,10 +511,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         axes[0][j].set_title(f"{env}: evaluated success vs env steps")
         axes[1][j].set_title(f"{env}: evaluated success vs flops")
-    fig.tight_layout()
-    paths.append(out / "success.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    return _save(fig, out / "success.png", bbox_inches="tight")
+
+
+def _training_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
+    """``training_success.png``: the training batches' success."""
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(envs), figsize=(6 * len(envs), 4), squeeze=False)
     for j, env in enumerate(envs):
@@ -475,10 +530,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         ax.set(title=f"{env}: training batches' success (the tasks drawn that update)", xlabel="update", ylabel="batch success")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "training_success.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return _save(fig, out / "training_success.png")
+
+
+def _final_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
+    """``final_success.png``: final evaluated success, mean and 95% interval, seeds as dots."""
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(envs), figsize=(1.5 + 1.3 * len(algorithms) * len(envs), 4), squeeze=False)
     for j, env in enumerate(envs):
@@ -502,10 +559,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         ax.set_xticks(range(len(names)), names, rotation=20)
         ax.set(title=f"{env}: final evaluated success ({er.get('eval_split', 'held-out')})", ylabel="success (mean, 95% CI; dots: seeds)")
         ax.set_ylim(0, 1.08)
-    fig.tight_layout()
-    paths.append(out / "final_success.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return _save(fig, out / "final_success.png")
+
+
+def _snr_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
+    """``gradient_snr.png``: gradient signal-to-noise at the warm start and mid-training."""
+    import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(envs), figsize=(1.5 + 1.3 * len(algorithms) * len(envs), 4), squeeze=False)
     for j, env in enumerate(envs):
@@ -530,10 +589,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         handles, labels = ax.get_legend_handles_labels()
         if handles:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "gradient_snr.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return _save(fig, out / "gradient_snr.png")
+
+
+def _grad_norm_variance_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms: list[str], colours: dict[str, Any]) -> Path:
+    """``grad_norm_variance.png``: gradient-norm variance at the warm start."""
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6.0, 2.5 + 2 * len(envs)), 4))
     width = 0.8 / max(1, len(algorithms))
@@ -548,8 +609,6 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set(title="gradient-norm variance at the warm start (same budget)", ylabel=f"Var ||g|| ({scale} scale)")
     ax.set_yscale(scale)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "grad_norm_variance.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
+    return _save(fig, out / "grad_norm_variance.png")
+
+

@@ -333,128 +333,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], label
     unit = preset.budget_unit
     algorithms = list(labels) if labels is not None else list(preset.algorithms)
     comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
-    per_env: dict[str, Any] = {}
-    for env in envs:
-        rows = {a: sorted((r for r in runs if r["env"] == env and r["algorithm"] == a), key=lambda r: r["seed"]) for a in algorithms}
-        metrics = {(r["algorithm"], r["seed"]): run_metrics(r, preset, unit) for rs in rows.values() for r in rs}
-        warm_per_seed = {r["seed"]: r["evals"][0]["success"] for rs in rows.values() for r in rs}
-        env_result: dict[str, Any] = {
-            "budget": preset.budget[env],
-            "budget_unit": unit,
-            "horizon": preset.trainer_for(env).updates * preset.budget[env],
-            "seeds": list(preset.for_env("seeds", env)),
-            "eval_split": preset.envs[env].eval_split,
-            "eval_episodes": preset.for_env("eval_episodes", env),
-            "warm_start": {"per_seed": [warm_per_seed[s] for s in sorted(warm_per_seed)], "mean": float(np.mean(list(warm_per_seed.values())))},
-            "threshold": {"target_success": preset.for_env("target_success", env), "fraction": preset.threshold_fraction},
-            "algorithms": {},
-        }
-        for a, rs in rows.items():
-            if not rs:
-                continue
-            success, ci = mean_ci([r["final_success"] for r in rs])
-            _, band = curve_band([r["curve"] for r in rs])
-            updates = [e["update"] for e in rs[0]["evals"]]
-            eval_success = [[e["success"] for e in r["evals"]] for r in rs]
-            eval_mean, eval_band = curve_band(eval_success)
-            summary: dict[str, Any] = {
-                "success": success,
-                "success_ci95": ci,
-                "success_per_seed": [r["final_success"] for r in rs],
-                "compute": {k: float(np.mean([r["compute_per_update"][k] for r in rs])) for k in rs[0]["compute_per_update"]},
-                "compute_total": {k: float(np.mean([r["compute_total"][k] for r in rs])) for k in rs[0]["compute_total"]},
-                "eval_curve": {
-                    "updates": updates,
-                    "success": eval_mean.tolist(),
-                    "success_ci95": eval_band.tolist(),
-                    "success_per_seed": eval_success,
-                    "env_steps_per_seed": [[e["compute"]["env_steps"] for e in r["evals"]] for r in rs],
-                    "flops_per_seed": [[e["compute"]["flops"] for e in r["evals"]] for r in rs],
-                    f"{unit}_per_seed": [[e["compute"][unit] for e in r["evals"]] for r in rs],
-                },
-                "metrics": {},
-                "curve": np.mean([r["curve"] for r in rs], axis=0).tolist(),
-                "curve_ci95": band.tolist(),
-                "compute_curve": np.mean([r["compute_cumulative"] for r in rs], axis=0).tolist(),
-                "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
-                "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
-                "seconds_per_run": float(np.mean([r["seconds"] for r in rs])),
-                "budget_multiple": float(rs[0].get("budget_multiple", 1.0)),
-            }
-            for m in METRICS:
-                values = [metrics[(a, r["seed"])][m] for r in rs]
-                mean, half = mean_ci(values)
-                summary["metrics"][m] = {"mean": mean, "ci95": half, "per_seed": values}
-            summary["metrics"]["compute_to_threshold"]["not_reached"] = sum(not metrics[(a, r["seed"])]["reached"] for r in rs)
-            for name in ("initial", "mid"):
-                probe = _probe_summary(rs, name)
-                if probe is not None:
-                    summary[f"gradient_{name}"] = probe
-            env_result["algorithms"][a] = summary
-        # every algorithm against the comparator (a default against the comparator's default), paired by seed
-        vs: dict[str, Any] = {}
-        for a, rs in rows.items():
-            against = comparator + DEFAULTS if a.endswith(DEFAULTS) else comparator
-            if a != against and rs and rows.get(against):
-                vs[a] = compare_with(rs, rows[against], metrics, a, against)
-        env_result["vs_comparator"] = vs
-        env_result["comparator"] = comparator
-        env_result["primary_metric"] = primary
-        control = preset.positive_control if preset.positive_control in vs else None
-        detected = None
-        if control is not None:
-            d = vs[control][primary]
-            detected = verdict(d, primary) == "worse"
-            env_result["positive_control"] = {"algorithm": control, "metric": primary, **d, "detected_as_worse": detected}
-        handicap = preset.handicapped_control if preset.handicapped_control in vs else None
-        if handicap is not None:
-            d = vs[handicap][primary]
-            env_result["handicapped_control"] = {
-                "algorithm": handicap, "metric": primary, **d,
-                "ranked_below": d["diff"] < 0 if HIGHER_IS_BETTER[primary] else d["diff"] > 0,
-                "verdict": verdict(d, primary),
-            }
-        if treatment in vs:
-            head = vs[treatment]
-            env_result["treatment_vs_comparator"] = {
-                "treatment": treatment,
-                "comparator": comparator,
-                "metric": primary,
-                **{k: head[primary][k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
-                "verdict": verdict(head[primary], primary),
-                "underpowered": detected is False,
-                "metrics": head,
-            }
-        calibration = preset.calibration_control if preset.calibration_control in vs else None
-        if calibration is not None:
-            d = vs[calibration][primary]
-            multiple = float(rows[calibration][0].get("budget_multiple", 1.0))
-            env_result["calibration"] = {
-                "algorithm": calibration, "comparator": comparator, "metric": primary, "budget_multiple": multiple,
-                **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
-                "verdict": verdict(d, primary),
-            }
-        defaults = treatment + DEFAULTS
-        if defaults in vs:
-            d = vs[defaults][primary]
-            env_result["defaults_vs_comparator"] = {
-                "treatment": defaults, "comparator": comparator + DEFAULTS, "metric": primary,
-                **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
-                "verdict": verdict(d, primary),
-            }
-        mechanism = {}
-        for a, rs in rows.items():
-            points = {p: mechanism_summary(rs, p) for p in ("warm", "mid")}
-            if any(points.values()):
-                mechanism[a] = {p: v for p, v in points.items() if v is not None}
-        if mechanism:
-            env_result["mechanism"] = mechanism
-        if rows.get(comparator):
-            rises = paired_difference([metrics[(comparator, r["seed"])]["final"] - r["evals"][0]["success"] for r in rows[comparator]])
-            env_result["comparator_vs_warm_start"] = {"metric": "final", **rises}
-        env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, preset)
-        env_result["splits"] = split_summary(rows, preset.envs[env].eval_split, treatment, comparator)
-        per_env[env] = env_result
+    per_env = {env: _env_result(env, runs, preset, algorithms) for env in envs}
     overall: dict[str, Any] = {}
     for a in (a for a in algorithms if DEFAULTS not in a):  # the comparison's own algorithms
         items = [per_env[e]["algorithms"][a] for e in envs if a in per_env[e]["algorithms"]]
@@ -476,6 +355,151 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], label
         "seeds": seeds,
         "preset": preset_dict(preset),
     }
+
+
+def _env_result(env: str, runs: list[dict[str, Any]], preset: Preset, algorithms: list[str]) -> dict[str, Any]:
+    """``per_env[env]`` of ``results.json``: its setting and warm start, every algorithm's
+    summary (:func:`algorithm_summary`), each against the comparator, the headline and the controls
+    (:func:`_headlines`), the mechanism, the splits (see :func:`aggregate`)."""
+    unit = preset.budget_unit
+    comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
+    rows = {a: sorted((r for r in runs if r["env"] == env and r["algorithm"] == a), key=lambda r: r["seed"]) for a in algorithms}
+    metrics = {(r["algorithm"], r["seed"]): run_metrics(r, preset, unit) for rs in rows.values() for r in rs}
+    warm_per_seed = {r["seed"]: r["evals"][0]["success"] for rs in rows.values() for r in rs}
+    env_result: dict[str, Any] = {
+        "budget": preset.budget[env],
+        "budget_unit": unit,
+        "horizon": preset.trainer_for(env).updates * preset.budget[env],
+        "seeds": list(preset.for_env("seeds", env)),
+        "eval_split": preset.envs[env].eval_split,
+        "eval_episodes": preset.for_env("eval_episodes", env),
+        "warm_start": {"per_seed": [warm_per_seed[s] for s in sorted(warm_per_seed)], "mean": float(np.mean(list(warm_per_seed.values())))},
+        "threshold": {"target_success": preset.for_env("target_success", env), "fraction": preset.threshold_fraction},
+        "algorithms": {},
+    }
+    for a, rs in rows.items():
+        if rs:
+            env_result["algorithms"][a] = algorithm_summary(rs, a, metrics, preset, env)
+    # every algorithm against the comparator (a default against the comparator's default), paired by seed
+    vs: dict[str, Any] = {}
+    for a, rs in rows.items():
+        against = comparator + DEFAULTS if a.endswith(DEFAULTS) else comparator
+        if a != against and rs and rows.get(against):
+            vs[a] = compare_with(rs, rows[against], metrics, a, against)
+    env_result["vs_comparator"] = vs
+    env_result["comparator"] = comparator
+    env_result["primary_metric"] = primary
+    env_result.update(_headlines(vs, rows, preset))
+    mechanism = {}
+    for a, rs in rows.items():
+        points = {p: mechanism_summary(rs, p) for p in ("warm", "mid")}
+        if any(points.values()):
+            mechanism[a] = {p: v for p, v in points.items() if v is not None}
+    if mechanism:
+        env_result["mechanism"] = mechanism
+    if rows.get(comparator):
+        rises = paired_difference([metrics[(comparator, r["seed"])]["final"] - r["evals"][0]["success"] for r in rows[comparator]])
+        env_result["comparator_vs_warm_start"] = {"metric": "final", **rises}
+    env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, preset)
+    env_result["splits"] = split_summary(rows, preset.envs[env].eval_split, treatment, comparator)
+    return env_result
+
+
+def algorithm_summary(rs: list[dict[str, Any]], a: str, metrics: dict[tuple[str, int], dict[str, Any]], preset: Preset,
+                      env: str) -> dict[str, Any]:
+    """``per_env[env]["algorithms"][a]``: algorithm ``a``'s runs ``rs`` (one per seed) summarised: final
+    success, evaluated curve, compute, the metrics with their intervals, the gradient probes."""
+    unit = preset.budget_unit
+    success, ci = mean_ci([r["final_success"] for r in rs])
+    _, band = curve_band([r["curve"] for r in rs])
+    updates = [e["update"] for e in rs[0]["evals"]]
+    eval_success = [[e["success"] for e in r["evals"]] for r in rs]
+    eval_mean, eval_band = curve_band(eval_success)
+    summary: dict[str, Any] = {
+        "success": success,
+        "success_ci95": ci,
+        "success_per_seed": [r["final_success"] for r in rs],
+        "compute": {k: float(np.mean([r["compute_per_update"][k] for r in rs])) for k in rs[0]["compute_per_update"]},
+        "compute_total": {k: float(np.mean([r["compute_total"][k] for r in rs])) for k in rs[0]["compute_total"]},
+        "eval_curve": {
+            "updates": updates,
+            "success": eval_mean.tolist(),
+            "success_ci95": eval_band.tolist(),
+            "success_per_seed": eval_success,
+            "env_steps_per_seed": [[e["compute"]["env_steps"] for e in r["evals"]] for r in rs],
+            "flops_per_seed": [[e["compute"]["flops"] for e in r["evals"]] for r in rs],
+            f"{unit}_per_seed": [[e["compute"][unit] for e in r["evals"]] for r in rs],
+        },
+        "metrics": {},
+        "curve": np.mean([r["curve"] for r in rs], axis=0).tolist(),
+        "curve_ci95": band.tolist(),
+        "compute_curve": np.mean([r["compute_cumulative"] for r in rs], axis=0).tolist(),
+        "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
+        "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
+        "seconds_per_run": float(np.mean([r["seconds"] for r in rs])),
+        "budget_multiple": float(rs[0].get("budget_multiple", 1.0)),
+    }
+    for m in METRICS:
+        values = [metrics[(a, r["seed"])][m] for r in rs]
+        mean, half = mean_ci(values)
+        summary["metrics"][m] = {"mean": mean, "ci95": half, "per_seed": values}
+    summary["metrics"]["compute_to_threshold"]["not_reached"] = sum(not metrics[(a, r["seed"])]["reached"] for r in rs)
+    for name in ("initial", "mid"):
+        probe = _probe_summary(rs, name)
+        if probe is not None:
+            summary[f"gradient_{name}"] = probe
+    return summary
+
+
+def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset: Preset) -> dict[str, Any]:
+    """The headline and the controls from the differences against the comparator ``vs``: the
+    positive control, the handicapped control, the treatment against the comparator, the
+    calibration control and the untuned defaults."""
+    comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
+    out: dict[str, Any] = {}
+    control = preset.positive_control if preset.positive_control in vs else None
+    detected = None
+    if control is not None:
+        d = vs[control][primary]
+        detected = verdict(d, primary) == "worse"
+        out["positive_control"] = {"algorithm": control, "metric": primary, **d, "detected_as_worse": detected}
+    handicap = preset.handicapped_control if preset.handicapped_control in vs else None
+    if handicap is not None:
+        d = vs[handicap][primary]
+        out["handicapped_control"] = {
+            "algorithm": handicap, "metric": primary, **d,
+            "ranked_below": d["diff"] < 0 if HIGHER_IS_BETTER[primary] else d["diff"] > 0,
+            "verdict": verdict(d, primary),
+        }
+    if treatment in vs:
+        head = vs[treatment]
+        out["treatment_vs_comparator"] = {
+            "treatment": treatment,
+            "comparator": comparator,
+            "metric": primary,
+            **{k: head[primary][k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
+            "verdict": verdict(head[primary], primary),
+            "underpowered": detected is False,
+            "metrics": head,
+        }
+    calibration = preset.calibration_control if preset.calibration_control in vs else None
+    if calibration is not None:
+        d = vs[calibration][primary]
+        multiple = float(rows[calibration][0].get("budget_multiple", 1.0))
+        out["calibration"] = {
+            "algorithm": calibration, "comparator": comparator, "metric": primary, "budget_multiple": multiple,
+            **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
+            "verdict": verdict(d, primary),
+        }
+    defaults = treatment + DEFAULTS
+    if defaults in vs:
+        d = vs[defaults][primary]
+        out["defaults_vs_comparator"] = {
+            "treatment": defaults, "comparator": comparator + DEFAULTS, "metric": primary,
+            **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
+            "verdict": verdict(d, primary),
+        }
+    return out
 
 
 def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str, preset: Preset) -> dict[str, Any] | None:
@@ -500,3 +524,4 @@ def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any
         "success_diff_per_seed": d["diff_per_seed"],
         "mde": d["mde"],
     }
+

@@ -31,29 +31,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from bpo_algos.policy.sft import demo_steps
     from bpo_algos.rollout import EnvPool
-    from bpo_experiments import runner
+    from bpo_experiments import build, evaluation
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
 
     preset = PRESETS[args.preset]
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
     setup = preset.envs["alfworld"]
-    train, valid = runner.task_split(setup)
-    demos = runner._expert_demos(setup, train, args.seed)  # the per-process cache make_policy fills
+    train, valid = task_split(setup)
+    demos = build._expert_demos(setup, train, args.seed)  # the per-process cache make_policy fills
     out: dict[str, Any] = {"preset": args.preset, "seed": args.seed, "demos": len(demos)}
     for epochs in args.epochs:
         start = time.time()
-        policy = runner.make_policy(preset, replace(setup, sft_epochs=epochs), args.seed, train)
+        policy = build.make_policy(preset, replace(setup, sft_epochs=epochs), args.seed, train)
         row: dict[str, Any] = {"epochs": epochs, "bc_seconds": time.time() - start}
         steps = demo_steps(policy, demos)
         with torch.no_grad():
             row["nll"] = -float(policy.token_logprobs(steps).sum()) / len(steps)
             best = [max(d, key=d.get) for d in map(policy.action_distribution, (s.context for s in steps))]
         row["agree"] = sum(b == s.action.text for b, s in zip(best, steps, strict=True)) / len(steps)
-        for split, tasks, make in (("train", train[:48], runner.env_factory(setup)), ("valid_seen", valid, runner.eval_env_factory(setup))):
+        for split, tasks, make in (("train", train[:48], env_factory(setup)), ("valid_seen", valid, eval_env_factory(setup))):
             pool = EnvPool([make] * preset.pool_size, workers=setup.workers)
             try:
-                wins = runner.evaluate_episodes(policy, pool, tasks, 2, args.seed)
+                wins = evaluation.evaluate_episodes(policy, pool, tasks, 2, args.seed)
             finally:
                 pool.close()
             row[split] = sum(wins) / len(wins)

@@ -1,7 +1,7 @@
 """The ALFWorld warm start's learning curve: held-out success against training games and capacity.
 
 For each number of distinct training games (the first N of the main job's fixed shuffle) and
-each scorer size (``runner.SCORER_POLICIES``), the warm start is built exactly as ``bpo-compare``
+each scorer size (``build.SCORER_POLICIES``), the warm start is built exactly as ``bpo-compare``
 builds it (behaviour cloning on the handcoded expert's demos of those games, the preset's epochs
 and learning rate, the seed's warm-start stream) and evaluated, one episode a game, on the
 first ``--valid-seen`` games of ``valid_seen`` and ``--valid-unseen`` of ``valid_unseen`` (the
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from bpo_algos.policy.sft import demo_steps
     from bpo_algos.rollout import EnvPool
-    from bpo_experiments import runner
+    from bpo_experiments import build, evaluation, streams
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.tasks import extra_eval_tasks, task_order, task_split
 
     preset = PRESETS[args.preset]
     if preset.torch_threads:
@@ -106,13 +107,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = preset.envs["alfworld"]
     setup = replace(base, train_tasks=max(args.games), eval_tasks=args.valid_seen, eval_split="valid_seen",
                     extra_eval={"valid_unseen": args.valid_unseen})  # fmt: skip
-    order = runner.task_order(setup)
-    evals = {"valid_seen": runner.task_split(setup)[1], **runner.extra_eval_tasks(setup)}
+    order = task_order(setup)
+    evals = {"valid_seen": task_split(setup)[1], **extra_eval_tasks(setup)}
     if args.heldout:
         if max(args.games) > args.heldout_from:
             raise SystemExit(f"--heldout-from {args.heldout_from} must not be below the most training games, {max(args.games)}")
         held = replace(setup, train_tasks=args.heldout_from + args.heldout)
-        evals["train_heldout"] = runner.task_order(held)[args.heldout_from : args.heldout_from + args.heldout]
+        evals["train_heldout"] = task_order(held)[args.heldout_from : args.heldout_from + args.heldout]
     path = Path(args.out)
     result: dict[str, Any] = {
         "preset": args.preset, "seed": args.seed, "games": sorted(args.games), "policies": args.policies,
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cloned = saved is None or not saved.is_file()
             if args.eval_only and cloned:
                 continue
-            policy = runner.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0), args.seed, tasks)
+            policy = build.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0), args.seed, tasks)
             if saved is not None and cloned:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.bc_only:
                 print(f"cloned {name} on {games} games: {kept['bc_seconds']:.0f} s", flush=True)
                 continue
-            demos = runner._expert_demos(replace(setup, train_tasks=games), tasks, runner.stream_seed(args.seed, runner.WARM_START))
+            demos = build._expert_demos(replace(setup, train_tasks=games), tasks, streams.stream_seed(args.seed, streams.WARM_START))
             row: dict[str, Any] = {"games": games, "policy": name, "sft_epochs": epochs, "parameters": sum(p.numel() for p in policy.parameters()),
                                    "decisions": len(demos), "bc_seconds": round(kept["bc_seconds"], 1), "bc_cpu_s": round(kept["bc_cpu_s"], 1)}  # fmt: skip
             steps = demo_steps(policy, demos)
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 kwargs = {**setup.kwargs, "split": "train" if split == "train_heldout" else split}
                 pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
                 try:
-                    wins = runner.evaluate_episodes(policy, pool, ids, 1, args.seed, split=k)
+                    wins = evaluation.evaluate_episodes(policy, pool, ids, 1, args.seed, split=k)
                 finally:
                     pool.close()
                 row[split] = {"success": sum(wins) / len(wins), "ci95": wilson(int(sum(wins)), len(wins)), "episodes": len(wins),

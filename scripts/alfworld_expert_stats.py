@@ -1,7 +1,7 @@
 """How well alfworld's handcoded expert plays the ALFWorld games, next to the planner.
 
 For each split and each game (the first ``--games`` of the fixed shuffle the main job draws its
-tasks from, see ``bpo_experiments.runner.task_split``): the handcoded expert
+tasks from, see ``bpo_experiments.tasks.task_split``): the handcoded expert
 (``expert="handcoded"``) plays the game for up to ``--max-steps`` steps; recorded are whether it
 won, its steps, why it gave up where it did, and whether any of its actions named an object
 (``<name> <number>``) before that object had appeared in an observation of the episode (the

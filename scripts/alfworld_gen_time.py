@@ -1,7 +1,7 @@
 """Time to generate (and planner-check) the ALFWorld games a preset uses, per generator version.
 
 For each version: a fresh, empty game cache; the preset's train and evaluation task ids (as
-``bpo_experiments.runner.task_split`` draws them); each game generated once, timed, and
+``bpo_experiments.tasks.task_split`` draws them); each game generated once, timed, and
 its planner verdicts counted. Writes JSON (one entry per version: total and per-game seconds,
 the slowest games, rejected attempts by reason):
 
@@ -27,7 +27,7 @@ def time_version(preset: str, version: int, planner_timeout: float) -> dict[str,
 
     from bpo_envs.alfworld import ALFWorldEnv
     from bpo_experiments.presets import PRESETS
-    from bpo_experiments.runner import task_split
+    from bpo_experiments.tasks import task_split
 
     setup = PRESETS[preset].envs["alfworld"]
     setup = replace(setup, kwargs={**setup.kwargs, "generator_version": version, "planner_timeout": planner_timeout})

@@ -45,13 +45,13 @@ def _one(split: str, task_id: str) -> dict[str, Any]:
 
 
 def order(split: str, count: int) -> list[str]:
-    """The first ``count`` games of ``split``'s fixed shuffle (``bpo_experiments.runner``)."""
+    """The first ``count`` games of ``split``'s fixed shuffle (``bpo_experiments.tasks``)."""
     import numpy as np
 
     from bpo_envs.alfworld.generator import TASK_TYPES
 
     ids = [f"{t}/{i:04d}" for t in TASK_TYPES for i in range(200)]
-    # the runner's shuffles: 12345 for the training env's tasks, 54321 for an evaluation split's
+    # the main job's shuffles (bpo_experiments.tasks): 12345 for the training env's tasks, 54321 for an evaluation split's
     rng = np.random.default_rng(12345 if split == "train" else 54321)
     return [ids[i] for i in rng.permutation(len(ids))][:count]
 

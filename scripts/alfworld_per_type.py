@@ -69,8 +69,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import bpo_envs  # noqa: F401
     from bpo_algos.rollout import EnvPool
     from bpo_envs.alfworld import ALFWorldEnv
+    from bpo_experiments.build import make_policy
+    from bpo_experiments.evaluation import evaluate_episodes
     from bpo_experiments.presets import PRESETS
-    from bpo_experiments.runner import env_factory, evaluate_episodes, make_policy, task_split
+    from bpo_experiments.tasks import env_factory, task_split
 
     preset = PRESETS[args.preset]
     if preset.torch_threads:

@@ -29,8 +29,9 @@ from baselines import RLOO
 from bpo_algos import BPO
 from bpo_algos.advantages import anchored_sets, gigpo_step_group_sizes, observation_key
 from bpo_algos.rollout import EnvPool
+from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.runner import env_factory, make_policy, task_split
+from bpo_experiments.tasks import env_factory, task_split
 
 KEYS = {
     "observation": observation_key,

@@ -128,7 +128,7 @@ def first_reset(preset: str, max_games: int | None) -> dict[str, Any]:
 
     from bpo_envs.alfworld import _upstream
     from bpo_experiments.presets import PRESETS
-    from bpo_experiments.runner import task_split
+    from bpo_experiments.tasks import task_split
 
     setup = PRESETS[preset].envs["alfworld"]
     kwargs = {k: v for k, v in setup.kwargs.items() if k not in ("split", "max_episode_steps", "expert")}

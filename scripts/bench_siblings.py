@@ -159,8 +159,9 @@ WEBSHOP_CONFIGS = ("rloo-4", "bpo-entropy-iid", "bpo-entropy-distinct+backbones"
 
 def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     from bpo_algos.rollout import EnvPool
+    from bpo_experiments.build import make_policy
     from bpo_experiments.presets import PRESETS
-    from bpo_experiments.runner import env_factory, make_policy, task_split
+    from bpo_experiments.tasks import env_factory, task_split
 
     load_at_start = os.getloadavg()
     preset = PRESETS["cpu"]

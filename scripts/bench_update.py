@@ -21,14 +21,9 @@ import torch
 
 from bpo_algos.rollout import EnvPool
 from bpo_algos.trainer import Trainer
+from bpo_experiments.build import build_algorithm, make_policy, trainer_config
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.runner import (
-    build_algorithm,
-    env_factory,
-    make_policy,
-    task_split,
-    trainer_config,
-)
+from bpo_experiments.tasks import env_factory, task_split
 
 
 def main() -> None:

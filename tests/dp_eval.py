@@ -14,7 +14,7 @@ import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool
 from bpo_algos import data_parallel as dp
 from bpo_algos.policy.scorer import TextScorerPolicy
-from bpo_experiments.runner import evaluate_episodes
+from bpo_experiments.evaluation import evaluate_episodes
 
 
 def main() -> None:

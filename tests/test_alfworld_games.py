@@ -146,7 +146,7 @@ def test_a_damaged_or_foreign_index_is_an_error(tmp_path: Path) -> None:
 
 def test_a_game_set_smaller_than_asked_is_an_error() -> None:
     from bpo_experiments.presets import EnvSetup
-    from bpo_experiments.runner import extra_eval_tasks, task_split
+    from bpo_experiments.tasks import extra_eval_tasks, task_split
 
     kwargs = {"split": "train", "games_per_type": 2, "task_types": ["pick_and_place_simple"]}
     with pytest.raises(ValueError, match="3 training tasks asked, but the training env has 2"):
@@ -161,7 +161,7 @@ def test_the_cpu_default_needs_no_planner_on_a_fresh_machine() -> None:
     # every game the CPU default trains and evaluates on is in the shipped index, so a fresh
     # machine rebuilds them in milliseconds each instead of planner-checking them for minutes
     from bpo_experiments.presets import PRESETS
-    from bpo_experiments.runner import extra_eval_tasks, task_split
+    from bpo_experiments.tasks import extra_eval_tasks, task_split
 
     setup = PRESETS["cpu"].envs["alfworld"]
     train, evals = task_split(setup)
@@ -187,8 +187,9 @@ def test_the_main_job_evaluates_both_validation_splits(tmp_path: Path) -> None:
     # (frozen) is the warm start itself, so its final equals its warm start on both splits
     # (common random numbers), while RLOO's is measured afresh
     from bpo_experiments.presets import EnvSetup, Preset, _trainer
-    from bpo_experiments.runner import extra_eval_tasks, initial_job, run_one, task_split
+    from bpo_experiments.runner import initial_job, run_one
     from bpo_experiments.stats import aggregate
+    from bpo_experiments.tasks import extra_eval_tasks, task_split
 
     setup = EnvSetup(
         "BPO-ALFWorld-v0", {"max_episode_steps": 4, "split": "train", "expert": "handcoded"}, train_tasks=2, eval_tasks=3,

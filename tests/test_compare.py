@@ -9,7 +9,7 @@ import pytest
 
 from bpo_experiments import compare
 from bpo_experiments.presets import PRESETS, Preset
-from bpo_experiments.runner import task_split
+from bpo_experiments.tasks import task_split
 
 ARGS = ["--envs", "treemdp", "--seeds", "0", "1", "--updates", "3", "--budget", "200", "--grad-batches", "3", "--no-progress", "--jobs", "1"]
 
@@ -146,7 +146,7 @@ def test_evaluation_uses_common_random_numbers():
     import gymnasium as gym
 
     from bpo_algos import EnvPool, TabularPolicy
-    from bpo_experiments.runner import evaluate
+    from bpo_experiments.evaluation import evaluate
 
     pool = EnvPool([lambda: gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)])
     a, b = TabularPolicy(seed=1), TabularPolicy(seed=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 
 import pytest
@@ -71,10 +72,16 @@ def test_flags_set_the_preset_trainer_and_algorithm_options():
     assert PRESETS["cpu"].trainer.updates != 3 and PRESETS["cpu"].trainer.learning_rate != 0.01  # the table itself is untouched
 
 
-def test_earlier_flags_still_work_and_bad_values_are_errors():
-    preset = _parse(["--group-size", "4", "--backbones", "3", "--branch-factor", "2"])
-    assert preset.options["rloo"].group_size == preset.options["grpo"].group_size == preset.options["gigpo"].group_size == 4
-    assert preset.options["bpo"].backbones == 3 and preset.options["bpo"].branch_factor == 2
+def test_removed_flags_name_their_successor_and_bad_values_are_errors(capsys):
+    # one flag per option: the earlier flags that set an option of every algorithm are errors
+    for flag, successor in (("--group-size", "--KIND.group-size"), ("--backbones", "--bpo.backbones"),
+                            ("--branch-factor", "--bpo.branch-factor")):
+        with pytest.raises(SystemExit):
+            _parse([flag, "4"])
+        err = capsys.readouterr().err
+        assert f"{flag} was removed" in err and successor in err, err
+    preset = _parse(["--rloo.group-size", "4", "--grpo.group-size", "4", "--bpo.backbones", "3"])
+    assert preset.options["rloo"].group_size == preset.options["grpo"].group_size == 4 and preset.options["bpo"].backbones == 3
     with pytest.raises(SystemExit, match="group_size must be an int >= 2"):
         _parse(["--rloo.group-size", "1"])
     with pytest.raises(SystemExit, match="optimizer must be one of"):
@@ -89,3 +96,31 @@ def test_options_are_documented_dataclasses_and_read_as_attributes():
     with pytest.raises(TypeError, match="unknown option"):
         BPO(group_size=4)
     assert Preset(envs={}).trainer == TrainerConfig(updates=30)
+
+
+def test_per_env_fields_are_read_from_their_types():
+    from bpo_experiments.output import env_setting
+    from bpo_experiments.presets import PER_ENV_FIELDS, preset_dict
+
+    assert {"budget", "seeds", "eval_episodes", "max_model_len", "eval_temperature"} <= set(PER_ENV_FIELDS)
+    assert not {"envs", "options", "algorithm_options", "trainer", "policy", "pool_size"} & set(PER_ENV_FIELDS)
+    # one env's own value is that env's setting only: resuming the other env's runs still matches
+    preset = copy.deepcopy(PRESETS["cpu"])
+    preset.eval_temperature = {"webshop": 0.0}
+    saved = preset_dict(preset)
+    assert env_setting(saved, "webshop")["eval_temperature"] == 0.0
+    assert env_setting(saved, "alfworld")["eval_temperature"] is None
+    assert env_setting(saved, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
+
+
+def test_trees_in_flight_are_the_presets_explicit_choice():
+    preset = copy.deepcopy(PRESETS["cpu"])
+    preset.pool_size = 12
+    assert preset.max_parallel_trees() == 3  # a quarter of the pool
+    preset.pool_size = 2
+    assert preset.max_parallel_trees() == 1
+    preset.shared = AlgorithmConfig(max_parallel_trees=5)
+    assert preset.max_parallel_trees() == 5
+    from bpo_experiments.build import algorithm_options
+
+    assert algorithm_options("rloo", preset, 0)["max_parallel_trees"] == 5

@@ -295,8 +295,8 @@ def test_gigpo_collects_a_fan():
 
 
 def test_the_main_job_passes_an_algorithms_options_to_its_variants():
+    from bpo_experiments.build import algorithm_options
     from bpo_experiments.presets import PRESETS
-    from bpo_experiments.runner import algorithm_options
 
     preset = PRESETS["cpu-llm"]
     bpo = algorithm_options("bpo-anchored", preset, 0)

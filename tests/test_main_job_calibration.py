@@ -7,8 +7,8 @@ import pytest
 
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool, TabularPolicy, make_algorithm
+from bpo_experiments.build import build_algorithm, run_budget
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.runner import build_algorithm, run_budget
 from bpo_experiments.stats import run_metrics
 
 

@@ -9,8 +9,9 @@ import gymnasium as gym
 
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool, TabularPolicy
+from bpo_experiments.build import build_algorithm, trainer_config
+from bpo_experiments.evaluation import evaluate_episodes
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.runner import build_algorithm, evaluate_episodes, trainer_config
 from bpo_experiments.streams import ROLES, stream_seed
 
 ROOT = Path(__file__).resolve().parents[1]

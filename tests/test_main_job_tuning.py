@@ -10,7 +10,7 @@ import pytest
 from bpo_experiments import compare
 from bpo_experiments.plan import extra_runs
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.runner import task_order, task_split
+from bpo_experiments.tasks import task_order, task_split
 from bpo_experiments.tuning import choose, tuning_tasks
 
 

@@ -14,8 +14,8 @@ from baselines import RLOO
 from bpo_algos import BPO, make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.registry import _ALGORITHMS
 from bpo_experiments import compare
+from bpo_experiments.build import algorithm_options
 from bpo_experiments.presets import PRESETS, EnvSetup
-from bpo_experiments.runner import algorithm_options
 
 TINY = ["--envs", "treemdp", "--seeds", "0", "--updates", "2", "--budget", "96", "--grad-batches", "2", "--no-progress", "--jobs", "1"]
 

@@ -87,7 +87,7 @@ def test_rows_split_evaluates_every_given_row_in_order_and_refuses_shared_ids():
     made with ``eval_kwargs`` and its tasks are taken in order; a task id it shares with the
     training env is an error. Shown on WebShop's splits, whose envs need no sandbox."""
     from bpo_experiments.presets import EnvSetup
-    from bpo_experiments.runner import task_split_with_provenance
+    from bpo_experiments.tasks import task_split_with_provenance
 
     setup = EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 5, "split": "train"}, train_tasks=4, eval_tasks=6,
                      eval_split="rows", eval_kwargs={"split": "test"})

@@ -1,0 +1,231 @@
+"""A run's parts, built from the preset: policy and warm start, algorithm, budget, trainer config.
+
+The initial policy (with its behaviour-cloning warm start), the algorithm with its options, its
+per-update budget and the trainer's config of one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from bpo_algos.algorithm import Algorithm, AlgorithmConfig, Options
+from bpo_algos.compute import Budget
+from bpo_algos.policy import TabularPolicy
+from bpo_algos.registry import algorithm_factory, make_algorithm, registered_algorithms
+from bpo_algos.trainer import TrainerConfig
+from bpo_experiments.presets import EnvSetup, Preset
+from bpo_experiments.streams import (
+    TRAINING,
+    WARM_START,
+    stream_seed,
+)
+from bpo_experiments.tasks import env_factory
+
+SCORER_POLICIES: dict[str, tuple[str | None, int, int]] = {
+    "scorer": (None, 32, 64),
+    "scorer-memory": ("alfworld", 32, 64),
+    "scorer-memory-wide": ("alfworld", 64, 256),
+}
+"""The text-scorer policies by name: ``(memory, dim, hidden)`` of
+:class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``-wide``: twice the embedding, four times the
+hidden layer; docs/alfworld.md, "The learning curve")."""
+
+
+def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
+    """The initial policy of one (env, seed): the same object state for every algorithm.
+
+    ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``scorer-memory``:
+    with its ALFWorld episode-memory features, ``memory="alfworld"``; ``scorer-memory-wide``: the
+    same, larger; :data:`SCORER_POLICIES`); ``tabular``
+    starts uniform; ``tabular-prior`` starts from the env's ``agent_prior()``
+    (TreeMDP: confident on routine decisions, uniform on decisive ones, as an SFT-warmed agent
+    is); anything else is an LLM (``tiny``, ``smollm2``, a model name or folder). Its
+    randomness (initialisation, demos, cloning) is the seed's warm-start stream
+    (:mod:`bpo_experiments.streams`).
+    """
+    seed = stream_seed(seed, WARM_START)
+    name = setup.policy or preset.policy
+    if name in SCORER_POLICIES:
+        from bpo_algos.policy.scorer import TextScorerPolicy
+
+        memory, dim, hidden = SCORER_POLICIES[name]
+        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory, dim=dim, hidden=hidden)
+        return warm_start(policy, preset, setup, tasks, seed)
+    if name == "tabular":
+        return TabularPolicy(temperature=preset.temperature, seed=seed)
+    if name == "tabular-prior":
+        env = env_factory(setup)()
+        prior = env.unwrapped.agent_prior()
+        env.close()
+        return TabularPolicy.from_logits(prior, temperature=preset.temperature, seed=seed)
+    from bpo_algos.policy import HFPolicy
+
+    model = name
+    if model == "tiny":
+        from bpo_algos.policy.tiny import tiny_model_path
+
+        model = str(tiny_model_path())
+    elif model == "smollm2":
+        from bpo_algos.policy.tiny import smollm2_path
+
+        model = str(smollm2_path())
+    torch.manual_seed(seed)
+    from bpo_algos.policy import PromptConfig
+
+    env_name = _env_name(preset, setup)
+    options: dict[str, Any] = {
+        "max_new_tokens": setup.max_new_tokens,
+        "prompt": PromptConfig(reasoning=preset.reasoning),
+        "decision_entropy": preset.decision_entropy,
+        "probe_samples": preset.probe_samples,
+        "reference_offload": preset.reference_offload and not preset.lora,
+        "eval_temperature": preset.for_env("eval_temperature", env_name),
+    }
+    if preset.trainer.precision == "bf16":
+        options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
+        options["reference_dtype"] = torch.bfloat16
+    max_model_len = preset.for_env("max_model_len", env_name)
+    if preset.vllm:
+        from bpo_algos.policy import VLLMPolicy
+
+        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len or 4096, **options)
+    else:
+        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len, **options)
+    return warm_start(policy, preset, setup, tasks, seed)
+
+
+def _env_name(preset: Preset, setup: EnvSetup) -> str:
+    """The preset's name of ``setup``'s env (its key in ``preset.envs``)."""
+    for name, candidate in preset.envs.items():
+        if candidate is setup:
+            return name
+    return next((name for name, candidate in preset.envs.items() if candidate == setup), setup.env_id)
+
+
+def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+    """Behaviour cloning on the env expert's trajectories of ``tasks`` (``sft_epochs``)."""
+    epochs = preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs
+    if epochs:
+        from bpo_algos.policy.sft import behaviour_cloning
+
+        demos = _expert_demos(setup, tasks, seed)
+        lr = preset.sft_lr if setup.sft_lr is None else setup.sft_lr
+        behaviour_cloning(policy, demos, epochs=epochs, lr=lr, seed=seed)
+    return policy
+
+
+_DEMOS: dict[str, Any] = {}
+
+
+def _expert_demos(setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+    """The expert's demos of ``tasks``, kept per process: an expert whose episodes do not
+    depend on the reset seed (ALFWorld's: a task id fixes the game) gives every seed the same
+    demos, so they are collected once."""
+    from bpo_algos.policy.sft import expert_demos
+
+    seedless = setup.env_id == "BPO-ALFWorld-v0"
+    key = repr((setup.env_id, sorted(setup.kwargs.items()), tasks, None if seedless else seed))
+    if key not in _DEMOS:
+        _DEMOS.clear()  # one env's demos at a time
+        _DEMOS[key] = expert_demos(env_factory(setup), tasks, seed=seed)
+    return _DEMOS[key]
+
+
+def algorithm_class(factory: Any) -> type[Algorithm] | None:
+    """The :class:`~bpo_algos.algorithm.Algorithm` subclass a factory builds: the factory
+    itself, or the class a ``functools.partial`` wraps (None for any other callable)."""
+    while isinstance(factory, partial):
+        factory = factory.func
+    return factory if isinstance(factory, type) and issubclass(factory, Algorithm) else None
+
+
+def option_kinds(names: Any, preset: Preset | None = None) -> dict[str, str | None]:
+    """``{registered name: the kind of algorithm whose options it takes}`` (``bpo-anchored``:
+    ``bpo``; the controls ``frozen`` and ``rloo-2x``: the algorithm they collect as, ``rloo``;
+    None for a factory that is no Algorithm subclass)."""
+    kinds: dict[str, str | None] = {}
+    for name in names:
+        factory = algorithm_factory(name)
+        options_of = getattr(factory, "options_of", None)  # a wrapper: the wrapped algorithm's options
+        if callable(options_of):
+            factory = algorithm_factory(options_of((preset.algorithm_options if preset else {}).get(name, {})))
+        cls = algorithm_class(factory)
+        kinds[name] = cls.name if cls is not None else None
+    return kinds
+
+
+def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = None) -> dict[str, Any]:
+    """The options the main job builds algorithm ``name`` with.
+
+    The seed, ``aggregation`` and ``max_parallel_trees`` (:meth:`Preset.max_parallel_trees`)
+    and every other shared option the preset changes (:attr:`Preset.shared`); for a built-in
+    kind of algorithm its own options (``preset.options[cls.name]``, all but those its variant
+    fixes, e.g. ``bpo-anchored``'s ``baseline``; a control that collects as another algorithm,
+    such as ``frozen``, takes that algorithm's; ``env``'s own, ``EnvSetup.options``, in place of
+    the preset's); then ``preset.algorithm_options[name]``.
+    """
+    defaults = AlgorithmConfig().to_dict()
+    shared = preset.shared.to_dict()
+    options: dict[str, Any] = {"seed": seed, "aggregation": shared["aggregation"], "max_parallel_trees": preset.max_parallel_trees()}
+    options.update({k: v for k, v in shared.items() if v != defaults[k] and k not in options})
+    factory = algorithm_factory(name)
+    explicit = preset.algorithm_options.get(name, {})
+    options_of = getattr(factory, "options_of", None)
+    if callable(options_of):  # a wrapper (the frozen control): the wrapped algorithm's options
+        factory = algorithm_factory(options_of(explicit))
+    cls = algorithm_class(factory)
+    per_env = preset.envs[env].options if env is not None and env in preset.envs else {}
+    own = (per_env.get(cls.name) or preset.options.get(cls.name)) if cls is not None else None
+    if own is not None:
+        if not isinstance(own, cls.Options):
+            where = f"envs[{env!r}].options" if cls.name in per_env else "options"
+            raise TypeError(f"preset.{where}[{cls.name!r}] must be a {cls.Options.__name__}, got {type(own).__name__}")
+        fixed = factory.keywords if isinstance(factory, partial) else {}
+        options.update({k: v for k, v in own.to_dict().items() if k not in fixed})
+    options.update(explicit)
+    return options
+
+
+def build_algorithm(name: str, preset: Preset, seed: int, env: str | None = None) -> Algorithm:
+    """Algorithm ``name`` from the registry, with :func:`algorithm_options` (for ``env``); ``seed``
+    is the algorithm's own stream (the caller's key, :mod:`bpo_experiments.streams`)."""
+    return make_algorithm(name, **algorithm_options(name, preset, seed, env))
+
+
+def run_budget(preset: Preset, env_name: str, algorithm: Algorithm) -> Budget:
+    """The per-update budget of ``algorithm`` on ``env_name``: the env's budget times the
+    algorithm's :attr:`~bpo_algos.algorithm.Algorithm.budget_multiple` (2 for the calibration
+    control ``rloo-2x``, 1 for every other)."""
+    return Budget(preset.budget_unit, preset.budget[env_name] * algorithm.budget_multiple)
+
+
+def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: int, budget: Budget | None = None,
+                   **run: Any) -> TrainerConfig:
+    """The :class:`TrainerConfig` of one run: the env's training settings
+    (:meth:`Preset.trainer_for`) with the run's own fields (:data:`RUN_FIELDS`: its tasks, the
+    budget (default: the env's), the seed's training stream, ``run`` such as ``out_dir``), the
+    last batch's trees saved."""
+    config = preset.trainer_for(env_name)
+    fields = {
+        "tasks_per_update": tasks_per_update,
+        "budget": budget if budget is not None else Budget(preset.budget_unit, preset.budget[env_name]),
+        "seed": stream_seed(seed, TRAINING),
+        "save_trees_every": config.updates,  # the last batch's trees, for the report
+        **run,
+    }
+    return replace(config, **fields)
+
+
+def option_classes() -> dict[str, type[Options]]:
+    """``{algorithm kind: its Options dataclass}`` over the registered algorithms whose factory
+    is an :class:`~bpo_algos.algorithm.Algorithm` subclass (or a partial of one)."""
+    found: dict[str, type[Options]] = {}
+    for name in registered_algorithms():
+        cls = algorithm_class(algorithm_factory(name))
+        if cls is not None and cls.Options.field_names():
+            found.setdefault(cls.name, cls.Options)
+    return found

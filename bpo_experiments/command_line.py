@@ -1,0 +1,325 @@
+"""``bpo-compare``'s flags applied to a copy of the chosen preset, and the checks before any run.
+
+The flags generated from the config dataclasses (:mod:`bpo_experiments.flags`) and the
+data-source flags, applied to a copy of the chosen preset, and the checks a setting must pass
+before any run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import importlib
+import importlib.util
+import json
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from bpo_algos import data_parallel as dp
+from bpo_algos.algorithm import AlgorithmConfig
+from bpo_algos.compute import Budget
+from bpo_algos.memory_plan import check_preset_fits
+from bpo_algos.policy.base import check_entropy_mode
+from bpo_algos.registry import registered_algorithms
+from bpo_algos.trainer_config import TrainerConfig
+from bpo_experiments.build import option_classes, option_kinds
+from bpo_experiments.flags import add_flags, given
+from bpo_experiments.presets import (
+    PRESETS,
+    RUN_FIELDS,
+    Preset,
+    with_server,
+)
+from bpo_experiments.stats import METRICS
+from bpo_experiments.tuning import (
+    TuningConfig,
+    check_tuning,
+)
+
+PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment", "tuning")
+"""Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
+whose fields get flags, tables)."""
+
+
+REMOVED_FLAGS = {"--group-size": "--KIND.group-size (e.g. --rloo.group-size 4)", "--backbones": "--bpo.backbones",
+                 "--branch-factor": "--bpo.branch-factor"}
+"""Flags of earlier versions that set one option of every algorithm that has it, and the flag
+that sets it now: each kind of algorithm's option has one flag, ``--KIND.OPTION``."""
+
+
+class _Removed(argparse.Action):
+    """A removed flag: an error naming the flag that replaced it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} was removed: an algorithm's option is set by its kind's flag, "
+                     f"{REMOVED_FLAGS[option_string or '']} (bpo-compare --help lists them)")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str]]:
+    """The generated flags: the preset's own fields, its TrainerConfig, the shared algorithm
+    options and every kind of algorithm's options. Returns ``{holder: {dest: field}}``."""
+    taken = set(parser._option_string_actions)
+    holders: dict[str, dict[str, str]] = {}
+    group = parser.add_argument_group("the preset (one value sets a per-env field for every env)")
+    holders["preset"] = add_flags(group, Preset, skip=PRESET_FLAG_SKIP, taken=taken)
+    group = parser.add_argument_group("training (TrainerConfig)")
+    holders["trainer"] = add_flags(group, TrainerConfig, skip=RUN_FIELDS, taken=taken)
+    group = parser.add_argument_group("every algorithm (AlgorithmConfig)")
+    holders["shared"] = add_flags(group, AlgorithmConfig, taken=taken)
+    for kind, options in option_classes().items():
+        group = parser.add_argument_group(f"{kind} ({options.__name__}; also its variants)")
+        holders[f"options:{kind}"] = add_flags(group, options, prefix=f"{kind}.", taken=taken)
+    for flag in REMOVED_FLAGS:
+        parser.add_argument(flag, action=_Removed, nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return holders
+
+
+def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None = None) -> Preset:
+    name = "smoke" if args.smoke else args.preset
+    preset = copy.deepcopy(PRESETS[name])
+    holders = holders if holders is not None else add_config_flags(argparse.ArgumentParser())
+    if args.envs:
+        unknown = [e for e in args.envs if e not in preset.envs and e not in PRESETS["gpu"].envs]
+        if unknown:
+            raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
+        preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
+    if args.algorithms:
+        known = registered_algorithms()
+        unknown = [a for a in args.algorithms if a not in known]
+        if unknown:
+            raise SystemExit(f"unknown algorithm(s) {unknown}; registered: {known} (a user's algorithm: --import MODULE)")
+        preset.algorithms = tuple(args.algorithms)
+    if args.treatment:
+        preset.treatment = args.treatment
+    if preset.treatment not in preset.algorithms:
+        raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
+    if args.algorithms and preset.competitors is not None:
+        # the preset's competitors that are still trained (an explicit list changes what is compared)
+        preset.competitors = tuple(b for b in preset.competitors if b in preset.algorithms) or None
+    for item in args.algorithm_option or ():
+        algorithm, key, value = _parse_algorithm_option(item)
+        preset.algorithm_options.setdefault(algorithm, {})[key] = value
+    _apply_flags(preset, args, holders)
+    for url in args.env_server or ():
+        preset.envs = with_server(preset.envs, url)
+    check_comparison(preset)
+    apply_tuning_flags(preset, args)
+    for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
+        if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
+            raise SystemExit(f"logging to {package} needs `pip install {package}`")
+    if "budget" not in given(args, holders["preset"]) and preset.budget_unit != PRESETS[name].budget_unit:
+        raise SystemExit(
+            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {preset.budget_unit} "
+            f"give --budget in {preset.budget_unit}"
+        )
+    missing = [e for e in preset.envs if e not in preset.budget]
+    if missing:
+        raise SystemExit(
+            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
+        )
+    try:
+        Budget(preset.budget_unit, 1)  # validates the unit
+    except ValueError as exc:
+        raise SystemExit(f"--budget-unit: {exc}") from exc
+    apply_data_sources(preset, args, name)
+    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+        check_entropy_mode(preset.decision_entropy, preset.probe_samples)
+        if preset.eval_temperature is not None:
+            temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
+            if any(t is not None and not t >= 0 for t in temperatures):
+                raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
+        check_preset_fits(preset, name)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+    return preset
+
+
+def _parse_algorithm_option(item: str) -> tuple[str, str, Any]:
+    target, sep, raw = item.partition("=")
+    name, dot, key = target.partition(".")
+    if not (sep and dot and name and key):
+        raise SystemExit(f"--algorithm-option takes NAME.KEY=VALUE, got {item!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string
+    return name, key, value
+
+
+def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
+    """Set the given generated flags on the preset's dataclasses (a check error is an exit)."""
+    try:
+        for key, value in given(args, holders["preset"]).items():
+            if key == "budget":
+                value = {e: value for e in preset.envs}
+            elif isinstance(value, list):
+                value = tuple(value)
+            setattr(preset, key, value)
+        trainer = given(args, holders["trainer"])
+        if trainer:
+            preset.trainer = replace(preset.trainer, **trainer)
+            for setup in preset.envs.values():  # a flag sets the field for every env
+                setup.trainer = {k: v for k, v in setup.trainer.items() if k not in trainer}
+        shared = given(args, holders["shared"])
+        if shared:
+            preset.shared = replace(preset.shared, **shared)
+        classes = option_classes()
+        changes: dict[str, dict[str, Any]] = {kind: given(args, dests) for holder, dests in holders.items()
+                                              if holder.startswith("options:") for kind in [holder.split(":", 1)[1]]}
+        for kind, fields in changes.items():
+            if fields:
+                current = preset.options.get(kind) or classes[kind]()
+                preset.options[kind] = replace(current, **fields)
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"bpo-compare: {exc}") from exc
+
+
+def apply_tuning_flags(preset: Preset, args: argparse.Namespace) -> None:
+    """``--tune`` / ``--no-tune``, ``--tuning-seeds``, ``--tuning-grid KIND=JSON`` and
+    ``--allow-unequal-grids`` on ``preset.tuning``, then :func:`~bpo_experiments.tuning.check_tuning`:
+    a bad tuning setting is an error before any run."""
+    tune = getattr(args, "tune", None)
+    seeds = getattr(args, "tuning_seeds", None)
+    grids = getattr(args, "tuning_grid", None) or ()
+    unequal = bool(getattr(args, "allow_unequal_grids", False))
+    if tune is False:
+        if seeds is not None or grids or unequal:
+            raise SystemExit("--no-tune with --tuning-seeds / --tuning-grid / --allow-unequal-grids: choose one")
+        preset.tuning = None
+        return
+    if preset.tuning is None and (tune or seeds is not None or grids or unequal):
+        preset.tuning = TuningConfig()
+    if preset.tuning is None:
+        return
+    if seeds is not None:
+        preset.tuning.seeds = tuple(seeds)
+    for item in grids:
+        kind, sep, raw = item.partition("=")
+        try:
+            grid = json.loads(raw) if sep else None
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--tuning-grid {item!r}: VALUE is not JSON ({exc})") from None
+        if not kind or not isinstance(grid, list) or not all(isinstance(c, dict) for c in grid):
+            raise SystemExit(f"--tuning-grid takes KIND=[{{option: value, ...}}, ...] (a JSON list of option dicts), got {item!r}")
+        preset.tuning.grids[kind] = tuple(grid)
+    if unequal:
+        preset.tuning.allow_unequal_grids = True
+    try:
+        check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset))
+    except ValueError as exc:
+        raise SystemExit(f"bpo-compare --tune: {exc}") from exc
+
+
+def check_comparison(preset: Preset) -> None:
+    """The headline's settings, before any run: a registered comparator that is trained and is
+    not the treatment, and a known primary metric."""
+    known = registered_algorithms()
+    if preset.comparator not in known:
+        raise SystemExit(f"unknown comparator {preset.comparator!r}; registered: {known}")
+    if preset.comparator not in preset.algorithms:
+        raise SystemExit(
+            f"--comparator {preset.comparator!r} is not among the algorithms {list(preset.algorithms)}: "
+            "the headline is treatment - comparator, so the comparator must be trained too (add it to --algorithms)"
+        )
+    if preset.comparator == preset.treatment:
+        raise SystemExit(f"the treatment and the comparator are both {preset.treatment!r}: choose another --comparator")
+    if preset.primary_metric not in METRICS:
+        raise SystemExit(f"--primary-metric {preset.primary_metric!r}: one of {', '.join(METRICS)}")
+
+
+_DATA_FLAGS = {
+    # flag attribute: (env id it applies to, env option)
+    "swe_instances": ("BPO-SWEBench-v0", "instances"),
+    "swe_backend": ("BPO-SWEBench-v0", "backend"),
+    "swe_images_dir": ("BPO-SWEBench-v0", "images_dir"),
+    "webshop_data": ("BPO-WebShop-v0", "data_dir"),
+    "alfworld_data": ("BPO-ALFWorld-v0", "data_dir"),
+}
+
+
+def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> None:
+    """Put the data-source flags into the env options; the gpu preset's SWE-bench needs them."""
+    for attr, (env_id, option) in _DATA_FLAGS.items():
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        setups = [s for s in preset.envs.values() if s.env_id == env_id]
+        if not setups:
+            flag = "--" + attr.replace("_", "-")
+            raise SystemExit(f"{flag} is given but no env of this comparison is {env_id} (choose it with --envs)")
+        for setup in setups:
+            setup.kwargs[option] = str(value)
+            if option == "instances":
+                setup.kwargs.pop("instance_ids", None)  # a preset's pick among the bundled rows
+    swe = [s for s in preset.envs.values() if s.env_id == "BPO-SWEBench-v0"]
+    apply_swe_train_rows(preset, args, swe)
+    if name.startswith("gpu") and swe and not (swe[0].eval_kwargs.get("instances") and swe[0].kwargs.get("backend") == "docker"):
+        raise SystemExit(
+            "the gpu preset runs SWE-bench Verified in its official images: give --swe-instances PATH_OR_NAME "
+            "(a Verified .parquet/.jsonl, or princeton-nlp/SWE-bench_Verified from the local Hugging Face cache) "
+            "and --swe-backend docker (images: --swe-images-dir, or built with swebench's prepare_images); "
+            "or leave SWE-bench out with --envs alfworld webshop"
+        )
+
+
+def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[Any]) -> None:
+    """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
+    ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
+    instance id (and, with ``--swe-disjoint-repos``, no repo): checked here, before training.
+    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both."""
+    from bpo_envs.swebench.instances import (
+        InstanceError,
+        check_disjoint,
+        load_instances,
+    )
+
+    train = getattr(args, "swe_train_instances", None)
+    disjoint_repos = bool(getattr(args, "swe_disjoint_repos", False))
+    if train is None:
+        if disjoint_repos:
+            raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
+        for setup in setups:
+            if setup.eval_split == "rows":
+                raise SystemExit(
+                    "this preset trains SWE-bench off its evaluation rows: give --swe-train-instances (SWE-Gym, "
+                    "SWE-smith or other SWE-bench-format rows: a file, folder or cached dataset name) and "
+                    "--swe-instances (the evaluation rows, e.g. princeton-nlp/SWE-bench_Verified)"
+                )
+        return
+    if not setups:
+        raise SystemExit("--swe-train-instances is given but no env of this comparison is BPO-SWEBench-v0 (choose it with --envs)")
+    evaluation = getattr(args, "swe_instances", None)
+    if evaluation is None:
+        raise SystemExit("--swe-train-instances needs --swe-instances: the evaluation rows (e.g. princeton-nlp/SWE-bench_Verified)")
+    try:
+        check_disjoint(load_instances(str(train)), load_instances(str(evaluation)), disjoint_repos=disjoint_repos)
+    except InstanceError as exc:
+        raise SystemExit(f"--swe-train-instances / --swe-instances: {exc}") from exc
+    for setup in setups:
+        setup.kwargs["instances"] = str(train)
+        setup.kwargs.pop("instance_ids", None)
+        setup.eval_kwargs["instances"] = str(evaluation)
+        setup.eval_split = "rows"
+
+
+def check_launch_fits(preset: Preset, name: str) -> None:
+    """Before training on GPUs: the launch must have the GPUs the preset is planned for. A preset
+    planned for several GPUs (the full fine-tune of ``--preset gpu``, FSDP over 8) runs under
+    ``torchrun`` with one rank per GPU; say so, with the way out, when it is launched otherwise."""
+    if not preset.gpus or not torch.cuda.is_available():
+        return
+    have = torch.cuda.get_device_properties(0).total_memory / 1e9
+    if preset.gpus > 1 and dp.world_size() != preset.gpus:
+        raise SystemExit(
+            f"the {name} preset is planned for {preset.gpus} GPUs (a full fine-tune, FSDP over {preset.gpus}) and this "
+            f"launch has {dp.world_size()} rank(s): run torchrun --nproc_per_node={preset.gpus} -m "
+            f"bpo_experiments.compare --preset {name} ..., or --preset gpu-lora on one GPU"
+        )
+    if have < preset.gpu_gb - 1:
+        try:
+            check_preset_fits(dataclasses.replace(preset, gpu_gb=have), name)
+        except ValueError as exc:
+            raise SystemExit(f"this GPU has {have:.0f} GB: {exc}") from exc

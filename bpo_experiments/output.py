@@ -1,0 +1,209 @@
+"""The output folder of ``bpo-compare``: where each job keeps its files, and the resume checks.
+
+``--out`` holds ``preset.json``, ``data.json``, ``sessions.json`` (one entry per invocation) and
+``runs/ENV/`` with each env's ``setting.json``, its initial jobs (``_initial/seedS/``) and its runs
+(``ALGORITHM/seedS/run.json`` and the files a run writes along the way). A resumed comparison
+must hold the same setting and the same data per env (:func:`check_same_settings`,
+:func:`check_same_data`); a finished job's file is read back instead of running it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bpo_algos import data_parallel as dp
+from bpo_envs.files import (
+    atomic_write,
+    read_json_or_redo,
+    write_json,
+)
+from bpo_envs.sealed import SealError, seal, unseal
+from bpo_experiments.presets import (
+    PER_ENV_FIELDS,
+    EnvSetup,
+    Preset,
+    preset_dict,
+)
+
+
+def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
+    return out / "runs" / env / algorithm / f"seed{seed}"
+
+
+def initial_dir(out: Path, env: str, seed: int) -> Path:
+    """Where the (env, seed)'s initial job keeps its result (``initial.json``, ``policy.pt``)."""
+    return out / "runs" / env / "_initial" / f"seed{seed}"
+
+
+def write_on_rank0(path: Path, value: Any) -> None:
+    """Write ``value`` atomically; rank 0 only under torchrun (every rank holds the same value)."""
+    if dp.rank() != 0:
+        return
+    write_json(path, value)
+
+
+def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Each env's setting (:func:`env_setting`), after checking it against the one ``out`` was
+    made with: cached runs are only valid for the setting that made them, per env (an env added
+    to a comparison later joins it; a changed one is refused, naming what differs)."""
+    current = preset_dict(preset)
+    settings = {e: env_setting(current, e) for e in preset.envs}
+    for env_name, setting in settings.items():
+        path = out / "runs" / env_name / "setting.json"
+        saved_setting = read_json_or_redo(path)
+        if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
+            saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
+        if saved_setting is None:
+            continue
+        if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
+            saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
+        defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
+        changed = sorted(
+            k for k in set(saved_setting) | set(setting)
+            if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
+        )
+        if changed:
+            raise SystemExit(
+                f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
+            )
+    return settings
+
+
+def check_same_data(out: Path, data: dict[str, Any]) -> None:
+    """The same preset on other data (a new generator version, other files) is another setting:
+    refuse a folder whose ``data.json`` names other data for an env."""
+    previous = out / "data.json"
+    saved = read_json_or_redo(previous)
+    if saved is None:
+        return
+    moved = sorted(e for e in data if e in saved and _data_identity(saved[e]) != _data_identity(data[e]))
+    if moved:
+        raise SystemExit(f"{out} holds a comparison made from other data for {', '.join(moved)} (see {previous}); choose another --out")
+
+
+def start_session(out: Path, jobs: int, resumed: bool) -> dict[str, Any]:
+    """Record this invocation in ``out/sessions.json`` (its start, jobs, the machine's load) and
+    return its entry; :func:`note_session` keeps its wall time current, so an interrupted session
+    still counts in the total across resumes."""
+    entry = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "wall_seconds": 0.0, "jobs": jobs,
+             "resume_flag": resumed, "load_start": list(os.getloadavg()), "_t0": time.perf_counter()}
+    path = out / "sessions.json"
+    sessions = read_json_or_redo(path, [])
+    entry["index"] = len(sessions)
+    _write_sessions(path, [*sessions, entry])
+    return entry
+
+
+def note_session(out: Path, entry: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Update this session's wall time and load in ``out/sessions.json``; returns every session."""
+    path = out / "sessions.json"
+    sessions = read_json_or_redo(path, [])
+    if entry is not None:
+        entry["wall_seconds"] = time.perf_counter() - entry["_t0"]
+        entry["load_now"] = list(os.getloadavg())
+        sessions = [s for s in sessions if s.get("index") != entry["index"]] + [entry]
+        sessions.sort(key=lambda s: s.get("index", 0))
+        _write_sessions(path, sessions)
+    return [{k: v for k, v in s.items() if not k.startswith("_")} for s in sessions]
+
+
+def _write_sessions(path: Path, sessions: list[dict[str, Any]]) -> None:
+    write_json(path, [{k: v for k, v in s.items() if not k.startswith("_")} for s in sessions], indent=2)
+
+
+def code_versions(initials: Any, runs: Any, out: Path) -> list[str]:
+    """The code versions (:func:`~bpo_algos.run_log.code_version`) that made the initial jobs and
+    runs of the comparison in ``out``, sorted (``"unrecorded"`` for results written before
+    versions were); a warning when there are several (a folder resumed after the code changed)."""
+    made = sorted({i["warm"].get("code", "unrecorded") for i in initials} | {r.get("code", "unrecorded") for r in runs})
+    if len(made) > 1:
+        print(f"warning: {out} holds results of {len(made)} code versions (a folder resumed after the code changed): "
+              f"{'; '.join(made)}. For results of one version, run into a new --out.", file=sys.stderr)
+    return made
+
+
+POLICY_SEAL = "bpo-compare-initial-policy"
+
+
+def save_initial(folder: Path, value: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("policy", "reference"):
+        if value[name] is not None:
+            # policy.pt pickles a whole policy object: sealed, so only this user's files load
+            data = seal(value[name], POLICY_SEAL) if name == "policy" else value[name]
+            atomic_write(folder / f"{name}.pt", data)
+    write_json(folder / "initial.json", value["warm"])  # last: it marks the job done
+
+
+def load_initial(folder: Path) -> dict[str, Any] | None:
+    """The saved initial job in ``folder``; None when it is to be (re)done."""
+    warm = read_json_or_redo(folder / "initial.json")
+    if warm is None:
+        return None
+
+    def read(name: str) -> bytes | None:
+        path = folder / f"{name}.pt"
+        return path.read_bytes() if path.exists() else None
+
+    policy = read("policy")
+    if policy is not None:
+        try:
+            policy = unseal(policy, POLICY_SEAL, str(folder / "policy.pt"))
+        except SealError as exc:
+            print(f"warning: {exc}; redoing it", file=sys.stderr)
+            return None
+    return {"warm": warm, "policy": policy, "reference": read("reference")}
+
+
+_LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")
+"""TrainerConfig fields that change where a run logs, not what it computes."""
+
+
+def _setting(preset: dict[str, Any]) -> dict[str, Any]:
+    """A preset's JSON without the logging fields (what a resumed comparison must match), its
+    training and shared algorithm settings as ``trainer.FIELD`` / ``shared.FIELD`` keys."""
+    out = {k: v for k, v in preset.items() if k not in ("trainer", "shared")}
+    out.update({f"trainer.{k}": v for k, v in preset.get("trainer", {}).items() if k not in _LOGGING_FIELDS})
+    out.update({f"shared.{k}": v for k, v in preset.get("shared", {}).items()})
+    return out
+
+
+def _env_setup_defaults() -> dict[str, Any]:
+    """:class:`EnvSetup`'s defaults as :func:`preset_dict` writes them."""
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(EnvSetup)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+    return json.loads(json.dumps(defaults, default=str))
+
+
+def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
+    """What of a preset (as :func:`preset_dict` data) env ``env``'s runs depend on: its own
+    ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'
+    (:func:`_setting`)."""
+    out: dict[str, Any] = {}
+    for key, value in _setting(saved).items():
+        if key == "envs":
+            out[key] = value.get(env)
+        elif key in PER_ENV_FIELDS and isinstance(value, dict):
+            default = Preset.__dataclass_fields__[key].default
+            out[key] = value.get(env, None if key == "budget" else default)
+        else:
+            out[key] = value
+    return out
+
+
+_DATA_COUNTERS = ("planner_timeouts",)
+"""Provenance fields that count what one process did (not which data it is)."""
+
+
+def _data_identity(provenance: Any) -> Any:
+    """``provenance`` without the per-process counters."""
+    if isinstance(provenance, dict):
+        return {k: _data_identity(v) for k, v in provenance.items() if k not in _DATA_COUNTERS}
+    return provenance
