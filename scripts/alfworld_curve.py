@@ -65,11 +65,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 label = f"{policy} ({rows[0]['parameters'] / 1e6:.1f}M), {epochs} epochs"
                 ax.errorbar(x, y, yerr=[lo, hi], marker="o" if epochs == result["sft_epochs"] else "s", capsize=3, label=label)
                 ax.plot(x, [r["train_agree"] for r in rows], ls=":", color=ax.lines[-1].get_color(), alpha=0.6)
-        ax.set(xscale="log", xlabel="distinct training games (behaviour cloning)", title=f"{split} ({result['eval_games'][split]} games x 1)")
+        name = "held-out training games (selection set)" if split == "train_heldout" else split
+        ax.set(xscale="log", xlabel="distinct training games (behaviour cloning)", title=f"{name} ({result['eval_games'][split]} games x 1)")
         ax.set_xticks(result["games"], [str(g) for g in result["games"]])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success (95% Wilson interval)\ndotted: expert's action = argmax, training decisions")
-    axes[0].legend(fontsize=8)
+    axes[-1].legend(fontsize=8)
     fig.suptitle("ALFWorld warm start: behaviour cloning on the handcoded expert, generated v3 games", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
