@@ -265,7 +265,11 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
 def recommend(rows: dict[str, Any], shapes: Sequence[str], margin: float) -> dict[str, Any]:
     """The shape with the lowest ratio (measured where measured, else predicted) if below
     ``margin`` and, when measured, with its 95% interval below 1; else "do not branch" (an
-    interval that reaches 1 says: inconclusive, more batches)."""
+    interval that reaches 1 says: inconclusive, more batches). When every sibling group's returns
+    were equal there is no gradient to judge, whatever the model predicts from the shape alone."""
+    if shapes and all((rows[s].get("mechanism") or {}).get("zero_variance_groups") == 1.0 for s in shapes):
+        return {"branch": False, "shape": None, "reason": "every sibling group's returns were equal: no gradient for "
+                "branching to improve (warm-start the policy until it sometimes succeeds)"}
     scored = []
     for shape in shapes:
         r = rows[shape]
@@ -273,10 +277,7 @@ def recommend(rows: dict[str, Any], shapes: Sequence[str], margin: float) -> dic
         if value is not None and np.isfinite(value):
             scored.append((value, shape, "measured" if "measured_ratio" in r else "predicted"))
     if not scored:
-        flat = all((rows[s].get("mechanism") or {}).get("zero_variance_groups") == 1.0 for s in shapes)
-        reason = ("every sibling group's returns were equal: no gradient for branching to improve (warm-start the policy "
-                  "until it sometimes succeeds)" if flat and shapes else "no BPO shape branched: no mechanism to judge")
-        return {"branch": False, "shape": None, "reason": reason}
+        return {"branch": False, "shape": None, "reason": "no BPO shape branched: no mechanism to judge"}
     value, shape, basis = min(scored)
     upper = rows[shape].get("measured_ratio_ci95", [value, value])[1] if basis == "measured" else value
     if value < margin and upper < 1:

@@ -115,6 +115,10 @@ def test_recommendation_rule() -> None:
     assert diagnose.recommend({"a": {"predicted_ratio": None}}, ["a"], 0.9)["branch"] is False
     flat = {"a": {"predicted_ratio": None, "mechanism": {"zero_variance_groups": 1.0}}}
     assert diagnose.recommend(flat, ["a"], 0.9)["reason"].startswith("every sibling group's returns were equal")
+    # a shape that never branched still has a predicted ratio (its backbones as RLOO-K0): with no
+    # variance anywhere the answer is still "no gradient", not a ratio
+    flat_predicted = {"a": {"predicted_ratio": 1.5, "mechanism": {"zero_variance_groups": 1.0}}}
+    assert diagnose.recommend(flat_predicted, ["a"], 0.9)["reason"].startswith("every sibling group's returns were equal")
 
 
 def test_llm_flags_set_the_warm_start_on_the_env_and_the_reply_format_on_the_preset() -> None:
