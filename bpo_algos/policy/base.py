@@ -302,6 +302,17 @@ class Policy:
         self._rng.bit_generator.state = state
 
 
+class TablePolicy(Policy):
+    """Base of the policies whose parameters are table entries that appear the first time a
+    context is seen (:class:`~bpo_algos.policy.choice.ChoicePolicy` and its tabular kin,
+    :class:`~bpo_algos.policy.reasoning.ReasoningTabularPolicy`): the entries ``steps`` train
+    are created by a forward pass over them without gradient, before the optimizer is built."""
+
+    def prepare_parameters(self, steps: Sequence[StepLike]) -> None:
+        with torch.no_grad():
+            self.token_logprobs(steps)
+
+
 def pad_token_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """Stack 1-D per-step tensors into ``[n, max_len]``, zero-padded (keeps gradients)."""
     if not rows:

@@ -22,7 +22,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, Policy, StepLike, as_context, as_steps
+from bpo_algos.policy.base import (
+    Action,
+    Context,
+    Policy,
+    StepLike,
+    TablePolicy,
+    as_context,
+    as_steps,
+)
 from bpo_envs.validation import check_count
 
 
@@ -41,7 +49,6 @@ def gumbel_top_k(logp: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
     return order[: min(int(k), int(np.isfinite(logp).sum()))]
 
 
-
 def chosen(step: StepLike) -> int:
     """The index of ``step``'s action in its context's admissible list, checked against the
     action's text (the two travel together from the sample to the loss)."""
@@ -51,7 +58,7 @@ def chosen(step: StepLike) -> int:
     return index
 
 
-class ChoicePolicy(Policy, nn.Module):
+class ChoicePolicy(TablePolicy, nn.Module):
     """Base class of the policies that pick one of the admissible actions.
 
     Subclasses implement :meth:`scores`; they may override :meth:`set_reference` and
@@ -94,14 +101,6 @@ class ChoicePolicy(Policy, nn.Module):
         with torch.no_grad():
             probs = self.log_probs_of([context])[0].exp().tolist()
         return dict(zip(self._admissible(context), probs, strict=True))
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def prepare_parameters(self, steps: Sequence[StepLike]) -> None:
-        """Create the entries of ``steps``' contexts (a forward pass without gradient)."""
-        with torch.no_grad():
-            self.token_logprobs(steps)
 
     def recorded_action(self, context: Context, command: str) -> Action | None:
         """The :class:`Action` that chooses ``command`` at ``context`` (behaviour cloning), or

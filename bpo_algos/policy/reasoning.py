@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bpo_algos.policy.base import Action, Context, Policy, StepLike, as_steps
+from bpo_algos.policy.base import Action, Context, Policy, StepLike, TablePolicy, as_steps
 from bpo_envs.prompting import PromptConfig, env_action, parse_action
 from bpo_envs.validation import check_count
 
@@ -45,7 +45,7 @@ def _key(observation: str) -> str:
     return "o" + hashlib.blake2b(observation.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
 
 
-class ReasoningTabularPolicy(Policy, nn.Module):
+class ReasoningTabularPolicy(TablePolicy, nn.Module):
     """Think, then act, from tables keyed by observation (module docstring).
 
     Args:
@@ -165,15 +165,6 @@ class ReasoningTabularPolicy(Policy, nn.Module):
             r, a = s.action.token_ids
             rows.append(torch.stack([lr[r], la[r, a]]))
         return torch.stack(rows) if rows else torch.zeros(0, 2)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def prepare_parameters(self, steps: Sequence[StepLike]) -> None:
-        """Create the entries of ``steps``' contexts (a forward pass without gradient)."""
-        with torch.no_grad():
-            self.token_logprobs(steps)
-
 
 
 def tree_reasoning_policy(env: Any, decision_entropy: str = "exact", *, task: int = 0, seed: int = 0, probe_samples: int = 4) -> tuple[ReasoningTabularPolicy, torch.Tensor]:
