@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from bpo_algos.advantages import AnchorKey, BaselineChoice
 from bpo_algos.algorithm import Algorithm, Batch, Options
+from bpo_algos.registry import Variant
 from bpo_algos.tree import RolloutTree
 from bpo_envs.validation import check_count
 
@@ -81,5 +81,5 @@ class RLOO(Algorithm):
 
 
 # the registered variants (entry points of the ``bpo_algos.algorithms`` group, pyproject.toml)
-rloo_anchored = partial(RLOO, baseline="anchored")
-rloo_anchored_history = partial(RLOO, baseline="anchored+history")
+rloo_anchored = Variant(RLOO, baseline="anchored")
+rloo_anchored_history = Variant(RLOO, baseline="anchored+history")

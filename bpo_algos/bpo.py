@@ -48,7 +48,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -56,6 +55,7 @@ import numpy as np
 from bpo_algos.advantages import AnchorKey, BaselineChoice
 from bpo_algos.algorithm import Algorithm, Batch, Options
 from bpo_algos.branch_rule import BRANCH_RULES, DepthMeasure
+from bpo_algos.registry import Variant
 from bpo_algos.rollout import PathState
 from bpo_algos.siblings import SIBLINGS, finalize_distinct
 from bpo_algos.tree import RolloutTree
@@ -277,5 +277,5 @@ class BPO(Algorithm):
 
 
 # the registered variants (entry points of the ``bpo_algos.algorithms`` group, pyproject.toml)
-bpo_anchored = partial(BPO, baseline="anchored")
-bpo_anchored_history = partial(BPO, baseline="anchored+history")
+bpo_anchored = Variant(BPO, baseline="anchored")
+bpo_anchored_history = Variant(BPO, baseline="anchored+history")

@@ -16,7 +16,9 @@ either (docs/main-job.md, "Controls"):
   what an estimator with half the variance at the same cost would buy. Where the instrument
   cannot detect it, it cannot see an effect of the size a halving of the variance implies.
 
-All three are entry points of the ``bpo_algos.algorithms`` group (pyproject.toml).
+All three are entry points of the ``bpo_algos.algorithms`` group (pyproject.toml). ``frozen``
+and ``rloo-2x`` are :class:`Control` factories: each declares the algorithm it wraps
+(``--frozen.of``, default ``rloo``), whose options it takes.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from bpo_algos.advantages import as_batch, register_advantage
 from bpo_algos.algorithm import Algorithm, Batch, Options
 from bpo_algos.paths import PathState
 from bpo_algos.policy.base import Policy
-from bpo_algos.registry import algorithm_factory
+from bpo_algos.registry import AlgorithmFactory, algorithm_factory
 from bpo_algos.rollout import EnvFn, EnvPool
 from bpo_algos.tree import Node, RolloutTree
 from bpo_envs.validation import check_count
@@ -133,32 +135,66 @@ class Frozen(Algorithm):
         return {**self.inner.config(), "frozen": True, "collects_as": self.collects_as}
 
 
-def frozen(of: str = "rloo", **options: Any) -> Frozen:
-    """The algorithm registered as ``of``, built with ``options`` and collecting as it does,
-    with a zero loss (every advantage 0)."""
-    if of == "frozen":
-        raise ValueError("frozen(of='frozen') would wrap itself; name the algorithm whose collection it uses")
-    return Frozen(algorithm_factory(of)(**options), of)
+@dataclass
+class ControlOptions(Options):
+    """The options of a control that collects as another algorithm (``frozen``, ``rloo-2x``)."""
+
+    of: str = "rloo"
+    """The registered algorithm whose collection the control uses; the control takes that
+    algorithm's options (``--KIND.OPTION`` of its kind)."""
 
 
-frozen.options_of = lambda options: options.get("of", "rloo")  # type: ignore[attr-defined]
-"""The algorithm whose preset options (``Preset.options``) a ``frozen`` run takes."""
+class Control(AlgorithmFactory):
+    """The factory of a control that wraps another registered algorithm (:attr:`ControlOptions.of`),
+    built with the options of that algorithm; a subclass says what it makes of it
+    (:meth:`wrap`)."""
+
+    Options = ControlOptions
+
+    def wraps(self, options: Options) -> str:
+        if not isinstance(options, ControlOptions):
+            raise TypeError(f"the {self.kind} control's options are a ControlOptions, got {type(options).__name__}")
+        return options.of
+
+    def __call__(self, of: str = "rloo", **options: Any) -> Algorithm:
+        if of == self.kind:
+            raise ValueError(f"{self.kind}(of={of!r}) would wrap itself; name the algorithm whose collection it uses")
+        return self.wrap(algorithm_factory(of)(**options), of)
+
+    def wrap(self, inner: Algorithm, of: str) -> Algorithm:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class FrozenControl(Control):
+    """``frozen``: the algorithm registered as ``of``, built with ``options`` and collecting as it
+    does, with a zero loss (every advantage 0: :class:`Frozen`)."""
+
+    kind = "frozen"
+
+    def wrap(self, inner: Algorithm, of: str) -> Algorithm:
+        return Frozen(inner, of)
 
 
 CALIBRATION_MULTIPLE = 2.0
 """The calibration control's budget per update, in multiples of the comparison's."""
 
 
-def rloo_2x(of: str = "rloo", **options: Any) -> Algorithm:
-    """The algorithm registered as ``of`` (RLOO), built with ``options``, collecting
+class CalibrationControl(Control):
+    """``rloo-2x``: the algorithm registered as ``of`` (RLOO), built with ``options``, collecting
     :data:`CALIBRATION_MULTIPLE` times the per-update budget (the calibration control)."""
-    inner = algorithm_factory(of)(**options)
-    inner.budget_multiple = CALIBRATION_MULTIPLE
-    return inner
+
+    kind = "rloo-2x"
+
+    def wrap(self, inner: Algorithm, of: str) -> Algorithm:
+        inner.budget_multiple = CALIBRATION_MULTIPLE
+        return inner
 
 
-rloo_2x.options_of = lambda options: options.get("of", "rloo")  # type: ignore[attr-defined]
-"""The algorithm whose preset (and tuned) options a ``rloo-2x`` run takes."""
+frozen = FrozenControl()
+rloo_2x = CalibrationControl()
 
 
 @register_advantage("reinforce")

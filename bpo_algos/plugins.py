@@ -7,6 +7,7 @@ of every installed distribution in a group (``bpo_algos.algorithms``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -16,6 +17,8 @@ PROJECT = "bpo-gym"
 """This project's distribution: its entry points come first."""
 
 _LOADED: set[str] = set()
+_SOURCES: dict[tuple[str, str], Any] = {}
+"""The object each loaded entry point (group, name) gave."""
 
 
 def add_named(table: dict[str, Any], kind: str, name: str, fn: Any, *, overwrite: bool = False) -> None:
@@ -31,11 +34,13 @@ def add_named(table: dict[str, Any], kind: str, name: str, fn: Any, *, overwrite
     table[name] = fn
 
 
-def load_entry_points(group: str, table: dict[str, Any], kind: str) -> None:
+def load_entry_points(group: str, table: dict[str, Any], kind: str, convert: Callable[[Any], Any] | None = None) -> None:
     """Add every entry point of ``group`` to ``table``, once per group: this project's first,
     then other distributions' by name. A name taken by another object is an error (the same
     object twice, one distribution found on two paths, counts once), and so is an entry point
-    that fails to load: a broken plugin must not silently drop out of a comparison."""
+    that fails to load: a broken plugin must not silently drop out of a comparison. ``convert``
+    turns a loaded object into what the table holds (the algorithm registry: an
+    ``AlgorithmFactory``)."""
     if group in _LOADED:
         return
     _LOADED.add(group)
@@ -51,6 +56,9 @@ def load_entry_points(group: str, table: dict[str, Any], kind: str) -> None:
             _LOADED.discard(group)
             dist = point.dist.name if point.dist else "?"
             raise ImportError(f"the {kind} entry point {point.name!r} ({point.value}, from {dist}) failed to load: {exc}") from exc
-        if point.name in table and table[point.name] is obj:
+        if point.name in table and _SOURCES.get((group, point.name)) is obj:
             continue  # the same object twice (one distribution on two paths)
         add_named(table, kind, point.name, obj)
+        _SOURCES[(group, point.name)] = obj
+        if convert is not None:
+            table[point.name] = convert(obj)

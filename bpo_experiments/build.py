@@ -7,7 +7,6 @@ per-update budget and the trainer's config of one run.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import torch
@@ -15,7 +14,12 @@ import torch
 from bpo_algos.algorithm import Algorithm, AlgorithmConfig, Options
 from bpo_algos.compute import Budget
 from bpo_algos.policy import TabularPolicy
-from bpo_algos.registry import algorithm_factory, make_algorithm, registered_algorithms
+from bpo_algos.registry import (
+    AlgorithmFactory,
+    algorithm_factory,
+    make_algorithm,
+    registered_algorithms,
+)
 from bpo_algos.trainer import TrainerConfig
 from bpo_experiments.presets import EnvSetup, Preset
 from bpo_experiments.streams import (
@@ -135,58 +139,59 @@ def _expert_demos(setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
     return _DEMOS[key]
 
 
-def algorithm_class(factory: Any) -> type[Algorithm] | None:
-    """The :class:`~bpo_algos.algorithm.Algorithm` subclass a factory builds: the factory
-    itself, or the class a ``functools.partial`` wraps (None for any other callable)."""
-    while isinstance(factory, partial):
-        factory = factory.func
-    return factory if isinstance(factory, type) and issubclass(factory, Algorithm) else None
-
-
 def option_kinds(names: Any, preset: Preset | None = None) -> dict[str, str | None]:
     """``{registered name: the kind of algorithm whose options it takes}`` (``bpo-anchored``:
-    ``bpo``; the controls ``frozen`` and ``rloo-2x``: the algorithm they collect as, ``rloo``;
-    None for a factory that is no Algorithm subclass)."""
+    ``bpo``; the controls ``frozen`` and ``rloo-2x``: the algorithm they wrap, ``rloo``; None for
+    a factory that takes the shared options only), as each factory declares
+    (:class:`~bpo_algos.registry.AlgorithmFactory`)."""
     kinds: dict[str, str | None] = {}
     for name in names:
         factory = algorithm_factory(name)
-        options_of = getattr(factory, "options_of", None)  # a wrapper: the wrapped algorithm's options
-        if callable(options_of):
-            factory = algorithm_factory(options_of((preset.algorithm_options if preset else {}).get(name, {})))
-        cls = algorithm_class(factory)
-        kinds[name] = cls.name if cls is not None else None
+        inner = factory.wraps(_own_options(factory, preset) or factory.Options())
+        kinds[name] = algorithm_factory(inner).kind if inner is not None else factory.kind
     return kinds
+
+
+def _own_options(factory: AlgorithmFactory, preset: Preset | None, env: str | None = None) -> Options | None:
+    """The options of ``factory``'s kind that ``preset`` gives (``env``'s own,
+    ``EnvSetup.options``, in place of the preset's); None: the kind's defaults."""
+    if factory.kind is None or preset is None:
+        return None
+    per_env = preset.envs[env].options if env is not None and env in preset.envs else {}
+    own = per_env.get(factory.kind) or preset.options.get(factory.kind)
+    if own is not None and not isinstance(own, factory.Options):
+        where = f"envs[{env!r}].options" if factory.kind in per_env else "options"
+        raise TypeError(f"preset.{where}[{factory.kind!r}] must be a {factory.Options.__name__}, got {type(own).__name__}")
+    return own
+
+
+def _kind_options(factory: AlgorithmFactory, preset: Preset, env: str | None) -> dict[str, Any]:
+    """:func:`_own_options` as keywords, but those ``factory`` fixes."""
+    own = _own_options(factory, preset, env)
+    return {} if own is None else {k: v for k, v in own.to_dict().items() if k not in factory.fixed}
 
 
 def algorithm_options(name: str, preset: Preset, seed: int, env: str | None = None) -> dict[str, Any]:
     """The options the main job builds algorithm ``name`` with.
 
     The seed, ``aggregation`` and ``max_parallel_trees`` (:meth:`Preset.max_parallel_trees`)
-    and every other shared option the preset changes (:attr:`Preset.shared`); for a built-in
-    kind of algorithm its own options (``preset.options[cls.name]``, all but those its variant
-    fixes, e.g. ``bpo-anchored``'s ``baseline``; a control that collects as another algorithm,
-    such as ``frozen``, takes that algorithm's; ``env``'s own, ``EnvSetup.options``, in place of
-    the preset's); then ``preset.algorithm_options[name]``.
+    and every other shared option the preset changes (:attr:`Preset.shared`); then the options of
+    the kind the factory declares (:class:`~bpo_algos.registry.AlgorithmFactory`:
+    ``preset.options[kind]``, all but those its variant fixes, e.g. ``bpo-anchored``'s
+    ``baseline``; ``env``'s own, ``EnvSetup.options``, in place of the preset's). A control that
+    wraps another algorithm (``frozen``) takes that algorithm's, and ``of``, its name.
     """
     defaults = AlgorithmConfig().to_dict()
     shared = preset.shared.to_dict()
     options: dict[str, Any] = {"seed": seed, "aggregation": shared["aggregation"], "max_parallel_trees": preset.max_parallel_trees()}
     options.update({k: v for k, v in shared.items() if v != defaults[k] and k not in options})
     factory = algorithm_factory(name)
-    explicit = preset.algorithm_options.get(name, {})
-    options_of = getattr(factory, "options_of", None)
-    if callable(options_of):  # a wrapper (the frozen control): the wrapped algorithm's options
-        factory = algorithm_factory(options_of(explicit))
-    cls = algorithm_class(factory)
-    per_env = preset.envs[env].options if env is not None and env in preset.envs else {}
-    own = (per_env.get(cls.name) or preset.options.get(cls.name)) if cls is not None else None
-    if own is not None:
-        if not isinstance(own, cls.Options):
-            where = f"envs[{env!r}].options" if cls.name in per_env else "options"
-            raise TypeError(f"preset.{where}[{cls.name!r}] must be a {cls.Options.__name__}, got {type(own).__name__}")
-        fixed = factory.keywords if isinstance(factory, partial) else {}
-        options.update({k: v for k, v in own.to_dict().items() if k not in fixed})
-    options.update(explicit)
+    inner = factory.wraps(_own_options(factory, preset, env) or factory.Options())
+    if inner is not None:
+        options.update(_kind_options(algorithm_factory(inner), preset, env))
+        options["of"] = inner
+    else:
+        options.update(_kind_options(factory, preset, env))
     return options
 
 
@@ -221,11 +226,11 @@ def trainer_config(preset: Preset, env_name: str, seed: int, tasks_per_update: i
 
 
 def option_classes() -> dict[str, type[Options]]:
-    """``{algorithm kind: its Options dataclass}`` over the registered algorithms whose factory
-    is an :class:`~bpo_algos.algorithm.Algorithm` subclass (or a partial of one)."""
+    """``{algorithm kind: its Options dataclass}`` over the registered algorithms that declare
+    options of their own (:class:`~bpo_algos.registry.AlgorithmFactory`)."""
     found: dict[str, type[Options]] = {}
     for name in registered_algorithms():
-        cls = algorithm_class(algorithm_factory(name))
-        if cls is not None and cls.Options.field_names():
-            found.setdefault(cls.name, cls.Options)
+        factory = algorithm_factory(name)
+        if factory.kind is not None and factory.Options.field_names():
+            found.setdefault(factory.kind, factory.Options)
     return found

@@ -39,15 +39,18 @@ from bpo_experiments.tuning import (
     check_tuning,
 )
 
-PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithm_options", "algorithms", "treatment", "tuning")
+PRESET_FLAG_SKIP = ("envs", "trainer", "shared", "options", "algorithms", "treatment", "tuning")
 """Preset fields with flags of their own (``--envs``, ``--algorithms``, ...) or none (dataclasses
 whose fields get flags, tables)."""
 
 
 REMOVED_FLAGS = {"--group-size": "--KIND.group-size (e.g. --rloo.group-size 4)", "--backbones": "--bpo.backbones",
-                 "--branch-factor": "--bpo.branch-factor"}
-"""Flags of earlier versions that set one option of every algorithm that has it, and the flag
-that sets it now: each kind of algorithm's option has one flag, ``--KIND.OPTION``."""
+                 "--branch-factor": "--bpo.branch-factor",
+                 "--algorithm-option": "--KIND.OPTION (e.g. --bpo.max-branch-points 2; a control's algorithm: --frozen.of grpo)"}
+"""Flags of earlier versions that set an algorithm's option (one option of every algorithm that
+has it; ``NAME.KEY=VALUE`` of one registered name), and the flag that sets it now: each kind of
+algorithm's option has one flag, ``--KIND.OPTION``, that every registered algorithm of that kind
+takes (:class:`~bpo_algos.registry.AlgorithmFactory`)."""
 
 
 class _Removed(argparse.Action):
@@ -99,9 +102,6 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
     if args.algorithms and preset.competitors is not None:
         # the preset's competitors that are still trained (an explicit list changes what is compared)
         preset.competitors = tuple(b for b in preset.competitors if b in preset.algorithms) or None
-    for item in args.algorithm_option or ():
-        algorithm, key, value = _parse_algorithm_option(item)
-        preset.algorithm_options.setdefault(algorithm, {})[key] = value
     _apply_flags(preset, args, holders)
     for url in args.env_server or ():
         preset.envs = with_server(preset.envs, url)
@@ -137,18 +137,6 @@ def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | 
     return preset
 
 
-def _parse_algorithm_option(item: str) -> tuple[str, str, Any]:
-    target, sep, raw = item.partition("=")
-    name, dot, key = target.partition(".")
-    if not (sep and dot and name and key):
-        raise SystemExit(f"--algorithm-option takes NAME.KEY=VALUE, got {item!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare string
-    return name, key, value
-
-
 def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
     """Set the given generated flags on the preset's dataclasses (a check error is an exit)."""
     try:
@@ -173,6 +161,9 @@ def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, di
             if fields:
                 current = preset.options.get(kind) or classes[kind]()
                 preset.options[kind] = replace(current, **fields)
+                for setup in preset.envs.values():  # a flag sets the option for every env, its own options too
+                    if kind in setup.options:
+                        setup.options[kind] = replace(setup.options[kind], **fields)
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"bpo-compare: {exc}") from exc
 

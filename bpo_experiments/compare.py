@@ -115,8 +115,6 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
                         help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
     parser.add_argument("--treatment", help="the algorithm of the headline, compared with --comparator (default: the preset's, bpo)")
-    parser.add_argument("--algorithm-option", action="append", metavar="NAME.KEY=VALUE",
-                        help="a constructor option of one algorithm, VALUE as JSON (e.g. bpo.max_depth=2); repeatable")
     parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
     parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
                         "dataset name in the local Hugging Face cache (default: the bundled repos)")

@@ -63,6 +63,9 @@ def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] 
             continue
         if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
             saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
+        for key, unset in REMOVED_FIELDS.items():  # a field removed since, left at its default, set nothing
+            if saved_setting.get(key, unset) == unset:
+                saved_setting.pop(key, None)
         defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
         changed = sorted(
             k for k in set(saved_setting) | set(setting)
@@ -159,6 +162,11 @@ def load_initial(folder: Path) -> dict[str, Any] | None:
             print(f"warning: {exc}; redoing it", file=sys.stderr)
             return None
     return {"warm": warm, "policy": policy, "reference": read("reference")}
+
+
+REMOVED_FIELDS: dict[str, Any] = {"algorithm_options": {}}
+"""Preset fields of earlier versions and their default: a folder that left one at its default
+resumes; one that set it holds another setting (its options are ``Preset.options`` now)."""
 
 
 _LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")

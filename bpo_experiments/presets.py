@@ -65,7 +65,7 @@ class EnvSetup:
     options: dict[str, Any] = field(default_factory=dict)
     """Algorithm options for this env only, in place of the preset's ``options`` of that kind of
     algorithm (e.g. ``{"gigpo": GiGPOOptions(scale="group")}``: verl-agent's GiGPO normalises
-    by the group's standard deviation on ALFWorld, not on WebShop); ``--ALGORITHM.KEY`` flags
+    by the group's standard deviation on ALFWorld, not on WebShop); ``--KIND.OPTION`` flags
     still win."""
 
     servers: tuple[str, ...] = ()
@@ -129,11 +129,12 @@ class Preset:
     shared: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """The options every algorithm shares (loss, clipping, KL, aggregation)."""
     options: dict[str, Options] = field(default_factory=dict)
-    """Each algorithm's own options, keyed by its class's ``name`` (``"bpo"``: a
+    """Each kind of algorithm's own options, keyed by the kind its factory declares
+    (:class:`~bpo_algos.registry.AlgorithmFactory`; ``"bpo"``: a
     :class:`~bpo_algos.bpo.BPOOptions`, also for the ``bpo-anchored`` variants; ``"rloo"``: an
-    ``RLOOOptions``; ...); an algorithm not named here gets its defaults."""
-    algorithm_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Options of one registered algorithm name, over the above (``--algorithm-option``)."""
+    ``RLOOOptions``, also for the controls that wrap RLOO; ``"frozen"``: the control's own
+    ``ControlOptions``; ...), set on the command line by ``--KIND.OPTION``; a kind not named
+    here gets its defaults."""
     treatment: str = "bpo"
     """The algorithm of the headline: compared, paired by seed, with the comparator."""
     comparator: str = "rloo"

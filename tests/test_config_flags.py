@@ -24,7 +24,7 @@ def _parse(argv):
     for flag in ("--smoke",):
         parser.add_argument(flag, action="store_true")
     parser.add_argument("--preset", default="cpu")
-    for name in ("envs", "algorithms", "import_modules", "algorithm_option", "env_server"):
+    for name in ("envs", "algorithms", "import_modules", "env_server"):
         parser.set_defaults(**{name: None})
     parser.set_defaults(treatment=None)
     holders = compare.add_config_flags(parser)
@@ -75,7 +75,7 @@ def test_flags_set_the_preset_trainer_and_algorithm_options():
 def test_removed_flags_name_their_successor_and_bad_values_are_errors(capsys):
     # one flag per option: the earlier flags that set an option of every algorithm are errors
     for flag, successor in (("--group-size", "--KIND.group-size"), ("--backbones", "--bpo.backbones"),
-                            ("--branch-factor", "--bpo.branch-factor")):
+                            ("--branch-factor", "--bpo.branch-factor"), ("--algorithm-option", "--KIND.OPTION")):
         with pytest.raises(SystemExit):
             _parse([flag, "4"])
         err = capsys.readouterr().err
@@ -103,7 +103,7 @@ def test_per_env_fields_are_read_from_their_types():
     from bpo_experiments.presets import PER_ENV_FIELDS, preset_dict
 
     assert {"budget", "seeds", "eval_episodes", "max_model_len", "eval_temperature"} <= set(PER_ENV_FIELDS)
-    assert not {"envs", "options", "algorithm_options", "trainer", "policy", "pool_size"} & set(PER_ENV_FIELDS)
+    assert not {"envs", "options", "trainer", "policy", "pool_size"} & set(PER_ENV_FIELDS)
     # one env's own value is that env's setting only: resuming the other env's runs still matches
     preset = copy.deepcopy(PRESETS["cpu"])
     preset.eval_temperature = {"webshop": 0.0}
@@ -124,3 +124,66 @@ def test_trees_in_flight_are_the_presets_explicit_choice():
     from bpo_experiments.build import algorithm_options
 
     assert algorithm_options("rloo", preset, 0)["max_parallel_trees"] == 5
+
+
+def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach_it(monkeypatch):
+    from bpo_algos import registry
+    from bpo_algos.algorithm import Options
+    from bpo_algos.registry import Variant, make_algorithm, register_algorithm
+    from bpo_experiments.build import algorithm_options, option_kinds
+
+    @dataclasses.dataclass
+    class MineOptions(Options):
+        width: int = 2
+        """Trajectories per task."""
+
+    registry.registered_algorithms()  # the entry points, before the table is copied
+    monkeypatch.setattr(registry, "_ALGORITHMS", dict(registry._ALGORITHMS))
+    register_algorithm("mine", lambda width=2, **options: RLOO(group_size=width, **options), options=MineOptions)
+    register_algorithm("rloo-4", Variant(RLOO, group_size=4))
+    register_algorithm("bare", lambda **options: RLOO(group_size=3, **options))
+    preset = _parse(["--mine.width", "3", "--rloo.group-size", "6", "--rloo.baseline", "anchored",
+                     "--frozen.of", "grpo", "--grpo.group-size", "5"])
+    assert make_algorithm("mine", **algorithm_options("mine", preset, 0)).options.group_size == 3  # a user's kind
+    rloo4 = algorithm_options("rloo-4", preset, 0)  # a variant: its kind's options but the one it fixes
+    assert "group_size" not in rloo4 and rloo4["baseline"] == "anchored"
+    assert make_algorithm("rloo-4", **rloo4).options == RLOOOptions(group_size=4, baseline="anchored")
+    assert "group_size" not in algorithm_options("bare", preset, 0)  # declares none: the shared options only
+    frozen = algorithm_options("frozen", preset, 0)  # a control: the options of the algorithm it wraps
+    assert frozen["of"] == "grpo" and frozen["group_size"] == 5
+    assert type(make_algorithm("frozen", **frozen).inner).__name__ == "GRPO"
+    assert option_kinds(["frozen", "rloo-2x", "rloo-4", "mine", "bare"], preset) == {
+        "frozen": "grpo", "rloo-2x": "rloo", "rloo-4": "rloo", "mine": "mine", "bare": None}
+    with pytest.raises(TypeError, match="not RLOOOptions fields"):
+        Variant(RLOO, width=2)
+
+
+def test_a_kinds_flag_sets_that_option_over_an_envs_own(monkeypatch):
+    from baselines.gigpo import GiGPOOptions
+    from bpo_experiments.build import algorithm_options
+
+    cpu = copy.deepcopy(PRESETS["cpu"])
+    first = next(iter(cpu.envs))
+    cpu.envs[first].options["gigpo"] = GiGPOOptions(scale="group")
+    monkeypatch.setitem(PRESETS, "cpu", cpu)
+    assert algorithm_options("gigpo", cpu, 0, first)["scale"] == "group"  # the env's own
+    preset = _parse(["--gigpo.scale", "none"])
+    assert all(algorithm_options("gigpo", preset, 0, e)["scale"] == "none" for e in preset.envs)  # the flag wins
+
+
+def test_a_folder_of_an_earlier_version_resumes_unless_it_set_a_removed_field(tmp_path):
+    import json
+
+    from bpo_experiments.output import check_same_settings, env_setting
+    from bpo_experiments.presets import preset_dict
+
+    preset = copy.deepcopy(PRESETS["smoke"])
+    env = next(iter(preset.envs))
+    folder = tmp_path / "runs" / env
+    folder.mkdir(parents=True)
+    old = {**env_setting(preset_dict(preset), env), "algorithm_options": {}}  # as earlier versions wrote it
+    (folder / "setting.json").write_text(json.dumps(old))
+    check_same_settings(tmp_path, preset, None)
+    (folder / "setting.json").write_text(json.dumps({**old, "algorithm_options": {"bpo": {"max_depth": 2}}}))
+    with pytest.raises(SystemExit, match="differs in: algorithm_options"):
+        check_same_settings(tmp_path, preset, None)
