@@ -6,7 +6,7 @@ per-update budget and the trainer's config of one run.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,8 +39,53 @@ SCORER_POLICIES: dict[str, tuple[str | None, int, int]] = {
 hidden layer; docs/alfworld.md, "The learning curve")."""
 
 
+@dataclass(frozen=True)
+class PolicySettings:
+    """What the initial policy of an env is made with (:func:`make_policy`), resolved from the
+    preset and the env's own fields (:func:`policy_settings`)."""
+
+    policy: str
+    """The policy's name (:func:`make_policy`)."""
+    temperature: float
+    sft_epochs: int
+    sft_lr: float
+    max_new_tokens: int
+    reasoning: bool
+    decision_entropy: str
+    probe_samples: int
+    reference_offload: bool
+    lora: bool
+    vllm: bool
+    precision: str
+    eval_temperature: float | None
+    max_model_len: int | None
+
+
+def policy_settings(preset: Preset, setup: EnvSetup) -> PolicySettings:
+    """The :class:`PolicySettings` of ``setup``'s env in ``preset`` (the env's ``policy``,
+    ``sft_epochs`` and ``sft_lr`` over the preset's; the per-env fields' values for it)."""
+    env_name = _env_name(preset, setup)
+    return PolicySettings(
+        policy=setup.policy or preset.policy,
+        temperature=preset.temperature,
+        sft_epochs=preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs,
+        sft_lr=preset.sft_lr if setup.sft_lr is None else setup.sft_lr,
+        max_new_tokens=setup.max_new_tokens,
+        reasoning=preset.reasoning,
+        decision_entropy=preset.decision_entropy,
+        probe_samples=preset.probe_samples,
+        reference_offload=preset.reference_offload,
+        lora=preset.lora,
+        vllm=preset.vllm,
+        precision=preset.trainer.precision,
+        eval_temperature=preset.for_env("eval_temperature", env_name),
+        max_model_len=preset.for_env("max_model_len", env_name),
+    )
+
+
 def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
-    """The initial policy of one (env, seed): the same object state for every algorithm.
+    """The initial policy of one (env, seed), made with :func:`policy_settings`: the same object
+    state for every algorithm.
 
     ``scorer`` is the small :class:`~bpo_algos.policy.scorer.TextScorerPolicy` (``scorer-memory``:
     with its ALFWorld episode-memory features, ``memory="alfworld"``; ``scorer-memory-wide``: the
@@ -52,23 +97,23 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     (:mod:`bpo_experiments.streams`).
     """
     seed = stream_seed(seed, WARM_START)
-    name = setup.policy or preset.policy
-    if name in SCORER_POLICIES:
+    s = policy_settings(preset, setup)
+    if s.policy in SCORER_POLICIES:
         from bpo_algos.policy.scorer import TextScorerPolicy
 
-        memory, dim, hidden = SCORER_POLICIES[name]
-        policy = TextScorerPolicy(temperature=preset.temperature, seed=seed, memory=memory, dim=dim, hidden=hidden)
-        return warm_start(policy, preset, setup, tasks, seed)
-    if name == "tabular":
-        return TabularPolicy(temperature=preset.temperature, seed=seed)
-    if name == "tabular-prior":
+        memory, dim, hidden = SCORER_POLICIES[s.policy]
+        policy = TextScorerPolicy(temperature=s.temperature, seed=seed, memory=memory, dim=dim, hidden=hidden)
+        return warm_start(policy, s, setup, tasks, seed)
+    if s.policy == "tabular":
+        return TabularPolicy(temperature=s.temperature, seed=seed)
+    if s.policy == "tabular-prior":
         env = env_factory(setup)()
         prior = env.unwrapped.agent_prior()
         env.close()
-        return TabularPolicy.from_logits(prior, temperature=preset.temperature, seed=seed)
+        return TabularPolicy.from_logits(prior, temperature=s.temperature, seed=seed)
     from bpo_algos.policy import HFPolicy
 
-    model = name
+    model = s.policy
     if model == "tiny":
         from bpo_algos.policy.tiny import tiny_model_path
 
@@ -80,26 +125,24 @@ def make_policy(preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) ->
     torch.manual_seed(seed)
     from bpo_algos.policy import PromptConfig
 
-    env_name = _env_name(preset, setup)
     options: dict[str, Any] = {
-        "max_new_tokens": setup.max_new_tokens,
-        "prompt": PromptConfig(reasoning=preset.reasoning),
-        "decision_entropy": preset.decision_entropy,
-        "probe_samples": preset.probe_samples,
-        "reference_offload": preset.reference_offload and not preset.lora,
-        "eval_temperature": preset.for_env("eval_temperature", env_name),
+        "max_new_tokens": s.max_new_tokens,
+        "prompt": PromptConfig(reasoning=s.reasoning),
+        "decision_entropy": s.decision_entropy,
+        "probe_samples": s.probe_samples,
+        "reference_offload": s.reference_offload and not s.lora,
+        "eval_temperature": s.eval_temperature,
     }
-    if preset.trainer.precision == "bf16":
+    if s.precision == "bf16":
         options["dtype"] = torch.bfloat16  # the frozen base; trainable weights are kept in fp32
         options["reference_dtype"] = torch.bfloat16
-    max_model_len = preset.for_env("max_model_len", env_name)
-    if preset.vllm:
+    if s.vllm:
         from bpo_algos.policy import VLLMPolicy
 
-        policy = VLLMPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len or 4096, **options)
+        policy = VLLMPolicy(model, temperature=s.temperature, lora=s.lora, seed=seed, max_model_len=s.max_model_len or 4096, **options)
     else:
-        policy = HFPolicy(model, temperature=preset.temperature, lora=preset.lora, seed=seed, max_model_len=max_model_len, **options)
-    return warm_start(policy, preset, setup, tasks, seed)
+        policy = HFPolicy(model, temperature=s.temperature, lora=s.lora, seed=seed, max_model_len=s.max_model_len, **options)
+    return warm_start(policy, s, setup, tasks, seed)
 
 
 def _env_name(preset: Preset, setup: EnvSetup) -> str:
@@ -110,15 +153,13 @@ def _env_name(preset: Preset, setup: EnvSetup) -> str:
     return next((name for name, candidate in preset.envs.items() if candidate == setup), setup.env_id)
 
 
-def warm_start(policy: Any, preset: Preset, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
+def warm_start(policy: Any, settings: PolicySettings, setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
     """Behaviour cloning on the env expert's trajectories of ``tasks`` (``sft_epochs``)."""
-    epochs = preset.sft_epochs if setup.sft_epochs is None else setup.sft_epochs
-    if epochs:
+    if settings.sft_epochs:
         from bpo_algos.policy.sft import behaviour_cloning
 
         demos = _expert_demos(setup, tasks, seed)
-        lr = preset.sft_lr if setup.sft_lr is None else setup.sft_lr
-        behaviour_cloning(policy, demos, epochs=epochs, lr=lr, seed=seed)
+        behaviour_cloning(policy, demos, epochs=settings.sft_epochs, lr=settings.sft_lr, seed=seed)
     return policy
 
 

@@ -47,6 +47,7 @@ import sys
 import time
 import uuid
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ from bpo_envs.files import (
     read_json_or_redo,
     write_json,
 )
-from bpo_experiments.build import build_algorithm, option_classes, option_kinds
+from bpo_experiments.build import build_algorithm, make_policy, option_classes, option_kinds
 from bpo_experiments.command_line import add_config_flags, build_preset, check_launch_fits
 from bpo_experiments.output import (
     check_same_data,
@@ -81,6 +82,7 @@ from bpo_experiments.presets import (
     preset_dict,
 )
 from bpo_experiments.report import example_trees, markdown, plots
+from bpo_experiments.run_config import RunConfig, check_same_config, run_config
 from bpo_experiments.runner import initial_job, run_one
 from bpo_experiments.stats import aggregate, run_metrics
 from bpo_experiments.tasks import task_order, task_split_with_provenance
@@ -293,11 +295,13 @@ class _Comparison:
         folder, the longest first; each result joins :attr:`runs` as it comes back."""
         calls = []
         for key, run_preset, eval_tasks in keys:
+            config = run_config(run_preset, *key, len(self.splits[key[0]][0]))
+            check_same_config(run_dir(self.out, *key), config)  # a saved run was made with this configuration
             saved_run = read_json_or_redo(run_dir(self.out, *key) / "run.json")
             if saved_run is not None:
                 self.runs[key] = saved_run
             else:
-                calls.append((key, self._run_call(*key, run_preset, eval_tasks)))
+                calls.append((key, self._run_call(config, run_preset, eval_tasks)))
         if self.args.report_only:  # nothing new runs
             return
         calls.sort(key=lambda item: -_expected_cost(self.preset, *item[0]))
@@ -317,10 +321,14 @@ class _Comparison:
         execute([call for _, call in calls], self.workers, self.args.ray, self.modules, run_done)
         bar.close()
 
-    def _run_call(self, env_name: str, label: str, seed: int, run_preset: Preset, eval_tasks: list[Any]) -> Any:
-        init = self.initials[(env_name, seed)]
-        return (run_one, (self.out, run_preset, env_name, label, seed, init["policy"], init["warm"], init["reference"],
-                          self.splits[env_name][0], eval_tasks, self.progress and self.workers == 1))
+    def _run_call(self, config: RunConfig, run_preset: Preset, eval_tasks: list[Any]) -> Any:
+        """The call of run ``config`` (its initial policy: the initial job's bytes, or rebuilt
+        from ``run_preset``'s policy settings where it is an LLM's)."""
+        init = self.initials[(config.env, config.seed)]
+        train_tasks = self.splits[config.env][0]
+        rebuild = partial(make_policy, run_preset, run_preset.envs[config.env], config.seed, train_tasks)
+        return (run_one, (self.out, config, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
+                          self.progress and self.workers == 1, rebuild))
 
     def tune(self) -> tuple[Preset, dict[str, dict[str, Any]]]:
         """2. Tuning: every candidate on every tuning seed, then each kind's choice by the

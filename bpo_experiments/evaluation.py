@@ -73,14 +73,14 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     return [w for i in range(len(tasks)) for w in per_task[i]]
 
 
-def evaluate_extra(policy: Any, preset: Preset, setup: EnvSetup, env_name: str, seed: int) -> dict[str, Any]:
+def evaluate_extra(policy: Any, setup: EnvSetup, episodes: int, pool_size: int, seed: int) -> dict[str, Any]:
     """``policy`` on every further evaluation split (:attr:`EnvSetup.extra_eval`), split ``k``
-    (from 1) on its own evaluation streams: ``{split: {"success", "episodes", "wins"}}``."""
+    (from 1) on its own evaluation streams, ``episodes`` per task over ``pool_size`` envs:
+    ``{split: {"success", "episodes", "wins"}}``."""
     out: dict[str, Any] = {}
-    episodes = preset.for_env("eval_episodes", env_name)
     for k, (split, tasks) in enumerate(extra_eval_tasks(setup).items(), start=1):
         kwargs = {**setup.kwargs, **setup.eval_kwargs, "split": split}
-        pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * preset.pool_size, workers=setup.workers)
+        pool = EnvPool([lambda kwargs=kwargs: gym.make(setup.env_id, **kwargs)] * pool_size, workers=setup.workers)
         try:
             wins = evaluate_episodes(policy, pool, tasks, episodes, seed, split=k)
         finally:

@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
+from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import gradient_samples, signal_to_noise
+from bpo_algos.registry import make_algorithm
 from bpo_algos.rollout import EnvPool
-from bpo_experiments.build import build_algorithm
 from bpo_experiments.presets import Preset
 from bpo_experiments.streams import (
     PROBE_POINTS,
@@ -59,13 +60,13 @@ class _RNGGuard:
         torch.set_rng_state(self.torch_state)
 
 
-def gradient_rows(name: str, preset: Preset, env: str, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget, n: int) -> Any:
-    """``n`` gradient samples of algorithm ``name`` at ``policy`` (kept: the bootstrap needs
-    their Gram matrix). The probe is the estimator that trains: same settings, its adaptive
-    state (BPO's threshold, the budget's tree-cost estimate) warmed by one discarded batch."""
-    probe = build_algorithm(name, preset, seed, env)
+def gradient_rows(probe: Algorithm, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget, n: int) -> Any:
+    """``n`` gradient samples of the algorithm ``probe`` (built on the probe's own stream) at
+    ``policy`` (kept: the bootstrap needs their Gram matrix). The probe is the estimator that
+    trains: same settings, its adaptive state (BPO's threshold, the budget's tree-cost estimate)
+    warmed by one discarded batch."""
     with _RNGGuard(policy):
-        policy.seed(seed)
+        policy.seed(probe.seed)
         probe.collect(policy, pool, tasks, budget)
         samples = gradient_samples(probe, policy, pool, tasks, n, budget, keep_grads=True)
     return samples
@@ -75,14 +76,15 @@ REFERENCE_ALGORITHM = "rloo"
 """The unbiased estimator whose large pool of batches gives the reference gradient."""
 
 
-def reference_gradient(preset: Preset, env_name: str, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
+def reference_gradient(options: dict[str, Any], n: int, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
                        point: str = "initial") -> tuple[torch.Tensor, float]:
-    """``(mean, signal)`` of ``reference_batches`` RLOO batches at ``policy`` (the seed's
-    reference stream at probe ``point``): the reference the cosine of
+    """``(mean, signal)`` of ``n`` (``reference_batches``) batches of the reference estimator
+    (:data:`REFERENCE_ALGORITHM`, built with ``options``) at ``policy`` (the seed's reference
+    stream at probe ``point``): the reference the cosine of
     :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against."""
-    n = preset.for_env("reference_batches", env_name)
     key = stream_seed(seed, REFERENCE, PROBE_POINTS[point])
-    samples = gradient_rows(REFERENCE_ALGORITHM, preset, env_name, key, policy, pool, tasks, budget, n)
+    probe = make_algorithm(REFERENCE_ALGORITHM, **{**options, "seed": key})
+    samples = gradient_rows(probe, policy, pool, tasks, budget, n)
     rows = samples.grads.double()
     moments = signal_to_noise(rows, resamples=1)
     return rows.mean(dim=0).float(), float(moments["signal"])

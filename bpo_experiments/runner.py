@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +43,13 @@ from bpo_algos.rollout import EnvPool
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer
 from bpo_envs.files import read_json_or_redo
-from bpo_experiments.build import (
-    build_algorithm,
-    make_policy,
-    run_budget,
-    trainer_config,
-)
-from bpo_experiments.evaluation import eval_points, evaluate_episodes, evaluate_extra
+from bpo_experiments.build import algorithm_options, make_policy
+from bpo_experiments.evaluation import evaluate_episodes, evaluate_extra
 from bpo_experiments.output import run_dir, write_on_rank0
-from bpo_experiments.presets import Preset, preset_dict
-from bpo_experiments.probes import (
-    gradient_rows,
-    mechanism_points,
-    probe_points,
-    probes_on,
-    reference_gradient,
-)
+from bpo_experiments.presets import Preset
+from bpo_experiments.probes import REFERENCE_ALGORITHM, gradient_rows, probes_on, reference_gradient
+from bpo_experiments.run_config import CONFIG_FILE, RunConfig, base_algorithm, with_run_fields
 from bpo_experiments.streams import (
-    ALGORITHM,
     BOOTSTRAP,
     MECHANISM,
     PROBE,
@@ -67,6 +57,8 @@ from bpo_experiments.streams import (
     stream_seed,
 )
 from bpo_experiments.tasks import env_factory, eval_env_factory
+
+__all__ = ["base_algorithm", "initial_job", "initial_policy", "run_one"]
 
 _INITIAL_WEIGHTS: weakref.WeakKeyDictionary[Any, InitialWeights] = weakref.WeakKeyDictionary()
 """The saved initial weights of each reusable initial policy, for as long as the policy lives."""
@@ -117,13 +109,15 @@ def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any]
     warm = {"success": float(np.mean(wins)), "episodes": len(wins), "wins": wins, "seconds_build": built,
             "seconds_eval": time.perf_counter() - start - built, "code": code_version()}
     if setup.extra_eval:
-        warm["extra"] = evaluate_extra(policy, preset, setup, env_name, seed)
+        warm["extra"] = evaluate_extra(policy, setup, preset.for_env("eval_episodes", env_name), preset.pool_size, seed)
     reference = None
     if probes_on(preset, env_name, seed):
         pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
         try:
             t0 = time.perf_counter()
-            mean, signal = reference_gradient(preset, env_name, seed, policy, pool, train_tasks, Budget(preset.budget_unit, preset.budget[env_name]))
+            mean, signal = reference_gradient(algorithm_options(REFERENCE_ALGORITHM, preset, 0, env_name),
+                                              preset.for_env("reference_batches", env_name), seed, policy, pool, train_tasks,
+                                              Budget(preset.budget_unit, preset.budget[env_name]))
             warm["seconds_reference"] = time.perf_counter() - t0
         finally:
             pool.close()
@@ -137,38 +131,32 @@ _POLICIES: dict[tuple[str, int], Any] = {}
 """LLM initial policies built in this process, by (env, seed) (their weights restored per run)."""
 
 
-def initial_policy(preset: Preset, env_name: str, seed: int, train_tasks: list[Any], data: bytes | None) -> Any:
-    """The initial policy of a run: loaded from the initial job's bytes, or (an LLM policy)
-    built once per process and restored per run."""
+def initial_policy(key: tuple[str, int], data: bytes | None, rebuild: Callable[[], Any] | None) -> Any:
+    """The initial policy of a run of the (env, seed) ``key``: loaded from the initial job's
+    bytes, or (an LLM policy) made by ``rebuild`` once per process and restored per run."""
     if data is not None:
         return _load_policy(data)
-    key = (env_name, seed)
+    if rebuild is None:
+        raise ValueError(f"the initial policy of {key} has no bytes (an LLM policy): pass rebuild, the call that makes it")
     if key not in _POLICIES:
         _POLICIES.clear()  # one LLM at a time
-        _POLICIES[key] = make_policy(preset, preset.envs[env_name], seed, train_tasks)
+        _POLICIES[key] = rebuild()
     initial = _POLICIES[key]
     return fresh_copy(initial, _initial_weights(initial))
 
 
-def base_algorithm(label: str) -> str:
-    """The registered algorithm of a run label: ``bpo`` for ``bpo``, ``bpo@default`` (the
-    untuned defaults beside a tuned comparison) and ``bpo@tune2`` (tuning candidate 2)."""
-    return label.split("@", 1)[0]
-
-
 class _Measurements:
     """What a run measures after each update (the ``after_update`` hook of
-    :meth:`~bpo_algos.trainer.Trainer.train`): the evaluations at :func:`eval_points`, the
-    mechanism at :func:`mechanism_points` and the gradient probes at :func:`probe_points`, each
-    written to its file in the run's folder when taken (a resumed run keeps those it has)."""
+    :meth:`~bpo_algos.trainer.Trainer.train`): the evaluations at ``config.eval_points``, the
+    mechanism at ``config.mechanism_points`` and the gradient probes at ``config.probe_points``,
+    each written to its file in the run's folder when taken (a resumed run keeps those it has)."""
 
-    def __init__(self, folder: Path, preset: Preset, env_name: str, seed: int, name: str, policy: Any, pool: EnvPool,
-                 eval_pool: EnvPool, train_tasks: list[Any], eval_tasks: list[Any], warm: dict[str, Any],
-                 reference: bytes | None, algorithm: Algorithm, budget: Budget, probing: bool) -> None:
-        self.folder, self.preset, self.env_name, self.seed, self.name = folder, preset, env_name, seed, name
+    def __init__(self, folder: Path, config: RunConfig, policy: Any, pool: EnvPool, eval_pool: EnvPool, train_tasks: list[Any],
+                 eval_tasks: list[Any], warm: dict[str, Any], reference: bytes | None, algorithm: Algorithm) -> None:
+        self.folder, self.config, self.seed = folder, config, config.seed
         self.policy, self.pool, self.eval_pool = policy, pool, eval_pool
         self.train_tasks, self.eval_tasks, self.warm = train_tasks, eval_tasks, warm
-        self.budget, self.biased, self.probing = budget, not algorithm.unbiased, probing
+        self.budget, self.biased = config.per_update_budget(), not algorithm.unbiased
         self.reference = torch.load(io.BytesIO(reference), weights_only=True) if reference is not None else None  # tensors only
         self.evals: list[dict[str, Any]] = read_json_or_redo(folder / "evals.json", [])
         self.probes: dict[str, Any] = read_json_or_redo(folder / "probes.json", {})
@@ -182,16 +170,16 @@ class _Measurements:
 
     def evaluate(self, trainer: Trainer) -> None:
         u = trainer.update
-        if u not in eval_points(self.preset, self.env_name) or any(e["update"] == u for e in self.evals):
+        if u not in self.config.eval_points or any(e["update"] == u for e in self.evals):
             return
         t0 = time.perf_counter()
         if u == 0:  # the initial job's evaluation of this very policy
             success = self.warm["success"]
         else:
-            episodes = self.preset.for_env("eval_episodes", self.env_name)
             trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
             try:
-                success = float(np.mean(evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, episodes, self.seed)))
+                wins = evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, self.config.eval_episodes, self.seed)
+                success = float(np.mean(wins))
             finally:
                 trainer.parallel.shard_weights()
         compute = {k: float(v) for k, v in trainer.total_compute.to_dict().items()}
@@ -202,7 +190,7 @@ class _Measurements:
 
     def measure_mechanism(self, trainer: Trainer) -> None:
         u = trainer.update
-        for point, at in mechanism_points(self.preset, self.env_name).items():
+        for point, at in self.config.mechanism_points.items():
             if u == at and point not in self.mechanism and trainer.last_batch is not None:
                 found = measure_mechanism([trainer.last_batch], seed=stream_seed(self.seed, MECHANISM, at))
                 self.mechanism[point] = {**found.to_json(), "update": u}
@@ -210,20 +198,19 @@ class _Measurements:
 
     def probe(self, trainer: Trainer) -> None:
         u = trainer.update
-        for point, at in probe_points(self.preset, self.env_name).items():
-            if not self.probing or u != at or point in self.probes:
+        for point, at in self.config.probe_points.items():
+            if not self.config.probing or u != at or point in self.probes:
                 continue
             t0 = time.perf_counter()
-            n = self.preset.for_env("grad_batches", self.env_name)
             key = PROBE_POINTS[point]
-            samples = gradient_rows(self.name, self.preset, self.env_name, stream_seed(self.seed, PROBE, key), self.policy,
-                                    self.pool, self.train_tasks, self.budget, n)
+            probe = self.config.build_algorithm(seed=stream_seed(self.seed, PROBE, key))
+            samples = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.grad_batches)
             ref = None
             if point == "initial" and self.reference is not None:
                 ref = (self.reference["mean"], self.reference["signal"])
             elif point != "initial" and self.biased:
-                ref = reference_gradient(self.preset, self.env_name, self.seed, self.policy, self.pool, self.train_tasks,
-                                         self.budget, point)
+                ref = reference_gradient(self.config.reference_options, self.config.reference_batches, self.seed, self.policy,
+                                         self.pool, self.train_tasks, self.budget, point)
             result = signal_to_noise(samples, ref, seed=stream_seed(self.seed, BOOTSTRAP, key))
             result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
             result["update"] = u
@@ -235,49 +222,43 @@ class _Measurements:
 
 def run_one(
     out: Path,
-    preset: Preset,
-    env_name: str,
-    algorithm_name: str,
-    seed: int,
+    config: RunConfig,
     initial: bytes | None,
     warm: dict[str, Any],
     reference: bytes | None,
     train_tasks: list[Any],
     eval_tasks: list[Any],
     progress: bool = False,
+    rebuild: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """Train one algorithm from the initial policy and measure it; cached in ``run.json``.
+    """Train one algorithm from the initial policy and measure it, with the settings of
+    ``config`` (:class:`~bpo_experiments.run_config.RunConfig`: written to the run's folder as
+    ``config.json`` when it starts); cached in ``run.json`` (with its ``"config"``).
 
-    ``algorithm_name`` is the run's label (:func:`base_algorithm`): its folder and its results'
-    ``"algorithm"``; the algorithm built is the registered one it names, with ``preset``'s options
-    (the caller passes the tuned, default or candidate options in ``preset``)."""
-    folder = run_dir(out, env_name, algorithm_name, seed)
+    ``config.algorithm`` is the run's label (:func:`base_algorithm`): its folder and its results'
+    ``"algorithm"``. The initial policy is ``initial``'s bytes, or (an LLM policy) ``rebuild()``'s,
+    made once per process and restored per run."""
+    folder = run_dir(out, config.env, config.algorithm, config.seed)
     done = folder / "run.json"
     saved = read_json_or_redo(done, None)
     if saved is not None:
         return saved
-    if preset.torch_threads:
-        torch.set_num_threads(preset.torch_threads)
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     folder.mkdir(parents=True, exist_ok=True)
-    setup = preset.envs[env_name]
-    name = base_algorithm(algorithm_name)
-    pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    write_on_rank0(folder / CONFIG_FILE, config.to_json())
+    setup = config.setup
+    pool = EnvPool([env_factory(setup)] * config.pool_size, workers=setup.workers)
     separate_eval = setup.eval_split not in ("held-out", "train")
-    eval_pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers) if separate_eval else pool
-    policy = initial_policy(preset, env_name, seed, train_tasks, initial)
-    algorithm = build_algorithm(name, preset, stream_seed(seed, ALGORITHM), env_name)
-    budget = run_budget(preset, env_name, algorithm)
-    probing = probes_on(preset, env_name, seed) and name == algorithm_name  # not the tuning and default runs
-    measure = _Measurements(folder, preset, env_name, seed, name, policy, pool, eval_pool, train_tasks, eval_tasks, warm,
-                            reference, algorithm, budget, probing)
+    eval_pool = EnvPool([eval_env_factory(setup)] * config.pool_size, workers=setup.workers) if separate_eval else pool
+    policy = initial_policy((config.env, config.seed), initial, rebuild)
+    algorithm = config.build_algorithm()
+    measure = _Measurements(folder, config, policy, pool, eval_pool, train_tasks, eval_tasks, warm, reference, algorithm)
     start = time.perf_counter()
     try:
-        config = trainer_config(
-            preset, env_name, seed, len(train_tasks), budget, out_dir=folder, progress=progress,
-            wandb_name=f"{env_name}/{algorithm_name}/seed{seed}",
-            wandb_config={"preset": preset_dict(preset), "env": env_name, "seed": seed},
-        )
-        history = Trainer(algorithm, policy, pool, train_tasks, config).train(after_update=measure)
+        trainer = with_run_fields(config, out_dir=folder, progress=progress,
+                                  wandb_name=f"{config.env}/{config.algorithm}/seed{config.seed}", wandb_config=config.to_json())
+        history = Trainer(algorithm, policy, pool, train_tasks, trainer).train(after_update=measure)
     finally:
         pool.close()
         if separate_eval:
@@ -287,10 +268,10 @@ def run_one(
         t0 = time.perf_counter()
         extra = read_json_or_redo(folder / "extra_eval.json", None)
         if extra is None:
-            extra = evaluate_extra(policy, preset, setup, env_name, seed)
+            extra = evaluate_extra(policy, setup, config.eval_episodes, config.pool_size, config.seed)
             write_on_rank0(folder / "extra_eval.json", extra)
         measure.timing["eval"] += time.perf_counter() - t0
-    result = _run_result(env_name, algorithm_name, seed, algorithm, warm, measure, extra, history, preset.budget_unit)
+    result = _run_result(config, algorithm, warm, measure, extra, history)
     result["seconds"] = time.perf_counter() - start
     result["seconds_eval"] = measure.timing["eval"]
     result["seconds_probe"] = measure.timing["probe"]
@@ -299,16 +280,16 @@ def run_one(
     return result
 
 
-def _run_result(env_name: str, label: str, seed: int, algorithm: Algorithm, warm: dict[str, Any], measure: _Measurements,
-                extra: dict[str, Any] | None, history: list[dict[str, Any]], unit: str) -> dict[str, Any]:
+def _run_result(config: RunConfig, algorithm: Algorithm, warm: dict[str, Any], measure: _Measurements,
+                extra: dict[str, Any] | None, history: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's ``run.json`` but its timing and code version: its evaluated curve, its training
-    batches' curve, its compute, its probes and mechanism."""
+    batches' curve, its compute, its probes and mechanism, and its configuration."""
     norms = np.array([row["grad_norm"] for row in history])
     evals = sorted(measure.evals, key=lambda e: e["update"])
     return {
-        "env": env_name,
-        "algorithm": label,
-        "seed": seed,
+        "env": config.env,
+        "algorithm": config.algorithm,
+        "seed": config.seed,
         "options": algorithm.config(),
         "budget_multiple": algorithm.budget_multiple,
         "final_success": evals[-1]["success"],
@@ -320,9 +301,10 @@ def _run_result(env_name: str, label: str, seed: int, algorithm: Algorithm, warm
         "curve": [row["success"] for row in history],
         "returns": [row["return"] for row in history],
         "compute_per_update": {k: float(np.mean([row["compute"][k] for row in history])) for k in history[0]["compute"]},
-        "compute_cumulative": [row["compute_total"][unit] for row in history],
+        "compute_cumulative": [row["compute_total"][config.budget_unit] for row in history],
         "compute_total": {k: float(v) for k, v in history[-1]["compute_total"].items()},
         "probes": measure.probes,
         "mechanism": measure.mechanism,
         "grad_norm_var_train": float(norms.var(ddof=1)) if len(norms) > 1 else 0.0,
+        "config": config.to_json(),
     }
