@@ -186,7 +186,8 @@ def tree_shapes(leaves: int) -> dict[str, BPO]:
 
 def meter_row(algorithm: Algorithm, batch: Any, seconds: float) -> dict[str, Any]:
     compute = batch.compute
-    row: dict[str, Any] = {f: getattr(compute, f) for f in METER_FIELDS}
+    meters = compute.to_dict()
+    row: dict[str, Any] = {f: meters[f] for f in METER_FIELDS}
     row["trees"] = batch.n_trees
     row["leaves_per_tree"] = sorted({tree.compute.leaves for tree in batch.trees})
     row["seconds"] = seconds

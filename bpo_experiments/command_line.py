@@ -172,10 +172,7 @@ def apply_tuning_flags(preset: Preset, args: argparse.Namespace) -> None:
     """``--tune`` / ``--no-tune``, ``--tuning-seeds``, ``--tuning-grid KIND=JSON`` and
     ``--allow-unequal-grids`` on ``preset.tuning``, then :func:`~bpo_experiments.tuning.check_tuning`:
     a bad tuning setting is an error before any run."""
-    tune = getattr(args, "tune", None)
-    seeds = getattr(args, "tuning_seeds", None)
-    grids = getattr(args, "tuning_grid", None) or ()
-    unequal = bool(getattr(args, "allow_unequal_grids", False))
+    tune, seeds, grids, unequal = args.tune, args.tuning_seeds, args.tuning_grid or (), args.allow_unequal_grids
     if tune is False:
         if seeds is not None or grids or unequal:
             raise SystemExit("--no-tune with --tuning-seeds / --tuning-grid / --allow-unequal-grids: choose one")
@@ -234,7 +231,7 @@ _DATA_FLAGS = {
 def apply_data_sources(preset: Preset, args: argparse.Namespace, name: str) -> None:
     """Put the data-source flags into the env options; the gpu preset's SWE-bench needs them."""
     for attr, (env_id, option) in _DATA_FLAGS.items():
-        value = getattr(args, attr, None)
+        value = vars(args)[attr]
         if value is None:
             continue
         setups = [s for s in preset.envs.values() if s.env_id == env_id]
@@ -267,8 +264,7 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
         load_instances,
     )
 
-    train = getattr(args, "swe_train_instances", None)
-    disjoint_repos = bool(getattr(args, "swe_disjoint_repos", False))
+    train, disjoint_repos = args.swe_train_instances, args.swe_disjoint_repos
     if train is None:
         if disjoint_repos:
             raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
@@ -282,7 +278,7 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
         return
     if not setups:
         raise SystemExit("--swe-train-instances is given but no env of this comparison is BPO-SWEBench-v0 (choose it with --envs)")
-    evaluation = getattr(args, "swe_instances", None)
+    evaluation = args.swe_instances
     if evaluation is None:
         raise SystemExit("--swe-train-instances needs --swe-instances: the evaluation rows (e.g. princeton-nlp/SWE-bench_Verified)")
     try:

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import json
 import os
+import pkgutil
 import shlex
 import sys
 import time
@@ -97,8 +97,7 @@ def build_policy(spec: str | None, preset: Preset, setup: EnvSetup, seed: int, t
     """The main job's policy ``spec`` (warm-started as the preset says), or a user's
     ``module:function`` called as ``function(make_env, tasks, seed)``."""
     if spec and ":" in spec:
-        module, _, name = spec.partition(":")
-        return getattr(importlib.import_module(module), name)(env_factory(setup), tasks, seed)
+        return pkgutil.resolve_name(spec)(env_factory(setup), tasks, seed)
     if spec:
         setup = replace(setup, policy=spec)
         preset.envs = {**preset.envs, "_diagnosed": setup}
@@ -192,7 +191,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
         preset.envs = {**preset.envs, env_name: setup}
     if args.tasks:
         setup.train_tasks = args.tasks
-    apply_llm_flags(preset, setup, {name: getattr(args, name) for name in LLM_FLAGS})
+    apply_llm_flags(preset, setup, {name: vars(args)[name] for name in LLM_FLAGS})
     preset.envs = {**preset.envs, env_name: setup}
     tasks, _ = task_split(replace(setup, eval_split="train"))  # the diagnosis needs training tasks only
     torch.manual_seed(args.seed)

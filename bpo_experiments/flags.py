@@ -149,4 +149,5 @@ def add_flags(
 
 def given(args: argparse.Namespace, dests: dict[str, str]) -> dict[str, Any]:
     """``{field: value}`` of the flags of ``dests`` that were given on the command line."""
-    return {name: getattr(args, dest) for dest, name in dests.items() if hasattr(args, dest)}
+    values = vars(args)  # a flag not given is absent (its default is argparse.SUPPRESS)
+    return {name: values[dest] for dest, name in dests.items() if dest in values}

@@ -20,13 +20,7 @@ from bpo_experiments.presets import PRESETS, RUN_FIELDS, Preset
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    for flag in ("--smoke",):
-        parser.add_argument(flag, action="store_true")
-    parser.add_argument("--preset", default="cpu")
-    for name in ("envs", "algorithms", "import_modules", "env_server"):
-        parser.set_defaults(**{name: None})
-    parser.set_defaults(treatment=None)
+    parser = compare.command_parser()
     holders = compare.add_config_flags(parser)
     return compare.build_preset(parser.parse_args(argv), holders)
 
