@@ -2,9 +2,11 @@
 
 ``--out`` holds ``preset.json``, ``data.json``, ``sessions.json`` (one entry per invocation) and
 ``runs/ENV/`` with each env's ``setting.json``, its initial jobs (``_initial/seedS/``) and its runs
-(``ALGORITHM/seedS/run.json`` and the files a run writes along the way). A resumed comparison
-must hold the same setting and the same data per env (:func:`check_same_settings`,
-:func:`check_same_data`); a finished job's file is read back instead of running it again.
+(``ALGORITHM/seedS/config.json``, the run's :class:`~bpo_experiments.run_config.RunConfig`,
+``run.json`` and the files a run writes along the way). A resumed comparison must hold the same
+setting and the same data per env (:func:`check_same_settings`, :func:`check_same_data`) and
+each run the same configuration (:func:`~bpo_experiments.run_config.check_same_config`); a
+finished job's file is read back instead of running it again.
 """
 
 from __future__ import annotations

@@ -4,19 +4,22 @@ An *initial job* builds the (env, seed)'s initial policy (warm-started by behavi
 the env's expert trajectories where the preset says so), evaluates it (the warm start: update 0
 of every algorithm's evaluated curve, the same for all of them) and, when gradient probes are
 on, collects the pool of RLOO batches whose mean is the reference gradient at the warm start.
-A *run* copies that policy, trains one algorithm with :class:`~bpo_algos.Trainer` under the
-preset's optimizer, task sequence and per-update budget, evaluates the policy every
-``eval_every`` updates on the fixed evaluation tasks with common random numbers, probes its
-gradient's signal-to-noise ratio at the warm start and at mid-training, and caches its result
-in ``run.json`` (evaluations and probes along the way in ``evals.json`` / ``probes.json``, the
-trainer's state in its checkpoint) so an interrupted comparison resumes.
+A *run* copies that policy and, with the settings of its
+:class:`~bpo_experiments.run_config.RunConfig` (resolved once from the preset; nothing else of
+the preset is read), trains one algorithm with :class:`~bpo_algos.Trainer` under the same
+optimizer, task sequence and per-update budget, evaluates the policy at the configured updates
+on the fixed evaluation tasks with common random numbers, probes its gradient's
+signal-to-noise ratio at the warm start and at mid-training, and caches its result in
+``run.json`` (its configuration in ``config.json`` from the start, evaluations and probes along
+the way in ``evals.json`` / ``probes.json``, the trainer's state in its checkpoint) so an
+interrupted comparison resumes.
 
 Each job is a function of its arguments only (its seeds, the initial policy's bytes, the
 tasks), so the jobs run in any order, in this process, in worker processes (``--jobs``) or on a
 Ray cluster (``--ray``) with the same results (:mod:`bpo_experiments.parallel`).
 
-What a job is made of lives beside it: the policy, the algorithm and the trainer's config
-(:mod:`bpo_experiments.build`), the tasks (:mod:`bpo_experiments.tasks`), the evaluation
+What a job is made of lives beside it: its configuration (:mod:`bpo_experiments.run_config`),
+the policy, the algorithm and the trainer's config (:mod:`bpo_experiments.build`), the tasks (:mod:`bpo_experiments.tasks`), the evaluation
 (:mod:`bpo_experiments.evaluation`), the gradient probes and the mechanism
 (:mod:`bpo_experiments.probes`) and where its files go (:mod:`bpo_experiments.output`).
 """
