@@ -23,7 +23,8 @@ algorithm it wraps), so the main job asks it and never probes. Algorithms are fo
       register_algorithm("rloo-16", Variant(RLOO, group_size=16))  # takes --rloo.* but group_size
 
 The object registered is an :class:`AlgorithmFactory`, an :class:`~bpo_algos.algorithm.Algorithm`
-subclass (its own kind: ``Variant(cls)``), or any callable ``factory(**options) -> Algorithm``
+subclass (its own kind: ``Variant(cls)``; a ``functools.partial`` of one: the ``Variant`` fixing
+its keywords), or any callable ``factory(**options) -> Algorithm``
 with its options dataclass given as ``options=`` (its kind is then its name: ``--NAME.OPTION``;
 without ``options=`` it takes the shared options only).
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -105,13 +107,16 @@ class Declared(AlgorithmFactory):
 
 
 def as_factory(obj: Any) -> AlgorithmFactory:
-    """``obj`` (what was registered as ``name``) as an :class:`AlgorithmFactory`: itself, an
-    ``Algorithm`` subclass as ``Variant(obj)``, any other callable as one that takes the shared
+    """``obj`` (what was registered) as an :class:`AlgorithmFactory`: itself, an ``Algorithm``
+    subclass as ``Variant(obj)``, a ``functools.partial`` of one (keywords only) as the
+    ``Variant`` that fixes those keywords, any other callable as one that takes the shared
     options only."""
     if isinstance(obj, AlgorithmFactory):
         return obj
     if isinstance(obj, type) and issubclass(obj, Algorithm):
         return Variant(obj)
+    if isinstance(obj, partial) and not obj.args and isinstance(obj.func, type) and issubclass(obj.func, Algorithm):
+        return Variant(obj.func, **obj.keywords)
     return Declared(obj)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 
 import pytest
 
@@ -136,6 +137,7 @@ def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach
     register_algorithm("mine", lambda width=2, **options: RLOO(group_size=width, **options), options=MineOptions)
     register_algorithm("rloo-4", Variant(RLOO, group_size=4))
     register_algorithm("bare", lambda **options: RLOO(group_size=3, **options))
+    register_algorithm("rloo-5", functools.partial(RLOO, group_size=5))
     preset = _parse(["--mine.width", "3", "--rloo.group-size", "6", "--rloo.baseline", "anchored",
                      "--frozen.of", "grpo", "--grpo.group-size", "5"])
     assert make_algorithm("mine", **algorithm_options("mine", preset, 0)).options.group_size == 3  # a user's kind
@@ -143,6 +145,7 @@ def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach
     assert "group_size" not in rloo4 and rloo4["baseline"] == "anchored"
     assert make_algorithm("rloo-4", **rloo4).options == RLOOOptions(group_size=4, baseline="anchored")
     assert "group_size" not in algorithm_options("bare", preset, 0)  # declares none: the shared options only
+    assert algorithm_options("rloo-5", preset, 0)["baseline"] == "anchored" and "group_size" not in algorithm_options("rloo-5", preset, 0)
     frozen = algorithm_options("frozen", preset, 0)  # a control: the options of the algorithm it wraps
     assert frozen["of"] == "grpo" and frozen["group_size"] == 5
     assert type(make_algorithm("frozen", **frozen).inner).__name__ == "GRPO"
