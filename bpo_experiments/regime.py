@@ -225,7 +225,10 @@ def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: E
 # ---- the map -------------------------------------------------------------------------------
 def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> dict[str, Any]:
     start = time.perf_counter()
-    pool = EnvPool([cell.make_env, cell.make_env])
+    # TreeMDP steps are microseconds of Python: stepped in this thread, with no per-step deadline
+    # (that would hand each step to a worker thread, costing more than the step); any pool of
+    # two envs gives the same batches
+    pool = EnvPool([cell.make_env, cell.make_env], step_timeout_s=None)
     steps = Budget("env_steps", cell.budget_steps)
     try:
         tuning: dict[str, float] = {}
