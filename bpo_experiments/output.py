@@ -50,10 +50,16 @@ def write_on_rank0(path: Path, value: Any) -> None:
     write_json(path, value)
 
 
+_GROWABLE = ("seeds",)
+"""Setting keys a resumed comparison may change: each run depends on its own seed, not on the
+list, so more seeds join a folder (and seeds left out are not reported)."""
+
+
 def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Each env's setting (:func:`env_setting`), after checking it against the one ``out`` was
     made with: cached runs are only valid for the setting that made them, per env (an env added
-    to a comparison later joins it; a changed one is refused, naming what differs)."""
+    to a comparison later joins it, and so do more seeds; a changed one is refused, naming what
+    differs)."""
     current = preset_dict(preset)
     settings = {e: env_setting(current, e) for e in preset.envs}
     for env_name, setting in settings.items():
@@ -71,7 +77,7 @@ def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] 
         defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
         changed = sorted(
             k for k in set(saved_setting) | set(setting)
-            if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
+            if k not in _GROWABLE and saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
         )
         if changed:
             raise SystemExit(

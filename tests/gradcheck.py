@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
-from bpo_algos import TabularPolicy
-from bpo_algos.diagnostics import flat_gradient
+from bpo_algos import EnvPool, TabularPolicy
+from bpo_algos.diagnostics import GradientSamples, flat_gradient, gradient_samples
 
 
 def tree_env(**kwargs) -> gym.Env:
@@ -34,3 +34,19 @@ def exact_gradient(env: gym.Env, policy: TabularPolicy) -> torch.Tensor:
     grad = flat_gradient(list(policy.parameters())).clone()
     policy.zero_grad()
     return grad
+
+
+def tree_samples(algorithm, policy, tree_kwargs: dict, batches: int, sampler=None) -> GradientSamples:
+    """``batches`` gradient estimates of ``algorithm`` at ``policy`` on task 0 of the TreeMDP
+    ``tree_kwargs``, collected through a pool of two envs stepped in the calling thread.
+
+    Why inline (``step_timeout_s=None``): a TreeMDP step is microseconds of Python, while the
+    pools' default per-step deadline hands every step to a worker thread; on a loaded machine
+    each handoff waits milliseconds for the scheduler, most of these tests' time. The samples are
+    the same: which env a path gets depends only on the pool's size (``bpo_envs/pool.py``).
+    """
+    pool = EnvPool([lambda: tree_env(**tree_kwargs)] * 2, step_timeout_s=None)
+    try:
+        return gradient_samples(algorithm, policy, pool, [0], batches, sampler=sampler)
+    finally:
+        pool.close()

@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from gradcheck import exact_gradient, random_policy, tree_env
+from gradcheck import exact_gradient, random_policy, tree_env, tree_samples
 
 from baselines import RLOO
 from bpo_algos import BPO
 from bpo_algos.advantages import anchored_baselines, estimate_advantages, register_advantage
-from bpo_algos.diagnostics import gradient_samples, projection_z_scores
+from bpo_algos.diagnostics import projection_z_scores
 
 BATCHES = 2000
 Z_MAX = 4.0
@@ -38,8 +38,7 @@ def _z(algorithm, policy_seed=2):
     env = tree_env(**STATE_TREE)
     policy = random_policy(env, scale=1.0, seed=policy_seed)
     truth = exact_gradient(env, policy)
-    make = lambda: tree_env(**STATE_TREE)  # noqa: E731
-    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES)
+    samples = tree_samples(algorithm, policy, STATE_TREE, BATCHES)
     return projection_z_scores(samples.grads, truth)
 
 

@@ -16,12 +16,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from gradcheck import exact_gradient, random_policy, tree_env
+from gradcheck import exact_gradient, random_policy, tree_env, tree_samples
 from test_unbiasedness import PeekingPolicy
 
 from bpo_algos import BPO, TabularPolicy
 from bpo_algos.advantages import register_advantage
-from bpo_algos.diagnostics import gradient_samples, projection_z_scores
+from bpo_algos.diagnostics import projection_z_scores
 from bpo_algos.policy.base import Context, Policy
 from bpo_algos.policy.choice import gumbel_top_k
 from bpo_algos.siblings import distinct_node, leave_one_out_weights, node_set, set_weights
@@ -37,9 +37,8 @@ def _z(algorithm, tree_kwargs, batches, *, scale=2.0, sampler_wrapper=None, poli
     env = tree_env(**tree_kwargs)
     policy = random_policy(env, scale=scale, seed=policy_seed)
     truth = exact_gradient(env, policy)
-    make = lambda: tree_env(**tree_kwargs)  # noqa: E731
     sampler = sampler_wrapper(policy) if sampler_wrapper else None
-    samples = gradient_samples(algorithm, policy, [make, make], [0], batches, sampler=sampler)
+    samples = tree_samples(algorithm, policy, tree_kwargs, batches, sampler=sampler)
     return projection_z_scores(samples.grads, truth)
 
 

@@ -14,6 +14,21 @@ from bpo_algos import Budget, EnvPool, Trainer, make_algorithm
 from bpo_experiments import compare
 
 SMALL = ["--smoke", "--updates", "2", "--no-progress"]
+TREEMDP = ["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1"]
+
+
+@pytest.fixture(scope="module")
+def treemdp_comparison(tmp_path_factory):
+    """One ``TREEMDP`` comparison, made once for the module; the tests that change and resume it
+    work on copies (:func:`_copy`)."""
+    out = tmp_path_factory.mktemp("treemdp") / "out"
+    compare.main([*TREEMDP, "--out", str(out)])
+    return out
+
+
+def _copy(folder, to):
+    shutil.copytree(folder, to)
+    return to
 
 
 def _strip(value):
@@ -46,26 +61,24 @@ def test_jobs_give_the_results_of_one_job_and_resume(tmp_path):
     assert _strip(json.loads((tmp_path / "two" / "results.json").read_text())) == _strip(saved[0])
 
 
-def test_results_of_several_code_versions_are_named_in_the_report(tmp_path, capsys):
+def test_results_of_several_code_versions_are_named_in_the_report(treemdp_comparison, tmp_path, capsys):
     # a folder resumed after the code changed: its warm start and its runs come from two versions
-    out = tmp_path / "mixed"
-    compare.main(["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)])
+    out = _copy(treemdp_comparison, tmp_path / "mixed")
     for path in (out / "runs" / "treemdp").glob("bpo/seed*/run.json"):
         run = json.loads(path.read_text())
         path.write_text(json.dumps({**run, "code": "bpo-gym 0.0.9 (git 0123456789ab)"}))
     (out / "results.json").unlink()
     capsys.readouterr()
-    results = compare.main(["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out), "--resume"])
+    results = compare.main([*TREEMDP, "--out", str(out), "--resume"])
     assert len(results["code_versions"]) == 2 and "bpo-gym 0.0.9 (git 0123456789ab)" in results["code_versions"]
     captured = capsys.readouterr()
     assert "holds results of 2 code versions" in captured.err
     assert "**Made by 2 code versions**" in (out / "results.md").read_text()
 
 
-def test_a_folder_from_before_an_env_setup_field_existed_resumes_and_a_changed_one_is_refused(tmp_path):
-    out = tmp_path / "old"
-    args = ["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)]
-    compare.main(args)
+def test_a_folder_from_before_an_env_setup_field_existed_resumes_and_a_changed_one_is_refused(treemdp_comparison, tmp_path):
+    out = _copy(treemdp_comparison, tmp_path / "old")
+    args = [*TREEMDP, "--out", str(out)]
     for path in (out / "preset.json", out / "runs" / "treemdp" / "setting.json"):
         saved = json.loads(path.read_text())
         setup = saved["envs"]["treemdp"] if "treemdp" in saved["envs"] else saved["envs"]
@@ -75,6 +88,19 @@ def test_a_folder_from_before_an_env_setup_field_existed_resumes_and_a_changed_o
     compare.main([*args, "--resume"])  # the missing field counts at its default
     with pytest.raises(SystemExit, match="another setting for treemdp"):
         compare.main([*args, "--resume", "--learning-rate", "0.5"])
+
+
+def test_more_seeds_join_a_folder_on_resume_and_keep_its_runs(tmp_path):
+    out = tmp_path / "grow"
+    args = ["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)]
+    first = compare.main([*args, "--seeds", "0"])
+    kept = (out / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns
+    grown = compare.main([*args, "--seeds", "0", "1", "--resume"])
+    assert (out / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns == kept
+    assert (out / "runs" / "treemdp" / "bpo" / "seed1" / "run.json").is_file()
+    assert first["per_env"]["treemdp"]["seeds"] == [0] and grown["per_env"]["treemdp"]["seeds"] == [0, 1]
+    with pytest.raises(SystemExit, match="another setting for treemdp"):  # the broken case: another setting
+        compare.main([*args, "--seeds", "0", "1", "--resume", "--learning-rate", "0.5"])
 
 
 def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, capsys):
@@ -92,9 +118,8 @@ def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, 
     assert "Expected wall time with --jobs 2" in text and "detectable effect" in text
 
 
-def test_plan_from_a_saved_run_uses_its_spread(tmp_path, capsys):
-    out = tmp_path / "saved"
-    compare.main(["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)])
+def test_plan_from_a_saved_run_uses_its_spread(treemdp_comparison, capsys):
+    out = treemdp_comparison  # read, not changed
     plan = compare.main(["--smoke", "--envs", "treemdp", "--plan", "--jobs", "1", "--seeds", "0", "1", "2", "3",
                          "--plan-from", str(out / "results.json")])
     entry = plan["per_env"]["treemdp"]

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gradcheck import exact_gradient, random_policy, tree_env
+from gradcheck import exact_gradient, random_policy, tree_env, tree_samples
 
 from baselines import RLOO
 from bpo_algos import BPO
-from bpo_algos.diagnostics import gradient_samples, projection_z_scores
+from bpo_algos.diagnostics import projection_z_scores
 from bpo_algos.policy.base import Policy
 
 BATCHES = 2000
@@ -62,8 +62,7 @@ def _z_scores(algorithm, tree_kwargs, sampler_wrapper=None, policy_seed=0):
     policy = random_policy(env, scale=1.0, seed=policy_seed)
     truth = exact_gradient(env, policy)
     sampler = sampler_wrapper(policy) if sampler_wrapper else None
-    make = lambda: tree_env(**tree_kwargs)  # noqa: E731
-    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES, sampler=sampler)
+    samples = tree_samples(algorithm, policy, tree_kwargs, BATCHES, sampler=sampler)
     return projection_z_scores(samples.grads, truth)
 
 
@@ -114,9 +113,8 @@ def test_grpo_std_scaling_is_not_the_exact_gradient_but_dr_grpo_is_proportional(
     policy = random_policy(env, seed=0)
     truth = exact_gradient(env, policy)
     n = 4
-    make = lambda: tree_env(**RANDOM_TREE)  # noqa: E731
     algorithm = GRPO(group_size=n, scale="none", aggregation="step-sum", seed=8)
-    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES).grads
+    samples = tree_samples(algorithm, policy, RANDOM_TREE, BATCHES).grads
     zs = projection_z_scores(samples, truth * (1 - 1 / n))
     assert max(abs(z) for z in zs) < Z_MAX, zs
     assert torch.isfinite(samples).all()
@@ -130,10 +128,10 @@ def test_bpo_with_ties_at_the_adaptive_threshold_is_unbiased_and_branches():
     policy = random_policy(env, scale=0.0)
     truth = exact_gradient(env, policy)
     algorithm = BPO(backbones=2, branch_factor=3, entropy_threshold=None, entropy_quantile=0.5, aggregation="step-sum", seed=10)
-    make = lambda: tree_env(**RANDOM_TREE)  # noqa: E731
-    samples = gradient_samples(algorithm, policy, [make, make], [0], BATCHES)
+    samples = tree_samples(algorithm, policy, RANDOM_TREE, BATCHES)
     zs = projection_z_scores(samples.grads, truth)
     assert max(abs(z) for z in zs) < Z_MAX, f"z-scores {zs}"
     assert algorithm.tie_probability == pytest.approx(0.5)
+    make = lambda: tree_env(**RANDOM_TREE)  # noqa: E731
     shapes = [algorithm.collect(policy, [make], [0]).shape_stats()["branch_points_per_tree"] for _ in range(50)]
     assert 0 < sum(shapes) / len(shapes) < 2  # some backbones branch, not all
