@@ -90,17 +90,17 @@ def test_a_folder_from_before_an_env_setup_field_existed_resumes_and_a_changed_o
         compare.main([*args, "--resume", "--learning-rate", "0.5"])
 
 
-def test_more_seeds_join_a_folder_on_resume_and_keep_its_runs(tmp_path):
-    out = tmp_path / "grow"
-    args = ["--smoke", "--envs", "treemdp", "--updates", "2", "--no-progress", "--jobs", "1", "--out", str(out)]
-    first = compare.main([*args, "--seeds", "0"])
+def test_more_seeds_join_a_folder_on_resume_and_keep_its_runs(treemdp_comparison, tmp_path):
+    out = _copy(treemdp_comparison, tmp_path / "grow")
+    args = [*TREEMDP, "--out", str(out), "--resume"]
     kept = (out / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns
-    grown = compare.main([*args, "--seeds", "0", "1", "--resume"])
+    seeds = json.loads((out / "results.json").read_text())["per_env"]["treemdp"]["seeds"]
+    grown = compare.main([*args, "--seeds", *map(str, seeds), str(max(seeds) + 1)])
     assert (out / "runs" / "treemdp" / "bpo" / "seed0" / "run.json").stat().st_mtime_ns == kept
-    assert (out / "runs" / "treemdp" / "bpo" / "seed1" / "run.json").is_file()
-    assert first["per_env"]["treemdp"]["seeds"] == [0] and grown["per_env"]["treemdp"]["seeds"] == [0, 1]
-    with pytest.raises(SystemExit, match="another setting for treemdp"):  # the broken case: another setting
-        compare.main([*args, "--seeds", "0", "1", "--resume", "--learning-rate", "0.5"])
+    assert (out / "runs" / "treemdp" / "bpo" / f"seed{max(seeds) + 1}" / "run.json").is_file()
+    assert grown["per_env"]["treemdp"]["seeds"] == [*seeds, max(seeds) + 1]
+    with pytest.raises(SystemExit, match="another setting for treemdp"):  # any other change is still refused
+        compare.main([*args, "--learning-rate", "0.5"])
 
 
 def test_plan_prints_runs_cost_and_detectable_effect_without_training(tmp_path, capsys):
