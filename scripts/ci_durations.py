@@ -100,9 +100,11 @@ def collect(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], dict[str, lis
     return tests, loads
 
 
-def _total(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows]
-    return None if any(v is None for v in values) else round(sum(values), 1)
+def _totals(rows: list[dict[str, Any]], unit: str) -> dict[str, Any]:
+    """Sums of ``unit`` (``wall`` or ``cpu``) over the tests measured in it on both sides."""
+    both = [r for r in rows if r[f"before_{unit}_s"] is not None and r[f"after_{unit}_s"] is not None]
+    before, after = sum(r[f"before_{unit}_s"] for r in both), sum(r[f"after_{unit}_s"] for r in both)
+    return {"tests": len(both), "before_s": round(before, 1), "after_s": round(after, 1), "saved_s": round(before - after, 1)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = {
         "tests": rows,
         "paired_tests": len(paired),
-        "paired_total": {key: _total(paired, key) for key in ("before_wall_s", "after_wall_s", "before_cpu_s", "after_cpu_s")},
+        "paired_total": {unit: _totals(paired, unit) for unit in ("wall", "cpu")},
         "load_average_1_5_15": {"before": before_loads, "after": after_loads},
         "cpus": os.cpu_count(),
         "notes": args.notes,
