@@ -225,10 +225,7 @@ def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: E
 # ---- the map -------------------------------------------------------------------------------
 def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> dict[str, Any]:
     start = time.perf_counter()
-    # TreeMDP steps are microseconds of Python: stepped in this thread, with no per-step deadline
-    # (that would hand each step to a worker thread, costing more than the step); any pool of
-    # two envs gives the same batches
-    pool = EnvPool([cell.make_env, cell.make_env], step_timeout_s=None)
+    pool = EnvPool([cell.make_env, cell.make_env])
     steps = Budget("env_steps", cell.budget_steps)
     try:
         tuning: dict[str, float] = {}
