@@ -7,7 +7,7 @@ job builds it) and, with ``--runs DIR`` (a ``bpo-compare --out`` folder), each a
 policy from its run checkpoints. Writes JSON and a markdown table with the published column:
 
     python scripts/alfworld_per_type.py --preset cpu --seeds 0 --out docs/results/alfworld-per-type/cpu.json
-    python scripts/alfworld_per_type.py --preset cpu --runs docs/results/compare-cpu --out per_type.json
+    python scripts/alfworld_per_type.py --preset cpu --runs runs-alfworld --out per_type.json
     python scripts/alfworld_per_type.py --from-curve docs/results/alfworld-curve/curve.json --out per_type.json
 
 ``--from-curve`` tabulates the warm starts that ``scripts/alfworld_curve.py`` evaluated (its rows
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="cpu")
     ap.add_argument("--seeds", nargs="+", type=int, help="default: the preset's ALFWorld seeds")
-    ap.add_argument("--runs", help="a bpo-compare --out folder: also evaluate each algorithm's final checkpoint")
+    ap.add_argument("--runs", help="a bpo-compare --out folder: tabulate its recorded episodes (warm start, every split's "
+                    "final episodes it keeps) and replay each algorithm's final checkpoint on the primary split")
     ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"])
     ap.add_argument("--episodes", type=int, help="episodes per game (default: the preset's)")
     ap.add_argument("--from-curve", help="a scripts/alfworld_curve.py JSON: tabulate its rows instead of playing")
@@ -83,14 +84,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train, _ = task_split(setup)
     types = ALFWorldEnv(split="train", games_per_type=1).games
     out: dict[str, Any] = {"preset": args.preset, "episodes_per_game": episodes, "published": PUBLISHED, "policies": {}}
+    if args.runs:
+        return write(from_runs(Path(args.runs), preset, setup, seeds, train, types.task_type, out), Path(args.out))
     for seed in seeds:
-        warm = make_policy(preset, setup, seed, train)
-        policies = {"warm start": warm}
-        if args.runs:
-            for folder in sorted(Path(args.runs, "runs", "alfworld").glob(f"*/seed{seed}/checkpoint.pt")):
-                policy = make_policy(replace(preset, sft_epochs=0), replace(setup, sft_epochs=0), seed, train)
-                policy.load_state_dict(torch.load(folder, weights_only=True)["policy"])
-                policies[folder.parent.parent.name] = policy
+        policies = {"warm start": make_policy(preset, setup, seed, train)}
         for split in args.splits:
             eval_setup = replace(setup, eval_split=split)
             _, tasks = task_split(eval_setup)
@@ -104,6 +101,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             finally:
                 pool.close()
     return write(out, Path(args.out))
+
+
+def from_runs(runs: Path, preset: Any, setup: Any, seeds: list[int], train: list[Any], task_type: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """The per-type rows of a ``bpo-compare`` folder's own evaluation episodes: the warm start's
+    (``initial.json`` keeps every split's), each run's final episodes of the further splits
+    (``extra_eval.json``), and its final episodes of the primary split, which the folder keeps as a
+    mean only: replayed from the run's last checkpoint on the same evaluation streams (so they are
+    the main job's episodes; the replay's mean is checked against the recorded final success)."""
+    import bpo_envs  # noqa: F401
+    from bpo_algos.rollout import EnvPool
+    from bpo_experiments.build import make_policy
+    from bpo_experiments.evaluation import evaluate_episodes
+    from bpo_experiments.tasks import eval_env_factory, extra_eval_tasks, task_split
+
+    env_runs = runs / "runs" / "alfworld"
+    _, primary = task_split(setup)
+    tasks = {setup.eval_split: primary, **extra_eval_tasks(setup)}
+    episodes = preset.for_env("eval_episodes", "alfworld")
+    out.update(source=f"bpo-compare folder {runs}: its own evaluation episodes", episodes_per_game=episodes)
+    pool = EnvPool([eval_env_factory(setup)] * 2)
+    try:
+        for seed in seeds:
+            warm = json.loads((env_runs / "_initial" / f"seed{seed}" / "initial.json").read_text())
+            recorded = {"warm start": {setup.eval_split: warm["wins"], **{k: v["wins"] for k, v in warm.get("extra", {}).items()}}}
+            for algorithm in preset.algorithms:
+                folder = env_runs / algorithm / f"seed{seed}"
+                run = json.loads((folder / "run.json").read_text())
+                extra = json.loads((folder / "extra_eval.json").read_text()) if (folder / "extra_eval.json").exists() else {}
+                policy = make_policy(replace(preset, sft_epochs=0), replace(setup, sft_epochs=0), seed, train)
+                policy.load_state_dict(torch.load(folder / "checkpoint.pt", weights_only=True)["policy"])
+                wins = evaluate_episodes(policy, pool, primary, episodes, seed)
+                final = run["evals"][-1]["success"]
+                if abs(float(np.mean(wins)) - final) > 1e-9:
+                    raise SystemExit(f"{folder}: the replayed final success {np.mean(wins):.4f} is not the recorded {final:.4f}")
+                recorded[algorithm] = {setup.eval_split: wins, **{k: v["wins"] for k, v in extra.items()}}
+            for name, splits in recorded.items():
+                for split, wins in splits.items():
+                    row = per_type(tasks[split], wins, episodes, task_type)
+                    out["policies"].setdefault(name, {}).setdefault(split, {})[f"seed{seed}"] = row
+                    print(name, split, seed, json.dumps(row), flush=True)
+    finally:
+        pool.close()
+    return out
 
 
 def from_curve(curve: dict[str, Any]) -> dict[str, Any]:
