@@ -34,7 +34,10 @@ class RunLog:
         self.out_dir = out_dir
         self.tensorboard = tensorboard
         self.wandb = {"project": wandb_project, "name": wandb_name, "group": wandb_group, "config": wandb_config or {}}
-        self._writers: list[Any] = []
+        self._tensorboard: Any = None
+        """The TensorBoard ``SummaryWriter`` (``tensorboard=True``), opened with the first row."""
+        self._wandb_run: Any = None
+        """The W&B run (``wandb_project``), opened with the first row."""
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -58,28 +61,26 @@ class RunLog:
         self._open()
         scalars = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         scalars.update({f"compute/{k}": v for k, v in row["compute_total"].items()})
-        for writer in self._writers:
-            if hasattr(writer, "add_scalar"):
-                for key, value in scalars.items():
-                    writer.add_scalar(key, value, step)
-            else:
-                writer.log(scalars, step=step)
+        if self._tensorboard is not None:
+            for key, value in scalars.items():
+                self._tensorboard.add_scalar(key, value, step)
+        if self._wandb_run is not None:
+            self._wandb_run.log(scalars, step=step)
 
     def close(self) -> None:
-        for writer in self._writers:
-            if hasattr(writer, "close"):
-                writer.close()
-        self._writers = []
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        self._tensorboard = self._wandb_run = None
 
     def _open(self) -> None:
-        if self._writers or self.out_dir is None:
+        if self._tensorboard is not None or self._wandb_run is not None or self.out_dir is None:
             return
         if self.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise ImportError("tensorboard=True needs `pip install tensorboard`") from exc
-            self._writers.append(SummaryWriter(str(self.out_dir / "tensorboard")))
+            self._tensorboard = SummaryWriter(str(self.out_dir / "tensorboard"))
         if self.wandb["project"]:
             try:
                 import wandb
@@ -89,16 +90,14 @@ class RunLog:
             if not id_file.exists():
                 run_id = wandb.util.generate_id().encode()
                 atomic_write(id_file, lambda fh: fh.write(run_id))
-            self._writers.append(
-                wandb.init(
-                    project=self.wandb["project"],
-                    id=id_file.read_text().strip(),
-                    name=self.wandb["name"],
-                    group=self.wandb["group"],
-                    config=self.wandb["config"],
-                    dir=str(self.out_dir),
-                    resume="allow",
-                )
+            self._wandb_run = wandb.init(
+                project=self.wandb["project"],
+                id=id_file.read_text().strip(),
+                name=self.wandb["name"],
+                group=self.wandb["group"],
+                config=self.wandb["config"],
+                dir=str(self.out_dir),
+                resume="allow",
             )
 
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 import bpo_envs  # noqa: F401 - registers the ids
 from baselines import GRPO, RLOO, GiGPO, TreeGRPO
-from bpo_algos import BPO, Budget, TabularPolicy
+from bpo_algos import BPO, Budget, EnvPool, TabularPolicy
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import GradientSamples, flat_gradient, gradient_samples, variance_summary
 from bpo_algos.policy.tabular import _key
@@ -178,7 +178,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         tree, policy, make = fixed_policy(setting, args.seed)
         truth = exact_gradient(tree, policy)
         levels = level_coordinates(tree, policy)
-        pool = [make, make]
         rows: dict[str, Any] = {}
         bar = tqdm(configs.items(), desc=name, leave=False)
         for label, factory in bar:
@@ -186,12 +185,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             algorithm = factory()
             if args.warmup:  # let adaptive thresholds settle on earlier batches
-                gradient_samples(algorithm, policy, pool, [0], args.warmup)
-            one_tree = gradient_samples(algorithm, policy, pool, [0], args.batches)
+                _samples(algorithm, policy, make, args.warmup)
+            one_tree = _samples(algorithm, policy, make, args.batches)
             per_tree = variance_summary(one_tree, truth)
             per_tree["per_level_trace_var_x_env_steps"] = per_level_variance(one_tree, levels)
             matched = variance_summary(
-                gradient_samples(algorithm, policy, pool, [0], args.budget_batches, budget=Budget("env_steps", setting["budget"])),
+                _samples(algorithm, policy, make, args.budget_batches, Budget("env_steps", setting["budget"])),
                 truth,
             )
             rows[label] = {
@@ -208,6 +207,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "configs": rows,
         }
     return results
+
+
+def _samples(algorithm: Algorithm, policy: TabularPolicy, make: Callable[[], gym.Env], n: int, budget: Budget | None = None) -> GradientSamples:
+    """``n`` gradient samples on task 0 from a fresh pool of two TreeMDP envs, stepped in this
+    thread: a TreeMDP step is microseconds of Python, and the pools' default per-step deadline
+    would hand each step to a worker thread, costing more than the step (same samples)."""
+    pool = EnvPool([make, make], step_timeout_s=None)
+    try:
+        return gradient_samples(algorithm, policy, pool, [0], n, budget)
+    finally:
+        pool.close()
 
 
 def add_ratios(rows: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 Each log is the output of ``uptime; pytest -p cpu_durations ...; uptime``. The plugin
 (:data:`PLUGIN`, written to a folder on ``PYTHONPATH``) prints ``CPUTIME <cpu s> WALL <wall s>
-<test id>`` per test, setup and teardown included: CPU seconds of the pytest process and the
-children it reaped, which a shared machine's load changes far less than wall time. Logs of
+<test id>`` per test, setup and teardown included: CPU seconds of the pytest process, the
+children it reaped and what its live descendants used meanwhile (psutil), which a shared
+machine's load changes far less than wall time. Logs of
 ``pytest --durations=0`` (``12.34s call tests/x.py::test``) give wall time only. The load comes
 from the ``uptime`` lines. A test measured in several logs of one side keeps the last.
 
@@ -21,13 +22,30 @@ import re
 from pathlib import Path
 from typing import Any
 
-PLUGIN = '''"""pytest plugin (scripts/ci_durations.py): CPU and wall seconds per test."""
+PLUGIN = '''"""pytest plugin (scripts/ci_durations.py): CPU and wall seconds per test, setup and teardown
+included. CPU: this process, the children it reaped, and the CPU its live descendants (a
+long-lived worker such as the ALFWorld planner) used during the test."""
 import resource
 import time
 
 import pytest
 
 _rows = []
+
+
+def _live():
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            out[(child.pid, child.create_time())] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
 
 
 def _cpu():
@@ -37,9 +55,11 @@ def _cpu():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    c0, w0 = _cpu(), time.perf_counter()
+    c0, live0, w0 = _cpu(), _live(), time.perf_counter()
     yield
-    _rows.append((item.nodeid, _cpu() - c0, time.perf_counter() - w0))
+    live1 = _live()
+    descendants = sum(cpu - live0.get(key, 0.0) for key, cpu in live1.items())
+    _rows.append((item.nodeid, _cpu() - c0 + descendants, time.perf_counter() - w0))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -80,9 +100,11 @@ def collect(paths: list[Path]) -> tuple[dict[str, dict[str, Any]], dict[str, lis
     return tests, loads
 
 
-def _total(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows]
-    return None if any(v is None for v in values) else round(sum(values), 1)
+def _totals(rows: list[dict[str, Any]], unit: str) -> dict[str, Any]:
+    """Sums of ``unit`` (``wall`` or ``cpu``) over the tests measured in it on both sides."""
+    both = [r for r in rows if r[f"before_{unit}_s"] is not None and r[f"after_{unit}_s"] is not None]
+    before, after = sum(r[f"before_{unit}_s"] for r in both), sum(r[f"after_{unit}_s"] for r in both)
+    return {"tests": len(both), "before_s": round(before, 1), "after_s": round(after, 1), "saved_s": round(before - after, 1)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -114,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = {
         "tests": rows,
         "paired_tests": len(paired),
-        "paired_total": {key: _total(paired, key) for key in ("before_wall_s", "after_wall_s", "before_cpu_s", "after_cpu_s")},
+        "paired_total": {unit: _totals(paired, unit) for unit in ("wall", "cpu")},
         "load_average_1_5_15": {"before": before_loads, "after": after_loads},
         "cpus": os.cpu_count(),
         "notes": args.notes,

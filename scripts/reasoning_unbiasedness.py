@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import bpo_envs  # noqa: F401
-from bpo_algos import BPO
+from bpo_algos import BPO, EnvPool
 from bpo_algos.diagnostics import flat_gradient, gradient_samples, projection_z_scores
 from bpo_algos.policy.reasoning import tree_reasoning_policy
 
@@ -46,7 +46,13 @@ def z_scores(rule: str, batches: int, seed: int = 0) -> dict[str, Any]:
     policy.zero_grad()
     algorithm = BPO(backbones=2, branch_factor=4, entropy_threshold=THRESHOLDS[rule], aggregation="step-sum", seed=seed + 2)
     start = time.perf_counter()
-    samples = gradient_samples(algorithm, policy, [make, make], [0], batches)
+    # stepped in this thread: a TreeMDP step is microseconds, the default per-step deadline's
+    # handoff to a worker thread is not (the same samples)
+    pool = EnvPool([make, make], step_timeout_s=None)
+    try:
+        samples = gradient_samples(algorithm, policy, pool, [0], batches)
+    finally:
+        pool.close()
     grads = samples.grads.double()
     zs = projection_z_scores(grads, truth)
     d = direction.double() / direction.norm()

@@ -35,22 +35,35 @@ def test_update_seeds_and_shards_do_not_depend_on_the_rank_count():
     assert dp.all_reduce_sum([1.5, 2]) == [1.5, 2.0] and dp.world_size() == 1
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """``dp_train.py``'s one-process run for given arguments, made once for the module: the
+    torchrun and the accelerate test of the default scorer setting compare against one run."""
+    made: dict[tuple[str, ...], dict] = {}
+
+    def run(*args: str) -> dict:
+        if args not in made:
+            made[args] = _one(tmp_path_factory.mktemp("one") / "one.pt", *args)
+        return made[args]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["token-mean", "step-sum"])
-def test_two_gloo_ranks_give_the_parameters_of_one_process(tmp_path, aggregation):
+def test_two_gloo_ranks_give_the_parameters_of_one_process(tmp_path, aggregation, one_process):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
     assert torchrun, "torchrun (ships with torch) not found"
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    subprocess.run([sys.executable, str(HERE / "dp_train.py"), str(one), aggregation], check=True, env=env, timeout=300)
+    two = tmp_path / "two.pt"
     subprocess.run(
         [torchrun, "--nproc_per_node=2", "--standalone", str(HERE / "dp_train.py"), str(two), aggregation],
         check=True,
         env=env,
         timeout=300,
     )
-    a, b = torch.load(one), torch.load(two)
+    a, b = one_process(aggregation), torch.load(two)
     assert [r["n_trees"] for r in a["history"]] == [r["n_trees"] for r in b["history"]] == [4, 4, 4]
     for x, y in zip(a["history"], b["history"], strict=True):
         assert x["compute"]["env_steps"] == y["compute"]["env_steps"]
@@ -263,9 +276,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # two launches of the TextScorerPolicy script: ~15 s
-def test_accelerate_launch_gives_the_parameters_of_one_process(tmp_path):
+def test_accelerate_launch_gives_the_parameters_of_one_process(tmp_path, one_process):
     pytest.importorskip("accelerate")
-    one = _one(tmp_path / "one.pt")
+    one = one_process("token-mean")  # dp_train.py's default aggregation
     # accelerate's torchrun launcher; without a GPU the ranks join a gloo group (``--cpu
     # --num_processes N`` needs MPI, ``--mpirun_hostfile``, else it starts one process)
     cmd = [

@@ -195,7 +195,9 @@ def _gradient_z_scores(algorithm, faults, batches, retries=0):
     env = tree_env(**TREE)
     policy = random_policy(env, seed=0)
     truth = exact_gradient(env, policy)
-    pool = flaky_pool(faults, n=2, retries=retries)
+    # stepped in this thread (no per-step deadline): a TreeMDP step is microseconds, a handoff to
+    # a worker thread is not; failures reach the engine the same way
+    pool = EnvPool([lambda: FlakyEnv(tree_env(**TREE), faults)] * 2, retries=retries, step_timeout_s=None)
     rows, empty = [], 0
     params = list(policy.parameters())
     for _ in range(batches):

@@ -18,14 +18,17 @@ RUN = textwrap.dedent(
     import sys
     import gymnasium as gym
     import bpo_envs  # noqa: F401
-    from bpo_algos import BPO, TabularPolicy, Trainer, TrainerConfig
+    from bpo_algos import BPO, EnvPool, TabularPolicy, Trainer, TrainerConfig
 
     def make():
         return gym.make("BPO-TreeMDP-v0", depth=4, n_actions=3, seed=1, n_tasks=4)
 
     def trainer(out_dir, updates):
         config = TrainerConfig(updates=updates, tasks_per_update=4, budget=("env_steps", 64), out_dir=out_dir, seed=3)
-        return Trainer(BPO(entropy_threshold=None, entropy_quantile=0.6), TabularPolicy(), [make, make], [0, 1, 2, 3], config)
+        # steps in this thread (no per-step deadline: a TreeMDP step is microseconds, a handoff
+        # to a worker thread is not); the batches are those of any pool of two envs
+        pool = EnvPool([make, make], step_timeout_s=None)
+        return Trainer(BPO(entropy_threshold=None, entropy_quantile=0.6), TabularPolicy(), pool, [0, 1, 2, 3], config)
 
     if __name__ == "__main__":
         trainer(sys.argv[1], int(sys.argv[2])).train()
