@@ -233,14 +233,14 @@ def test_v3_games_never_need_the_time_limit_and_their_plans_win_in_the_env(
 ) -> None:
     """The size bound, not the clock, decides which games exist.
 
-    Per split: (1) every game of the shipped index (885 over the three splits: the CPU
-    default's games) is the game this generator makes now (its digest) and was accepted by Fast
-    Downward at the 600 s limit with no timed-out attempt before it; (2) the first 2 games of
+    Per split: (1) every game of the shipped index (1,374 over the three splits: the
+    CPU default's games and more) is the game this generator makes now (its digest) and was
+    accepted by Fast Downward at the 600 s limit with no timed-out attempt before it; (2) the first 2 games of
     each type and the slowest game seen (:data:`SLOWEST_GAMES`) are made in an empty cache, the
     ones the index lacks by the planner now (25 of the 37), with no timed-out attempt, and each
     plan, played through the env, wins with reward 1. What the sample buys: no timeout in the
-    885 recorded planner checks bounds the per-game timeout rate below 3/885 = 0.34% (95%, rule
-    of three); the 25 live checks alone, below 12% (the former 8 games per type, 108 live
+    1,374 recorded planner checks bounds the per-game timeout rate below 3/1374 = 0.22% (95%,
+    rule of three); the 25 live checks alone, below 12% (the former 8 games per type, 108 live
     checks, gave 2.8% and took most of the slow stage).
     """
     from bpo_envs.alfworld import game_index
