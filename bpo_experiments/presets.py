@@ -361,7 +361,7 @@ PRESETS: dict[str, Preset] = {
                 # docs/alfworld.md, "Many training games" and "The learning curve": the games come
                 # from the shipped game index; each update trains on games no earlier update did;
                 # both validation splits at ALFWorld's own sizes (140 and 134), one episode a game
-                train_tasks=500, eval_tasks=140, eval_split="valid_seen", extra_eval={"valid_unseen": 134},
+                train_tasks=1000, eval_tasks=140, eval_split="valid_seen", extra_eval={"valid_unseen": 134},
                 policy="scorer-memory", sft_epochs=10, trainer={"updates": 12, "task_draw": "unseen-first"},
             ),
         },
