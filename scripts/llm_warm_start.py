@@ -12,9 +12,14 @@ Unlike the tool's warm start, ``--sft-batch-size`` is free (the tool clones in b
 on a few tasks' decisions that is one optimizer step an epoch)::
 
     OMP_NUM_THREADS=1 python scripts/llm_warm_start.py BPO-ALFWorld-v0 --policy smollm2 \\
-        --env-kwargs '{"max_episode_steps": 16, "invalid_penalty": 0.1}' --tasks 4 \\
-        --sft-epochs 3 --sft-lr 2e-4 --sft-batch-size 4 --max-new-tokens 24 \\
-        --save /work/smollm-warm/alfworld --json docs/results/diagnose/alfworld-smollm2-bc/warm_start.json
+        --env-kwargs '{"max_episode_steps": 15, "invalid_penalty": 0.1}' --tasks 2 \\
+        --sft-epochs 2 --sft-lr 2e-4 --sft-batch-size 2 --max-new-tokens 24 --no-reasoning \\
+        --check-batches 0 --save /tmp/alfworld-smollm2-bc --json warm_start.json
+    OMP_NUM_THREADS=1 bpo-diagnose BPO-ALFWorld-v0 --policy /tmp/alfworld-smollm2-bc --sft-epochs 0 \\
+        --env-kwargs '{"max_episode_steps": 15, "invalid_penalty": 0.1}' --tasks 2 ...
+
+The diagnosis must use the same env settings and ``--tasks`` (it draws from the tasks cloned,
+as the tool's own warm start does).
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def write(report: dict[str, Any], path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("env_id")
@@ -67,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--reasoning", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--check-tasks", type=int, default=2, help="tasks per check batch")
-    parser.add_argument("--check-batches", type=int, default=1)
+    parser.add_argument("--check-batches", type=int, default=1, help="0: no check (the diagnosis reports the same)")
     parser.add_argument("--check-group", type=int, default=4, choices=(2, 4, 8))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", help="folder for the warm-started model")
@@ -100,16 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.save:
         policy.save_pretrained(args.save)
 
-    wall2, cpu2 = time.perf_counter(), cpu_seconds()
-    pool = EnvPool([env_factory(setup)])
-    try:
-        batches, _, _ = collect(f"rloo-{args.check_group}", policy, pool, tasks, min(args.check_tasks, len(tasks)),
-                                Budget("env_steps", 1.0), args.check_batches, 0, args.seed + 7, False)
-    finally:
-        pool.close()
-    check = (time.perf_counter() - wall2, cpu_seconds() - cpu2)
-    env_steps = sum(b.compute.env_steps for b in batches)
-    report = {
+    report: dict[str, Any] = {
         "command": "python scripts/llm_warm_start.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "env_id": args.env_id,
         "env_kwargs": setup.kwargs,
@@ -118,17 +120,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sft": {"epochs": args.sft_epochs, "lr": args.sft_lr, "batch_size": args.sft_batch_size,
                 "optimizer_steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1],
                 "loss_per_epoch": [float(np.mean(c)) for c in np.array_split(np.asarray(losses), args.sft_epochs)]},
-        "check": {"config": f"rloo-{args.check_group}", "batches": args.check_batches, "tasks_per_batch": args.check_tasks,
-                  "env_steps": env_steps, **behaviour(batches)},
-        "seconds": {"model": loaded, "cloning": cloning, "check": check, "total_wall": time.perf_counter() - wall0,
-                    "total_cpu": cpu_seconds() - cpu0, "_fields": ["wall", "cpu"]},
+        "check": None,
+        "seconds": {"model": loaded, "cloning": cloning, "_fields": ["wall", "cpu"]},
         "load_average": list(os.getloadavg()),
         "saved": args.save,
     }
-    print(json.dumps(report["check"]), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    write(report, args.json)
+    if args.check_batches > 0:
+        wall2, cpu2 = time.perf_counter(), cpu_seconds()
+        pool = EnvPool([env_factory(setup)])
+        try:
+            batches, _, _ = collect(f"rloo-{args.check_group}", policy, pool, tasks, min(args.check_tasks, len(tasks)),
+                                    Budget("env_steps", 1.0), args.check_batches, 0, args.seed + 7, False)
+        finally:
+            pool.close()
+        report["check"] = {"config": f"rloo-{args.check_group}", "batches": args.check_batches,
+                           "tasks_per_batch": args.check_tasks,
+                           "env_steps": sum(b.compute.env_steps for b in batches), **behaviour(batches)}
+        report["seconds"]["check"] = (time.perf_counter() - wall2, cpu_seconds() - cpu2)
+        print(json.dumps(report["check"]), flush=True)
+    report["seconds"]["total"] = (time.perf_counter() - wall0, cpu_seconds() - cpu0)
+    report["load_average"] = list(os.getloadavg())
+    write(report, args.json)
     return report
 
 
