@@ -268,6 +268,13 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
     restore_prefers_origin: bool = False
     """True where restoring into the env that took the snapshot is much cheaper than into
     another instance; the rollout engine then keeps forked siblings on their origin env."""
+    step_may_block: bool = True
+    """Whether one ``step`` (or ``reset``/``snapshot``/``restore``) may block or hang: wait on a
+    process, a container, the network or an unbounded search. True (the default) keeps the
+    call on a worker thread under a deadline, where it can be abandoned; an env whose every call
+    is bounded by construction declares False, and the rollout engine and ``bpo-serve`` then run
+    it inline (a call run inline cannot be stopped by a deadline: declare False only where that
+    can never be needed; docs/envs.md)."""
 
     def __init__(
         self,

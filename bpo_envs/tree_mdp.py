@@ -68,6 +68,8 @@ def _uniform(*key: int) -> float:
 class TreeMDPEnv(SnapshotEnv):
     """A depth-``depth`` tree with ``n_actions`` actions per node; reward at the leaf."""
 
+    step_may_block = False  # a table lookup: bounded by construction
+
     def __init__(
         self,
         depth: int = 4,

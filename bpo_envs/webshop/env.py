@@ -114,6 +114,8 @@ class WebShopEnv(SnapshotEnv):
         max_episode_steps: step limit (default 15); the episode is truncated there.
     """
 
+    step_may_block = False  # pure in-memory pages and search over a loaded catalog: bounded by construction
+
     def __init__(
         self,
         data_dir: str | os.PathLike | None = None,
