@@ -166,10 +166,164 @@ def pooled_variance(moments: Sequence[tuple[float, float]]) -> float | None:
     return max(var, 0.0)
 
 
+def return_moments(tree: RolloutTree) -> dict[int, tuple[float, float]]:
+    """Every node's ``(m, W)`` (keyed by ``id(node)``): the rule-3-weighted mean ``m`` and
+    plug-in variance ``W`` of the return collected from the node on, over the leaves below it.
+
+    With ``q_c = r_c + m(child_c)`` (rule 3's value ``Q`` of out-edge ``c``) over a node's ``K``
+    out-edges, ``m = mean_c q_c`` and ``W = mean_c W(child_c) + mean_c (q_c - m)^2`` (the law of
+    total variance for a mixture of equal weights); a leaf has ``(0, 0)``. Computed from the
+    rewards (iteratively, so deep episodes need no recursion), not from stored ``Q``.
+    """
+    out: dict[int, tuple[float, float]] = {}
+    stack: list[tuple[Node, bool]] = [(tree.root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if not expanded:
+            stack.append((node, True))
+            stack.extend((e.child, False) for e in node.children)
+            continue
+        k = len(node.children)
+        if not k:
+            out[id(node)] = (0.0, 0.0)
+            continue
+        below = [out[id(e.child)] for e in node.children]
+        q = [e.reward + m for e, (m, _) in zip(node.children, below, strict=True)]
+        mean = sum(q) / k
+        out[id(node)] = (mean, (sum(w for _, w in below) + sum((x - mean) ** 2 for x in q)) / k)
+    return out
+
+
+def unit_variance(q: Sequence[float], spread: Sequence[float]) -> float:
+    """Unbiased ``Var(R | h)`` from ``K >= 2`` i.i.d. units drawn at ``h`` (a branch node's
+    out-edges, or a task's backbones): ``q_k`` each unit's value (unbiased for ``E[R | h]``),
+    ``W_k`` the plug-in variance of the returns inside it (:func:`return_moments`)::
+
+        Var(R | h) ~ s^2(q) + mean_k W_k,     s^2(q) = sum_k (q_k - mean q)^2 / (K - 1)
+
+    the nested random-effects ANOVA: ``E[W_k] = Var(R | h) - Var(q_k)`` (a unit's leaves are
+    spread about its own mean) and ``E[s^2(q)] = mean_k Var(q_k)`` (units independent with a
+    common mean, whatever each one's shape), so the sum is unbiased. A unit that is one path
+    has ``W = 0``: flat siblings give ``s^2(Q)``. Not clipped at 0 (clipping biases it)."""
+    k = len(q)
+    if k < 2:
+        raise ValueError("an unbiased variance needs at least two units")
+    mean = sum(q) / k
+    return float(sum((x - mean) ** 2 for x in q) / (k - 1) + sum(spread) / k)
+
+
+class EtaTerms(NamedTuple):
+    """What each tree adds to ``eta``, one entry per tree: its task's index, the sum of
+    :func:`unit_variance` over its inner branch nodes, their number, and its own estimate of
+    ``Var(R | task)`` (:func:`unit_variance` over its backbones, the root's out-edges; NaN with
+    fewer than two). Each is one tree's own, so a resample of trees is a vector of weights and
+    no variance is ever computed from a tree and its copy."""
+
+    task: np.ndarray
+    node_variance: np.ndarray
+    nodes: np.ndarray
+    task_variance: np.ndarray
+
+
+def _units(node: Node, moments: Mapping[int, tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """``(q, W)`` of each of ``node``'s out-edges: value from ``node`` on, spread inside."""
+    below = [moments[id(e.child)] for e in node.children]
+    return [e.reward + m for e, (m, _) in zip(node.children, below, strict=True)], [w for _, w in below]
+
+
+def eta_terms(trees: Sequence[RolloutTree]) -> EtaTerms:
+    """The :class:`EtaTerms` of ``trees`` (tasks told apart by their ``task_id``)."""
+    index: dict[Any, int] = {}
+    rows = []
+    for tree in trees:
+        moments = return_moments(tree)
+        total, count = 0.0, 0
+        for node in tree.nodes():
+            if node is not tree.root and len(node.children) >= 2:
+                total += unit_variance(*_units(node, moments))
+                count += 1
+        own = unit_variance(*_units(tree.root, moments)) if len(tree.root.children) >= 2 else float("nan")
+        rows.append((index.setdefault(_task_key(tree.task_id), len(index)), total, count, own))
+    columns = np.array(rows, float).reshape(len(rows), 4).T
+    return EtaTerms(columns[0].astype(int), columns[1], columns[2], columns[3])
+
+
+def prefix_explained_of(terms: EtaTerms, weights: np.ndarray) -> np.ndarray:
+    """The plain (not bias-corrected) ``eta`` for each row of ``weights`` (each tree's weight,
+    shape ``(R, trees)``; ones for the sample itself), NaN where undefined::
+
+        eta = 1 - sum_t V_t / sum_t n_t S_t
+
+    over the tasks ``t`` with a tree that has two or more backbones: ``V_t`` the weighted sum
+    of the node variances of the task's trees, ``n_t`` the weighted number of their inner
+    branch nodes, ``S_t`` the weighted mean of the trees' own ``Var(R | task)``."""
+    n_tasks = int(terms.task.max()) + 1 if len(terms.task) else 0
+    onehot = np.zeros((len(terms.task), n_tasks))
+    onehot[np.arange(len(terms.task)), terms.task] = 1.0
+    has_variance = np.isfinite(terms.task_variance)
+    own = np.where(has_variance, terms.task_variance, 0.0)
+    nodes, node_variance = (weights * terms.nodes) @ onehot, (weights * terms.node_variance) @ onehot
+    mass = (weights * has_variance) @ onehot
+    valid = (mass > 0) & (nodes > 0)
+    task_variance = ((weights * own) @ onehot) / np.where(valid, mass, 1.0)
+    numerator = np.where(valid, node_variance, 0.0).sum(axis=1)
+    denominator = np.where(valid, nodes * task_variance, 0.0).sum(axis=1)
+    counted = np.where(valid, nodes, 0.0).sum(axis=1)
+    ok = (counted >= 2) & (denominator > 0)
+    return np.where(ok, 1.0 - numerator / np.where(ok, denominator, 1.0), np.nan)
+
+
+def bootstrap_strata(task: np.ndarray) -> list[np.ndarray]:
+    """The strata of the interval's bootstrap (trees by index): the trees of each task that has
+    two or more (resampled within their task), and one stratum of all the tasks with one tree
+    each (there the tree is the task, and the tasks are resampled)."""
+    members = [np.flatnonzero(task == t) for t in np.unique(task)]
+    single = [m for m in members if len(m) == 1]
+    return [m for m in members if len(m) >= 2] + ([np.concatenate(single)] if single else [])
+
+
+def bootstrap_weights(strata: Sequence[np.ndarray], n: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Rescaled stratified bootstrap weights (Rao and Wu): in a stratum of ``m >= 2`` trees,
+    ``m - 1`` draws with replacement, each drawn tree weighted ``m / (m - 1)`` per draw, so a
+    linear statistic's bootstrap variance is its unbiased variance even for ``m = 2`` (the
+    plain bootstrap's is ``(m - 1) / m`` of it); a stratum of one tree keeps weight 1."""
+    weights = np.zeros((n_boot, n))
+    for stratum in strata:
+        m = len(stratum)
+        if m == 1:
+            weights[:, stratum] = 1.0
+            continue
+        draws = stratum[rng.integers(m, size=(n_boot, m - 1))]
+        np.add.at(weights, (np.arange(n_boot)[:, None], draws), m / (m - 1))
+    return weights
+
+
+def prefix_explained_interval(terms: EtaTerms, *, seed: int = 0, n_boot: int = 1000) -> tuple[float | None, tuple[float, float] | None]:
+    """``eta`` (jackknife bias-corrected) and its 95% interval (module docstring)."""
+    n = len(terms.task)
+    if not n:
+        return None, None
+    plain = float(prefix_explained_of(terms, np.ones((1, n)))[0])
+    if not np.isfinite(plain):
+        return None, None
+    shift = 0.0
+    if n >= 2:
+        leave_one_out = prefix_explained_of(terms, 1.0 - np.eye(n))
+        if np.isfinite(leave_one_out).all():
+            shift = (n - 1) * (plain - float(leave_one_out.mean()))
+    eta = plain + shift
+    if n_boot <= 0:
+        return eta, None
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6D656368]))
+    boot = prefix_explained_of(terms, bootstrap_weights(bootstrap_strata(terms.task), n, n_boot, rng))
+    boot = boot[np.isfinite(boot)]
+    if not len(boot):
+        return eta, None
+    return eta, (float(np.percentile(boot, 2.5)) + shift, float(np.percentile(boot, 97.5)) + shift)
+
+
 def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> Mechanism:
     """The :class:`Mechanism` of ``batches`` (one algorithm, one policy; module docstring)."""
-    task_moments: dict[Any, list[tuple[float, float]]] = defaultdict(list)
-    nodes: list[tuple[Any, float]] = []  # (task, Var(R | h_b)) per inner branch node
     depths: dict[int, int] = defaultdict(int)
     groups = zero_groups = 0
     distinct: list[int] = []
@@ -183,10 +337,8 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
         steps += batch.compute.env_steps
         leaves += batch.compute.leaves
         for tree in batch.trees:
-            task = _task_key(tree.task_id)
             moments = tree_moments(tree)
             if moments is not None:
-                task_moments[task].append((moments.m1, moments.m2))
                 lengths.append(moments.length)
             for edge in tree.root.children:
                 backbones += 1
@@ -198,29 +350,16 @@ def measure(batches: Sequence[Batch], *, seed: int = 0, n_boot: int = 1000) -> M
                     continue
                 q = np.array([e.q for e in node.children])
                 groups += 1
-                zero_groups += bool(np.ptp(q) <= _EQUAL)
+                zero_groups += bool(q.max() - q.min() <= _EQUAL)
                 if node is tree.root:
                     continue
-                nodes.append((task, float(q.var(ddof=1))))
                 depths[node.depth] += 1
                 distinct.append(len({e.action.text for e in node.children}))
-    task_var = {task: pooled_variance(m) for task, m in task_moments.items()}
-    eta = ci = None
-    usable = [(v, task_var[t]) for t, v in nodes if task_var.get(t) is not None]
-    if len(usable) >= 2:
-        within = np.array([u[0] for u in usable])
-        between = np.array([u[1] for u in usable])
-        eta = _eta(within, between)
-        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6D656368]))
-        draws = rng.integers(len(usable), size=(n_boot, len(usable)))
-        boot = [_eta(within[d], between[d]) for d in draws]
-        boot = [b for b in boot if b is not None]
-        if boot:
-            ci = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
+    eta, ci = prefix_explained_interval(eta_terms([t for b in batches for t in b.trees]), seed=seed, n_boot=n_boot)
     return Mechanism(
         prefix_explained=eta,
         prefix_explained_ci95=ci,
-        branch_nodes=len(nodes),
+        branch_nodes=sum(depths.values()),
         branch_depths=dict(sorted(depths.items())),
         fork_steps_per_leaf=steps / leaves if leaves else None,
         independent_steps_per_trajectory=float(np.mean(lengths)) if lengths else None,
@@ -264,7 +403,7 @@ def exact_prefix_explained(
     within, between = [], []
     with torch.no_grad():
         for task in range(env.n_tasks) if tasks is None else tasks:
-            v = env.variance_by_depth(policy.log_probs, task)
+            v = env.variance_by_depth(policy.log_probs, task, siblings=True)
             between.append(v[0])
             within.extend(v[d] for d in depths)
     return 1.0 - float(np.mean(within)) / float(np.mean(between))

@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from bpo_envs.core import SnapshotReleasedError, _snapshot_owner, restore, snapshot
+from bpo_envs.seeding import key_seed
 
 Transition = tuple[Any, float, bool, bool, dict[str, Any]]
 ActionChooser = Callable[[str, dict[str, Any], np.random.Generator], str]
@@ -198,7 +199,7 @@ def check_snapshot(
         report.restores += 3
 
     mid = len(snaps) // 2
-    env.reset(seed=seed + 1, options=options)
+    env.reset(seed=key_seed(seed, 1), options=options)
     restore(env, snaps[mid])
     _compare(record[mid:], _run(env, actions[mid:]), f"snapshot {mid} restored after a reset", report)
     report.restores += 1
@@ -209,7 +210,7 @@ def check_snapshot(
         report.notes.append("portable() not implemented")
         blob = None
     if blob is not None:
-        env.reset(seed=seed + 2, options=options)
+        env.reset(seed=key_seed(seed, 2), options=options)
         restore(env, blob)
         _compare(record[mid:], _run(env, actions[mid:]), f"portable snapshot {mid}", report)
         report.portable_checked = True

@@ -18,6 +18,7 @@ import numpy as np
 
 from bpo_envs.core import restore, snapshot
 from bpo_envs.replay import ReplaySnapshot
+from bpo_envs.seeding import key_seed
 
 
 def time_calls(fn: Callable[[], Any], n: int, *, ms: bool = False) -> list[float]:
@@ -82,7 +83,7 @@ class Walk:
 def random_walk(env: gym.Env, steps: int, seed: int, options: dict[str, Any] | None = None) -> Walk:
     """``steps`` random admissible steps; a finished episode is followed by a new reset.
 
-    Resets use ``options`` when given (a fixed task), else seeds ``seed``, ``seed * 100_000 + k``.
+    Resets use ``options`` when given (a fixed task), else seeds ``seed``, then ``key_seed(seed, k)`` for episode ``k`` (:mod:`bpo_envs.seeding`).
     """
     rng = np.random.default_rng(seed)
     step_seconds = []
@@ -96,7 +97,7 @@ def random_walk(env: gym.Env, steps: int, seed: int, options: dict[str, Any] | N
         step_seconds.append(time.perf_counter() - t)
         if terminated or truncated:
             episode += 1
-            _, info = env.reset(seed=seed * 100_000 + episode, options=options)
+            _, info = env.reset(seed=key_seed(seed, episode), options=options)
     return Walk(steps, time.perf_counter() - start, step_seconds, episode)
 
 
@@ -107,7 +108,7 @@ def walk_prefix(
     longest of a few tries); returns the actions and the last ``info``, the env left there."""
     best: list[str] = []
     for attempt in range(8):
-        rng = np.random.default_rng(seed + attempt)
+        rng = np.random.default_rng(key_seed(seed, attempt))
         _, info = env.reset(seed=seed, options=options)
         actions: list[str] = []
         while len(actions) < depth:

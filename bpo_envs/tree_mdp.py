@@ -292,17 +292,37 @@ class TreeMDPEnv(SnapshotEnv):
 
         return value(0, ())
 
+    def agent_probs(self, log_probs: LogProbFn, task: int, level: int, memory: tuple[int, ...]) -> np.ndarray:
+        """The agent's action probabilities (float64, before slip) at the node ``(level, memory)``."""
+        logp = log_probs(self.observation_of(task, self._representative(level, memory)), self.actions)
+        if hasattr(logp, "detach"):
+            return logp.detach().double().exp().numpy()
+        return np.exp(np.asarray(logp, dtype=float))
+
     def _executed(self, log_probs: LogProbFn, task: int, level: int, memory: tuple[int, ...]) -> Any:
         logp = log_probs(self.observation_of(task, self._representative(level, memory)), self.actions)
         # float64: float32 probabilities make E Var(R | h_d) wobble by 1e-8 across depths
         probs = logp.double().exp() if hasattr(logp, "double") else np.exp(np.asarray(logp, dtype=float))
         return self.transition_probs(probs)
 
-    def variance_by_depth(self, log_probs: LogProbFn, task: int = 0) -> list[float]:
+    def variance_by_depth(self, log_probs: LogProbFn, task: int = 0, *, siblings: bool = False) -> list[float]:
         """``E_h Var(R | h_d)`` for ``d = 0 .. depth`` under the policy (exact; ``h_d`` the history
         of the first ``d`` steps). Entry 0 is ``Var(R)``; ``1 - v[d] / v[0]`` is the share of the
         return variance the first ``d`` steps explain, and ``v[d] - v[d + 1]`` is what the
-        decision at depth ``d`` (and its slip) settles."""
+        decision at depth ``d`` (and its slip) settles.
+
+        ``siblings=True``: the variance among siblings forked from a snapshot at depth ``d``
+        instead, ``E Var(R | s_d)`` with ``s_d`` the whole state, the slip nonce included.
+        Siblings that choose the same action share its slip draw and the nonce after it, so
+        with slip this is below ``E Var(R | h_d)`` (equal without slip). With ``pi`` the agent's
+        probabilities, ``q_a(e) = (1 - slip) [e = a] + slip / A`` the executed ones, ``m`` and
+        ``M2`` the moments of the return to come and ``mu_a = sum_e q_a(e) (r_e + m(e))``,
+        ``G = E_nonce (E[R | s])^2`` obeys (``G = v^2`` at a leaf of value ``v``)::
+
+            G = m^2 - sum_a pi_a^2 mu_a^2 + sum_a pi_a^2 sum_e q_a(e) (r_e^2 + 2 r_e m(e) + G(e))
+
+        (two siblings choosing different actions draw their slips independently; choosing the
+        same, they share the draw), and ``Var(R | s) = M2 - G`` on average over the nonce."""
         self._require_exact()
         probs: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
@@ -333,12 +353,42 @@ class TreeMDPEnv(SnapshotEnv):
                     moments[key] = (m1, m2)
             return moments[key]
 
+        shared: dict[tuple[int, tuple[int, ...]], float] = {}
+
+        def square(level: int, memory: tuple[int, ...]) -> float:
+            # G: the mean product of two siblings' returns to come from one snapshot here
+            key = (level, memory)
+            if key not in shared:
+                m1 = future(level, memory)[0]
+                if level == self.depth or self.slip == 0.0:
+                    shared[key] = m1 * m1
+                else:
+                    pi = self.agent_probs(log_probs, task, level, memory)
+                    total = m1 * m1
+                    for a in range(self.n_actions):
+                        q = np.full(self.n_actions, self.slip / self.n_actions)
+                        q[a] += 1.0 - self.slip
+                        mu = same = 0.0
+                        for e in range(self.n_actions):
+                            r = self._step_reward(task, level, memory, e)
+                            child = self._next(level, memory, e)
+                            c1 = future(level + 1, child)[0]
+                            mu += q[e] * (r + c1)
+                            same += q[e] * (r * r + 2 * r * c1 + square(level + 1, child))
+                        total += pi[a] ** 2 * (same - mu * mu)
+                    shared[key] = total
+            return shared[key]
+
+        def spread(level: int, memory: tuple[int, ...]) -> float:
+            m1, m2 = future(level, memory)
+            return m2 - (square(level, memory) if siblings else m1 * m1)
+
         # the return to come given h depends on h only through its node: E Var(R | h_d) =
         # sum over depth-d nodes of P(node) Var(future | node)
         out = []
         layer = {(): 1.0}
         for level in range(self.depth + 1):
-            out.append(float(sum(p * (future(level, m)[1] - future(level, m)[0] ** 2) for m, p in layer.items())))
+            out.append(float(sum(p * spread(level, m) for m, p in layer.items())))
             if level == self.depth:
                 break
             nxt: dict[tuple[int, ...], float] = {}

@@ -61,6 +61,7 @@ from bpo_envs.tree_mdp import TreeMDPEnv
 from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS, EnvSetup, Preset
 from bpo_experiments.regime import CONFIGS, SHAPES, task_gradient_spread
+from bpo_experiments.streams import BOOTSTRAP, MECHANISM, PROBE, stream_seed
 from bpo_experiments.tasks import env_factory, task_split
 
 SEARCH_ORDER = ("cpu", "cpu-tabular", "cpu-swe", "cpu-llm")
@@ -117,7 +118,7 @@ def collect(config: str, policy: Any, pool: EnvPool, tasks: list[Any], per_updat
     out, grads = [], []
     for i in range(warmup + batches):
         draw = [tasks[j] for j in rng.choice(len(tasks), per_update, replace=False)]
-        batch = algorithm.collect(policy, pool, draw, budget, seed=seed * 100_000 + i)
+        batch = algorithm.collect(policy, pool, draw, budget, seed=stream_seed(seed, PROBE, 0, i))
         if i < warmup:
             continue
         out.append(batch)
@@ -214,7 +215,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
             batches, g, seconds = collect(
                 config, policy, pool, tasks, per_update, budget, args.batches, warmup, args.seed, not args.no_measure
             )
-            mechanisms[config] = measure(batches, seed=args.seed)
+            mechanisms[config] = measure(batches, seed=stream_seed(args.seed, MECHANISM))
             grads[config] = g
             rows[config] = {"mechanism": mechanisms[config].to_json(), "seconds": seconds,
                             "env_steps_per_batch": float(np.mean([b.compute.env_steps for b in batches])),
@@ -236,7 +237,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
                 task_share=task_share, independent_tasks_per_update=covered,
             )
             if grads[shape] is not None and grads[rloo] is not None:
-                ratio, ci = trace_ratio(grads[shape], grads[rloo], seed=args.seed)
+                ratio, ci = trace_ratio(grads[shape], grads[rloo], seed=stream_seed(args.seed, BOOTSTRAP))
                 rows[shape]["measured_ratio"] = ratio
                 rows[shape]["measured_ratio_ci95"] = list(ci)
     finally:

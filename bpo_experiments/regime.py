@@ -51,6 +51,7 @@ from bpo_algos.rollout import EnvPool
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
 from bpo_experiments.stats import paired_difference
+from bpo_experiments.streams import PROBE, TRAINING, TUNING, stream_seed
 
 COMMON: dict[str, Any] = {"aggregation": "step-sum"}
 CONFIGS: dict[str, Callable[[int], Algorithm]] = {
@@ -66,7 +67,11 @@ CONFIGS: dict[str, Callable[[int], Algorithm]] = {
 QUICK_CONFIGS = ("rloo-2", "rloo-4", "grpo-4", "bpo-2x4-q0.8", "bpo-4x2-q0.8")
 GROUP_SIZE = {"rloo-2": 2, "rloo-4": 4, "rloo-8": 8}
 SHAPES = {"bpo-2x4-q0.8": (2, 4), "bpo-4x2-q0.8": (4, 2), "bpo-2x4-q0.95": (2, 4)}
-TUNING_SEED_OFFSET = 1000
+
+
+def tuning_seed(s: int) -> int:
+    """Tuning run ``s``'s seed: the key ``(s, tuning)``, disjoint from every evaluation seed's streams."""
+    return stream_seed(s, TUNING)
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def train(cell: Cell, config: str, seed: int, budget: Budget, updates: int, lr: 
     curve = [exact_return(env, policy)]
     spent: dict[str, float] = {"env_steps": 0.0, "flops": 0.0, "leaves": 0.0}
     for update, tasks in enumerate(task_draws(cell, seed, updates)):
-        batch = algorithm.collect(policy, pool, tasks, budget, seed=seed * 1000 + update)
+        batch = algorithm.collect(policy, pool, tasks, budget, seed=stream_seed(seed, TRAINING, 0, update))
         optimizer.zero_grad()
         algorithm.loss(policy, batch).backward()
         optimizer.step()
@@ -170,7 +175,7 @@ def gradient_batches(cell: Cell, config: str, n: int, warmup: int, pool: EnvPool
     draws = task_draws(cell, seed, n + warmup, stream=1)
     params = list(policy.parameters())
     for i, tasks in enumerate(draws):
-        batch = algorithm.collect(policy, pool, tasks, budget, seed=seed * 100_000 + i)
+        batch = algorithm.collect(policy, pool, tasks, budget, seed=stream_seed(seed, PROBE, 0, i))
         if i < warmup:
             continue
         for p in params:
@@ -230,7 +235,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> di
     try:
         tuning: dict[str, float] = {}
         for config in configs:
-            runs = [train(cell, config, TUNING_SEED_OFFSET + s, steps, args.updates, args.lr, pool) for s in range(args.tuning_seeds)]
+            runs = [train(cell, config, tuning_seed(s), steps, args.updates, args.lr, pool) for s in range(args.tuning_seeds)]
             tuning[config] = float(np.mean([r["auc"] for r in runs]))
         independent = max((c for c in configs if not c.startswith("bpo")), key=tuning.__getitem__)
         branching = max((c for c in configs if c.startswith("bpo")), key=tuning.__getitem__)
@@ -258,7 +263,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> di
         "budget_env_steps": cell.budget_steps,
         "prior_return": exact_return(cell.make_env(), prior_policy(cell)),
         "variance_by_depth": cell.make_env().variance_by_depth(prior_policy(cell).log_probs, 0),
-        "tuning": {"seeds": [TUNING_SEED_OFFSET + s for s in range(args.tuning_seeds)], "scores": tuning,
+        "tuning": {"seeds": [tuning_seed(s) for s in range(args.tuning_seeds)], "scores": tuning,
                    "chosen": {"independent": independent, "bpo": branching, "rloo": rloo}},
         "matched": matched,
         "variance": variance,

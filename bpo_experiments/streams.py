@@ -31,10 +31,13 @@ BOOTSTRAP = 7
 """Bootstrap resamples of a diagnostic (task = the probe point)."""
 MECHANISM = 8
 """The bootstrap of the mechanism's interval (task = the measurement point)."""
+TUNING = 9
+"""A tuning run's seed (``bpo-regime``): tuning runs draw from their own streams, never an
+evaluation seed's."""
 
 ROLES = {
     "warm_start": WARM_START, "training": TRAINING, "algorithm": ALGORITHM, "evaluation": EVALUATION,
-    "probe": PROBE, "reference": REFERENCE, "bootstrap": BOOTSTRAP, "mechanism": MECHANISM,
+    "probe": PROBE, "reference": REFERENCE, "bootstrap": BOOTSTRAP, "mechanism": MECHANISM, "tuning": TUNING,
 }
 """Every role by name."""
 

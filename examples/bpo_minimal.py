@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import bpo_envs  # registers BPO-TreeMDP-v0; snapshot() / restore() see through wrappers
+from bpo_envs.seeding import key_seed
 
 
 @dataclass
@@ -192,7 +193,7 @@ def main(args: Args) -> list[float]:
         with torch.no_grad():
             j = np.mean([float(env.unwrapped.expected_return(lambda o, a: log_probs(table, o, len(a)), task=t)) for t in tasks])
         curve.append(float(j))
-        seed = args.seed * 100_003 + update  # a new batch seed per update
+        seed = key_seed(args.seed, update)  # a new batch seed per update: its own stream
         trees = [collect_tree(env, table, args, task, seed, i) for i, task in enumerate(tasks)]
         for root in trees:
             finalize(root)

@@ -31,6 +31,7 @@ import numpy as np
 from websockets.asyncio.client import connect
 
 import bpo_envs  # noqa: F401 - registers the ids
+from bpo_envs.seeding import key_seed
 from bpo_envs.serve.protocol import dumps, loads
 
 ENVS = {
@@ -93,7 +94,7 @@ async def walker(url: str, seed: int, stop_at: float, latencies: list[float]) ->
     steps = 0
     async with connect(url, compression=None, max_size=None) as ws:
         episode = 0
-        data = await call(ws, {"type": "reset", "data": {"seed": seed * 100_000 + episode}})
+        data = await call(ws, {"type": "reset", "data": {"seed": key_seed(seed, episode)}})
         while time.perf_counter() < stop_at:
             actions = data["observation"]["admissible_actions"] or ["look"]
             message = {"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}}
@@ -103,7 +104,7 @@ async def walker(url: str, seed: int, stop_at: float, latencies: list[float]) ->
             steps += 1
             if data["done"]:
                 episode += 1
-                data = await call(ws, {"type": "reset", "data": {"seed": seed * 100_000 + episode}})
+                data = await call(ws, {"type": "reset", "data": {"seed": key_seed(seed, episode)}})
     return steps
 
 

@@ -42,6 +42,7 @@ from baselines import RLOO
 from bpo_algos import BPO, Budget
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import gradient_samples, projection_z_scores, variance_summary
+from bpo_envs.seeding import key_seed
 from bpo_experiments.variance import SETTINGS, exact_gradient, fixed_policy
 
 REFERENCE = "rloo-4"
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, (label, row) in enumerate(rows.items()):
             g, cost = kept[label]
             row["ratio_vs_rloo4"] = row["trace_var_x_env_steps"] / ref_row["trace_var_x_env_steps"]
-            row["ratio_vs_rloo4_ci95"] = ratio_interval(g, cost, ref_g, ref_cost, args.seed + i, args.boot)
+            row["ratio_vs_rloo4_ci95"] = ratio_interval(g, cost, ref_g, ref_cost, key_seed(args.seed, i), args.boot)
             row["matched_ratio_vs_rloo4"] = row["matched_trace_var"] / ref_row["matched_trace_var"]
         results["settings"][name] = {"about": setting["about"], "env": dict(setting["env"]), "configs": rows}
         results["load_average_at_end"] = os.getloadavg()
@@ -211,7 +212,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     ones = np.ones(len(ref))
     for i, (label, row) in enumerate(rows.items()):
         row["ratio_vs_rloo4"] = row["trace_var"] / rows[REFERENCE]["trace_var"]
-        row["ratio_vs_rloo4_ci95"] = ratio_interval(kept[label], np.ones(len(kept[label])), ref, ones, args.seed + i, args.boot)
+        row["ratio_vs_rloo4_ci95"] = ratio_interval(kept[label], np.ones(len(kept[label])), ref, ones, key_seed(args.seed, i), args.boot)
     return {
         "about": "batch-gradient trace variance at the CPU default's env-step budget, WebShop, warm-started text scorer, fixed policy",
         "args": vars(args),

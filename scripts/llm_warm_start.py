@@ -40,6 +40,7 @@ import torch
 from bpo_algos import Budget
 from bpo_algos.policy.sft import behaviour_cloning, demo_steps
 from bpo_algos.rollout import EnvPool
+from bpo_envs.seeding import key_seed
 from bpo_experiments.build import _expert_demos
 from bpo_experiments.diagnose import (
     LLM_FLAGS,
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pool = EnvPool([env_factory(setup)])
         try:
             batches, _, _ = collect(f"rloo-{args.check_group}", policy, pool, tasks, min(args.check_tasks, len(tasks)),
-                                    Budget("env_steps", 1.0), args.check_batches, 0, args.seed + 7, False)
+                                    Budget("env_steps", 1.0), args.check_batches, 0, key_seed(args.seed, 7), False)
         finally:
             pool.close()
         report["check"] = {"config": f"rloo-{args.check_group}", "batches": args.check_batches,

@@ -27,6 +27,7 @@ import bpo_envs  # noqa: F401
 from bpo_algos import BPO, EnvPool
 from bpo_algos.diagnostics import flat_gradient, gradient_samples, projection_z_scores
 from bpo_algos.policy.reasoning import tree_reasoning_policy
+from bpo_envs.seeding import key_seed
 
 TREE = {"depth": 2, "n_actions": 3, "seed": 7}
 THRESHOLDS = {"exact": 0.8, "probe": 0.6, "sampled-reasoning": 0.8}
@@ -44,7 +45,7 @@ def z_scores(rule: str, batches: int, seed: int = 0) -> dict[str, Any]:
     env.unwrapped.expected_return(policy.log_probs).backward()
     truth = flat_gradient(list(policy.parameters())).clone()
     policy.zero_grad()
-    algorithm = BPO(backbones=2, branch_factor=4, entropy_threshold=THRESHOLDS[rule], aggregation="step-sum", seed=seed + 2)
+    algorithm = BPO(backbones=2, branch_factor=4, entropy_threshold=THRESHOLDS[rule], aggregation="step-sum", seed=key_seed(seed, 2))
     start = time.perf_counter()
     # stepped in this thread: a TreeMDP step is microseconds, the default per-step deadline's
     # handoff to a worker thread is not (the same samples)

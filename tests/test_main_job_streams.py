@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 import gymnasium as gym
@@ -53,8 +53,47 @@ def test_algorithms_of_one_seed_share_their_streams():
     assert first != other  # another seed's episodes are its own (the uniform policy's 18 episodes)
 
 
-def test_no_additive_seed_offset_is_left():
-    pattern = re.compile(r"\bseed\s*\+\s*(\d|offset)")
-    files = [*(ROOT / "bpo_experiments").glob("*.py"), ROOT / "scripts" / "alfworld_per_type.py"]
-    found = [f"{p.name}:{i + 1}" for p in files for i, line in enumerate(p.read_text().splitlines()) if pattern.search(line)]
+SOURCES = ("bpo_envs", "bpo_algos", "baselines", "bpo_experiments", "scripts", "examples", "deploy")
+
+
+def _is_seed(node: ast.AST) -> bool:
+    """A name or attribute that holds a seed: ``seed``, ``args.seed``, ``base_seed``,
+    ``TUNING_SEED_OFFSET`` (a word ``seed`` in its ``_``-separated name; ``seeds`` is a list)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name is not None and "seed" in name.lower().split("_")
+
+
+def seed_arithmetic(source: str, filename: str = "<source>") -> list[int]:
+    """Lines where a seed is added to or multiplied with something (``seed + i``,
+    ``seed * 1000 + u``, ``1000 + seed``, ``TUNING_SEED_OFFSET + s``): a stream keyed by
+    arithmetic, which two different keys can share."""
+    return sorted({
+        node.lineno for node in ast.walk(ast.parse(source, filename))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult)
+        and (_is_seed(node.left) or _is_seed(node.right))
+    })
+
+
+def test_seed_arithmetic_is_caught():
+    # the broken cases the check must catch (each once in the project before)
+    broken = [
+        "rng = np.random.default_rng(seed + i)",
+        "batch = algorithm.collect(policy, pool, tasks, budget, seed=seed * 1000 + update)",
+        "env.reset(seed=args.seed * 100_000 + episode)",
+        "runs = [train(cell, TUNING_SEED_OFFSET + s) for s in range(3)]",
+        "x = 7 + self.seed",
+    ]
+    assert all(seed_arithmetic(line) == [1] for line in broken)
+    fine = [
+        "rng = np.random.default_rng(np.random.SeedSequence([seed, role, i]))",
+        "key = stream_seed(seed, TRAINING, 0, update)",
+        "total = len(seeds) * 2 + n_seeds",
+    ]
+    assert not any(seed_arithmetic(line) for line in fine)
+
+
+def test_no_seed_arithmetic_is_left():
+    files = [p for package in SOURCES for p in sorted((ROOT / package).rglob("*.py"))]
+    assert len(files) > 100
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in files for line in seed_arithmetic(p.read_text(), str(p))]
     assert not found, found

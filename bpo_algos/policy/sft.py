@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from bpo_algos.policy.base import Action, Context, admissible_of
+from bpo_envs.seeding import key_seed
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def expert_demos(env_fn: Callable[[], gym.Env], tasks: Sequence[Any], *, seed: i
     demos: list[Demo] = []
     try:
         for i, task in enumerate(tasks):
-            obs, info = env.reset(seed=seed + i, options={"task_id": task})
+            obs, info = env.reset(seed=key_seed(seed, i), options={"task_id": task})
             context = Context(info.get("task_id", task), obs, admissible_of(info), initial_observation=obs)
             done = False
             while not done:
