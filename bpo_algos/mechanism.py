@@ -4,13 +4,21 @@
 :class:`Mechanism`:
 
 * ``prefix_explained`` ``eta = 1 - E_b Var(R | h_b) / E_b Var(R | task_b)`` over the *inner*
-  branch nodes ``b`` (BPO's branch points; the root is the task itself and explains nothing).
-  ``Var(R | h_b)`` is the unbiased variance of the values ``Q`` of ``b``'s children (the return
-  from ``b`` on: the reward before ``b`` is common to them); ``Var(R | task)`` is the variance of
-  the episode return over all the task's trees in the batches, rule-3 weighted (each tree an
-  unbiased sample of the policy's return distribution), pooled over the batches so that a batch
-  with few leaves per task is not noise-dominated. Interval: percentile bootstrap over branch
-  nodes (``n_boot`` draws, seeded). None with fewer than 2 branch nodes.
+  branch nodes ``b`` (BPO's branch points; the root is the task itself and explains nothing),
+  unbiased at any number of trees per task and any nesting (docs/mechanism.md, "How η is
+  estimated"). Each variance is :func:`unit_variance` of i.i.d. units given a state (a branch
+  node's out-edges; a tree's backbones for the task), the nested random-effects ANOVA::
+
+      V(h) = sum_k (q_k - mean q)^2 / (K - 1) + mean_k W_k
+
+  with ``q_k`` a unit's rule-3 value and ``W_k`` the plug-in spread of its leaves' returns about
+  it (:func:`return_moments`). Per tree ``j`` of task ``t``: ``V_j`` the sum of ``V`` over its
+  inner branch nodes, ``n_j`` their number, ``S_j`` the ``V`` of its backbones; then
+  ``eta^ = 1 - sum_t V_t / sum_t n_t mean_{j in t} S_j`` (:func:`prefix_explained_of`), reported
+  with the jackknife bias correction over trees ``n eta^ - (n - 1) mean_j eta^_(-j)``. Interval:
+  a bootstrap over trees within tasks (tasks with one tree pooled into one stratum), Rao-Wu
+  rescaled, percentiles shifted by the same correction (:func:`prefix_explained_interval`;
+  ``n_boot`` draws, seeded). None with fewer than 2 branch nodes.
 * ``branch_depths``: ``{depth: count}`` of those branch nodes (depth = steps from the root).
 * ``fork_steps_per_leaf``: env steps spent per finished episode (``env_steps / leaves`` of the
   batches' meters); ``independent_steps_per_trajectory``: the policy's mean episode length
