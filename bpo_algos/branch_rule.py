@@ -9,10 +9,12 @@ the lowest gradient variance per env step.
 
 For depth ``d`` (steps from the root) over the window's inner branch nodes at ``d``:
 
-* ``eta(d) = 1 - mean_b Var(Q of b's children) / Var(R | task_b)``: the task variance is the
-  rule-3-weighted variance of the episode return over the window's trees of that task (with
+* ``eta(d) = 1 - mean_b Var(R | h_b) / Var(R | task_b)`` with the mechanism's unbiased forms
+  (:func:`~bpo_algos.mechanism.unit_variance`: the children's between mean square plus their
+  leaves' spread, so nested children count right; the task variance is the mean over the
+  window's trees of that task of each tree's own, from its backbones; docs/mechanism.md). With
   distinct siblings the children's plain variance over-weights rare actions: a plug-in that only
-  steers where to branch, never the estimate);
+  steers where to branch, never the estimate;
 * ``cost(d)``: a tree that forks ``K`` at ``d`` spends ``(L + (K - 1)(L - d)) / K`` steps per leaf,
   ``L`` the mean episode length;
 * ``score(d)`` = the predicted ``Var(BPO) / Var(RLOO)`` at matched env steps for branching once
@@ -53,7 +55,10 @@ from bpo_algos.mechanism import (
     TreeMoments,
     pooled_variance,
     predict_variance_ratio,
+    return_moments,
+    sibling_units,
     tree_moments,
+    unit_variance,
 )
 from bpo_algos.tree import RolloutTree
 
@@ -75,11 +80,14 @@ def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
     """One tree's contribution: its task, weighted return moments and length, and per inner
     branch node ``(depth, Var of its children's Q)``."""
     moments = tree_moments(tree) or TreeMoments(0.0, 0.0, 0.0, 0)  # the mechanism's own reading of the leaves
+    spreads = return_moments(tree)
     nodes = [
-        (node.depth, float(np.var([e.q for e in node.children], ddof=1)))
+        (node.depth, unit_variance(*sibling_units(node, spreads)))
         for node in tree.branch_nodes()
         if node is not tree.root and len(node.children) >= 2
     ]
+    # the tree's own unbiased Var(R | task), from its backbones (docs/mechanism.md)
+    own = unit_variance(*sibling_units(tree.root, spreads)) if len(tree.root.children) >= 2 else None
     surprise: dict[int, list[float]] = defaultdict(list)
     for edge in tree.edges():
         surprise[edge.parent.depth].append(-edge.action.logprob)
@@ -90,6 +98,7 @@ def _tree_summary(tree: RolloutTree) -> dict[str, Any]:
         "length": moments.length,
         "max_length": moments.max_length,
         "nodes": nodes,
+        "task_variance": own,
         "surprise": {d: (float(sum(v)), len(v)) for d, v in surprise.items()},
     }
 
@@ -124,7 +133,11 @@ class DepthMeasure:
         by_task: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for s in summaries:
             by_task[s["task"]].append((s["m1"], s["m2"]))
-        task_var = {task: pooled_variance(moments) for task, moments in by_task.items()}
+        own: dict[str, list[float]] = defaultdict(list)
+        for s in summaries:
+            if s["task_variance"] is not None:
+                own[s["task"]].append(s["task_variance"])
+        task_var = {task: float(np.mean(own[task])) if own[task] else pooled_variance(moments) for task, moments in by_task.items()}
         length = float(np.mean([s["length"] for s in summaries]))
         totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for s in summaries:

@@ -163,7 +163,9 @@ def tree_moments(tree: RolloutTree) -> TreeMoments | None:
 
 def pooled_variance(moments: Sequence[tuple[float, float]]) -> float | None:
     """Return variance from trees' weighted first and second moments (each unbiased for the
-    policy's): ``mean(M2) - mean(M1)^2``, corrected by ``Var(mean M1)`` so it is unbiased."""
+    policy's): ``mean(M2) - mean(M1)^2``, corrected by ``Var(mean M1)``: unbiased (before the
+    clip at 0) with two or more trees; one tree misses ``Var(M1)``, so ``eta`` uses each tree's
+    own :func:`unit_variance` of its backbones instead."""
     if not moments:
         return None
     m1 = np.array([m[0] for m in moments])
@@ -233,8 +235,9 @@ class EtaTerms(NamedTuple):
     task_variance: np.ndarray
 
 
-def _units(node: Node, moments: Mapping[int, tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """``(q, W)`` of each of ``node``'s out-edges: value from ``node`` on, spread inside."""
+def sibling_units(node: Node, moments: Mapping[int, tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """``(q, W)`` of each of ``node``'s out-edges (the units of :func:`unit_variance`): value
+    from ``node`` on and the spread of the returns inside it, from :func:`return_moments`."""
     below = [moments[id(e.child)] for e in node.children]
     return [e.reward + m for e, (m, _) in zip(node.children, below, strict=True)], [w for _, w in below]
 
@@ -248,9 +251,9 @@ def eta_terms(trees: Sequence[RolloutTree]) -> EtaTerms:
         total, count = 0.0, 0
         for node in tree.nodes():
             if node is not tree.root and len(node.children) >= 2:
-                total += unit_variance(*_units(node, moments))
+                total += unit_variance(*sibling_units(node, moments))
                 count += 1
-        own = unit_variance(*_units(tree.root, moments)) if len(tree.root.children) >= 2 else float("nan")
+        own = unit_variance(*sibling_units(tree.root, moments)) if len(tree.root.children) >= 2 else float("nan")
         rows.append((index.setdefault(_task_key(tree.task_id), len(index)), total, count, own))
     columns = np.array(rows, float).reshape(len(rows), 4).T
     return EtaTerms(columns[0].astype(int), columns[1], columns[2], columns[3])
