@@ -227,12 +227,18 @@ class EtaTerms(NamedTuple):
     :func:`unit_variance` over its inner branch nodes, their number, and its own estimate of
     ``Var(R | task)`` (:func:`unit_variance` over its backbones, the root's out-edges; NaN with
     fewer than two). Each is one tree's own, so a resample of trees is a vector of weights and
-    no variance is ever computed from a tree and its copy."""
+    no variance is ever computed from a tree and its copy. For a task whose trees have one
+    backbone each (no tree can give its own), the sums of its backbones' ``q - c``,
+    ``(q - c)^2`` and ``W`` (``c`` a per-task constant) pool them across the task's trees."""
 
     task: np.ndarray
     node_variance: np.ndarray
     nodes: np.ndarray
     task_variance: np.ndarray
+    backbones: np.ndarray
+    q_sum: np.ndarray
+    q_square_sum: np.ndarray
+    spread_sum: np.ndarray
 
 
 def sibling_units(node: Node, moments: Mapping[int, tuple[float, float]]) -> tuple[list[float], list[float]]:
@@ -245,6 +251,7 @@ def sibling_units(node: Node, moments: Mapping[int, tuple[float, float]]) -> tup
 def eta_terms(trees: Sequence[RolloutTree]) -> EtaTerms:
     """The :class:`EtaTerms` of ``trees`` (tasks told apart by their ``task_id``)."""
     index: dict[Any, int] = {}
+    centre: dict[int, float] = {}
     rows = []
     for tree in trees:
         moments = return_moments(tree)
@@ -253,10 +260,13 @@ def eta_terms(trees: Sequence[RolloutTree]) -> EtaTerms:
             if node is not tree.root and len(node.children) >= 2:
                 total += unit_variance(*sibling_units(node, moments))
                 count += 1
-        own = unit_variance(*sibling_units(tree.root, moments)) if len(tree.root.children) >= 2 else float("nan")
-        rows.append((index.setdefault(_task_key(tree.task_id), len(index)), total, count, own))
-    columns = np.array(rows, float).reshape(len(rows), 4).T
-    return EtaTerms(columns[0].astype(int), columns[1], columns[2], columns[3])
+        q, spread = sibling_units(tree.root, moments)
+        own = unit_variance(q, spread) if len(q) >= 2 else float("nan")
+        task = index.setdefault(_task_key(tree.task_id), len(index))
+        c = centre.setdefault(task, q[0] if q else 0.0)
+        rows.append((task, total, count, own, len(q), sum(x - c for x in q), sum((x - c) ** 2 for x in q), sum(spread)))
+    columns = np.array(rows, float).reshape(len(rows), 8).T
+    return EtaTerms(columns[0].astype(int), *columns[1:])
 
 
 def prefix_explained_of(terms: EtaTerms, weights: np.ndarray) -> np.ndarray:
@@ -265,9 +275,10 @@ def prefix_explained_of(terms: EtaTerms, weights: np.ndarray) -> np.ndarray:
 
         eta = 1 - sum_t V_t / sum_t n_t S_t
 
-    over the tasks ``t`` with a tree that has two or more backbones: ``V_t`` the weighted sum
-    of the node variances of the task's trees, ``n_t`` the weighted number of their inner
-    branch nodes, ``S_t`` the weighted mean of the trees' own ``Var(R | task)``."""
+    over the tasks ``t`` with two or more backbones: ``V_t`` the weighted sum of the node
+    variances of the task's trees, ``n_t`` the weighted number of their inner branch nodes,
+    ``S_t`` the weighted mean of the trees' own ``Var(R | task)`` (or, where no tree of the task
+    has two backbones, :func:`unit_variance` of its backbones pooled across its trees)."""
     n_tasks = int(terms.task.max()) + 1 if len(terms.task) else 0
     onehot = np.zeros((len(terms.task), n_tasks))
     onehot[np.arange(len(terms.task)), terms.task] = 1.0
@@ -275,8 +286,14 @@ def prefix_explained_of(terms: EtaTerms, weights: np.ndarray) -> np.ndarray:
     own = np.where(has_variance, terms.task_variance, 0.0)
     nodes, node_variance = (weights * terms.nodes) @ onehot, (weights * terms.node_variance) @ onehot
     mass = (weights * has_variance) @ onehot
-    valid = (mass > 0) & (nodes > 0)
-    task_variance = ((weights * own) @ onehot) / np.where(valid, mass, 1.0)
+    units, q, qq, spread = (
+        (weights * x) @ onehot for x in (terms.backbones, terms.q_sum, terms.q_square_sum, terms.spread_sum)
+    )
+    pooled_ok = units >= 2
+    valid = ((mass > 0) | pooled_ok) & (nodes > 0)
+    safe = np.where(pooled_ok, units, 2.0)
+    pooled = (qq - q**2 / safe) / (safe - 1) + spread / safe
+    task_variance = np.where(mass > 0, ((weights * own) @ onehot) / np.where(mass > 0, mass, 1.0), pooled)
     numerator = np.where(valid, node_variance, 0.0).sum(axis=1)
     denominator = np.where(valid, nodes * task_variance, 0.0).sum(axis=1)
     counted = np.where(valid, nodes, 0.0).sum(axis=1)
