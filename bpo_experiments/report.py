@@ -145,7 +145,8 @@ def _options_text(options: dict[str, Any]) -> str:
 
 def tuning_lines(results: dict[str, Any]) -> list[str]:
     """Each tuned env's tuning: per kind of algorithm its candidates with their scores (the
-    criterion's mean over the tuning seeds) and the one chosen."""
+    criterion's mean over the tuning seeds) and the one chosen; the options the user fixed
+    (``fixed_by_user``: pinned, never tuned) are named in every row of their kind."""
     lines: list[str] = []
     for env, er in results["per_env"].items():
         tuning = er.get("tuning")
@@ -154,11 +155,18 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
         first = next(iter(tuning.values()))
         lines += [f"**{env}**: {first['criterion']}, tuning seeds {first['seeds']} (disjoint from the evaluation seeds); "
                   "the highest mean is chosen, before any evaluation run.", "",
-                  "| algorithm | candidate | score (mean over tuning seeds) | per tuning seed | chosen |", "|---|---|---:|---|---|"]
+                  "| algorithm | candidate | fixed by the user | score (mean over tuning seeds) | per tuning seed | chosen |",
+                  "|---|---|---|---:|---|---|"]
         for kind, t in tuning.items():
+            fixed = _options_text(t["fixed_by_user"]) if t.get("fixed_by_user") else "–"
             for i, (candidate, score) in enumerate(zip(t["candidates"], t["scores"], strict=True)):
+                if score is None:  # the user's pins left one candidate: nothing ran
+                    lines.append(f"| {kind} | {_options_text(candidate) if candidate else '(nothing left to tune)'} | {fixed} "
+                                 "| not run (one candidate) | – | **chosen** |")
+                    continue
                 per_seed = ", ".join(f"{v:.3f}" for v in t["scores_per_seed"][i])
-                lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {'**chosen**' if i == t['chosen_index'] else ''} |")
+                lines.append(f"| {kind} | {_options_text(candidate)} | {fixed} | {score:.3f} | {per_seed} "
+                             f"| {'**chosen**' if i == t['chosen_index'] else ''} |")
         lines.append("")
     return lines
 
