@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bpo_algos.tree import Edge, Node, RolloutTree, load_trees
+from bpo_envs.console import ends_on_ctrl_c
 
 FORMATS = ("png", "svg")
 TREES_DIR = "trees"
@@ -548,6 +549,7 @@ def draw_run(
     return written
 
 
+@ends_on_ctrl_c("bpo-trees")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bpo-trees",

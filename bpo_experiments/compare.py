@@ -57,6 +57,7 @@ import torch
 
 from bpo_algos import data_parallel as dp
 from bpo_algos.registry import registered_algorithms
+from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import (
     FolderLock,
     FolderLockedError,
@@ -84,7 +85,7 @@ from bpo_experiments.presets import (
     Preset,
     preset_dict,
 )
-from bpo_experiments.report import example_trees, markdown, plots
+from bpo_experiments.report import PLOTS_WITHOUT_DATA, empty_plots, example_trees, markdown, plots
 from bpo_experiments.run_config import RunConfig, check_same_config, run_config
 from bpo_experiments.runner import initial_job, run_one
 from bpo_experiments.stats import aggregate, run_metrics
@@ -442,6 +443,7 @@ class _Comparison:
         if not self.writer:  # rank 0 reports
             return results
         results["preset"] = preset_dict(preset)  # as given (the tuned options are under per_env[env]["tuning"])
+        results["base_preset"] = self.args.preset  # the preset config.yaml starts from (the smoke report says what it is)
         results["example_trees"] = example_trees([runs[k] for k in keys], self.out)
         for env_name in preset.envs:
             results["per_env"][env_name]["data"] = self.data[env_name]
@@ -474,6 +476,7 @@ class _Comparison:
 
 def write_report(results: dict[str, Any], out: Path) -> None:
     """``results.json``, ``results.md`` and the plots into ``out``; the Markdown is printed too."""
+    results[PLOTS_WITHOUT_DATA] = empty_plots(results)
     write_json(out / "results.json", results, indent=2)
     atomic_write(out / "results.md", markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
@@ -510,6 +513,7 @@ def with_options(preset: Preset, env: str, kind: str, candidate: dict[str, Any])
     return out
 
 
+@ends_on_ctrl_c("bpo-compare", resumable=True)
 def cli() -> None:
     """Console entry point (``bpo-compare``)."""
     main()

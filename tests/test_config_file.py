@@ -145,7 +145,8 @@ def test_a_folders_config_yaml_runs_it_again_and_a_pinned_option_is_used(tmp_pat
     assert tuning["rloo"]["fixed_by_user"] == {"group_size": 2} and tuning["rloo"]["candidates"] == [{}]
     assert tuning["bpo"]["fixed_by_user"] == {"branch_factor": 2} and len(tuning["bpo"]["candidates"]) == 2
     assert not (runs / "rloo@tune0").exists()  # one candidate left: nothing to choose, nothing run
-    assert "| rloo | (nothing left to tune) | group_size=2 |" in (first / "results.md").read_text()
+    report = (first / "results.md").read_text()
+    assert "| rloo | nothing left to tune | not run |" in report and "* rloo: group_size=2 **fixed by the user**" in report
 
     # config.yaml runs the comparison again: the same runs, the same per-seed results
     compare.main(["--config", str(first / "config.yaml"), "--out", str(again), "--no-progress", "--jobs", "1"])
