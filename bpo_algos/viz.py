@@ -406,7 +406,7 @@ def _decorate(fig: Any, tree: RolloutTree, layout: _Layout, size: _Sizes, cmap: 
     fig.text(size.left / fw, 1 - 0.42 / fh, sub, ha="left", va="top", fontsize=8)
     bar_h = min(size.axes_h, 3.0)
     cax = fig.add_axes(((size.left + size.axes_w + 0.9) / fw, (size.bottom + size.axes_h - bar_h) / fh, 0.14 / fw, bar_h / fh))
-    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax, format="%.2g")  # short labels: the floor's 0.001 too
     bar.set_label("advantage", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     handles = [

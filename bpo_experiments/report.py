@@ -220,8 +220,10 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
 def _eta_cell(m: dict[str, Any] | None) -> str:
     if not m or m.get("prefix_explained") is None:
         return "–"
-    ci = m.get("prefix_explained_ci95")
-    return f"{m['prefix_explained']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" ({m['prefix_explained_seeds']} seeds)"
+    ci, n = m.get("prefix_explained_ci95"), m["prefix_explained_seeds"]
+    if n < MIN_SEEDS:
+        return f"{m['prefix_explained']:+.2f} ({_na(n)})"
+    return f"{m['prefix_explained']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" ({n} seeds)"
 
 
 def _maybe(value: Any, fmt: str) -> str:
