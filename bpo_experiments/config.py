@@ -52,7 +52,7 @@ from bpo_experiments.command_line import (
     option_flags,
 )
 from bpo_experiments.flags import given
-from bpo_experiments.presets import PRESETS, EnvSetup, Preset, preset_dict, with_server
+from bpo_experiments.presets import PRESETS, RUN_FIELDS, EnvSetup, Preset, preset_dict, with_server
 from bpo_experiments.tuning import TuningConfig
 
 CONFIG_FILE = "config.yaml"
@@ -97,7 +97,10 @@ class CompareConfig:
 
     def to_data(self) -> dict[str, Any]:
         """The configuration as plain data, the base preset's name and the imports first."""
-        return {"preset": self.preset, "import": list(self.imports), **preset_dict(self.settings)}
+        data = preset_dict(self.settings)
+        # the trainer fields the main job sets per run are no setting (a flag neither)
+        data["trainer"] = {k: v for k, v in data["trainer"].items() if k not in RUN_FIELDS}
+        return {"preset": self.preset, "import": list(self.imports), **data}
 
 
 def pin_options(preset: Preset, pinned: dict[str, dict[str, Any]]) -> None:
@@ -145,7 +148,24 @@ def config_yaml(config: CompareConfig) -> str:
         "# Run it again: bpo-compare --config THIS_FILE --out NEW_FOLDER; flags override it (docs/main-job.md,\n"
         "# \"The configuration file\").\n"
     )
-    return header + yaml.safe_dump(config.to_data(), sort_keys=False, default_flow_style=None, width=120)
+    return header + yaml.dump(config.to_data(), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML as a person edits it: mappings in blocks (one setting a line), lists and mappings
+    of plain values on one line (``seeds: [0, 1]``, a tuning candidate ``{group_size: 4}``)."""
+
+
+def _flow_if_flat(dumper: yaml.SafeDumper, value: Any, tag: str, flow: Any) -> yaml.Node:
+    items = value.values() if isinstance(value, dict) else value
+    flat = all(not isinstance(v, dict | list) for v in items)
+    if tag == "list":
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
+    return dumper.represent_mapping("tag:yaml.org,2002:map", value, flow_style=flat and flow)
+
+
+_Dumper.add_representer(list, lambda d, v: _flow_if_flat(d, v, "list", True))
+_Dumper.add_representer(dict, lambda d, v: _flow_if_flat(d, v, "dict", len(v) <= 4 and len(str(v)) < 80))
 
 
 def settings_from_data(data: dict[str, Any], base: Preset) -> Preset:
@@ -160,6 +180,10 @@ def settings_from_data(data: dict[str, Any], base: Preset) -> Preset:
         if key == "envs":
             out.envs = _envs(value, base.envs)
         elif key == "trainer":
+            per_run = sorted(set(value or {}) & set(RUN_FIELDS)) if isinstance(value, dict) else []
+            if per_run:
+                raise ValueError(f"trainer: {per_run} are set per run by the main job (the seeds, budgets and folders of "
+                                 "the comparison), not in the configuration")
             out.trainer = _merge(base.trainer, value, "trainer")
         elif key == "shared":
             out.shared = _merge(base.shared, value, "shared")

@@ -56,6 +56,7 @@ def test_the_file_sets_what_it_names_and_the_flags_override_it(tmp_path):
 @pytest.mark.parametrize("data, message", [
     ({"preset": "smoke", "seedz": [0]}, r"\['seedz'\] are not settings"),
     ({"preset": "smoke", "trainer": {"update": 3}}, r"trainer: \['update'\] are not TrainerConfig fields"),
+    ({"preset": "smoke", "trainer": {"seed": 3}}, r"trainer: \['seed'\] are set per run"),
     ({"preset": "smoke", "options": {"rlooo": {"group_size": 2}}}, "no algorithm kind"),
     ({"preset": "smoke", "envs": ["atari"]}, "not envs of the base preset"),
     ({"preset": "nope"}, "preset 'nope'"),
