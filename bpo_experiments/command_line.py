@@ -204,7 +204,9 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
     """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
     ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
     instance id (and, with ``--swe-disjoint-repos``, no repo): checked here, before training.
-    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both."""
+    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both, from these
+    flags or from a configuration file that names both (``kwargs.instances``,
+    ``eval_kwargs.instances``: a results folder's ``config.yaml``)."""
     from bpo_envs.swebench.instances import (
         InstanceError,
         check_disjoint,
@@ -216,6 +218,13 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
         if disjoint_repos:
             raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
         for setup in setups:
+            if setup.eval_split == "rows" and args.swe_instances is None and setup.kwargs.get("instances") \
+                    and setup.eval_kwargs.get("instances"):
+                try:  # both sets of rows from a configuration file (a results folder's config.yaml): checked again
+                    check_disjoint(load_instances(str(setup.kwargs["instances"])), load_instances(str(setup.eval_kwargs["instances"])))
+                except InstanceError as exc:
+                    raise SystemExit(f"--config: the SWE-bench training and evaluation rows: {exc}") from exc
+                continue
             if setup.eval_split == "rows":
                 raise SystemExit(
                     "this preset trains SWE-bench off its evaluation rows: give --swe-train-instances (SWE-Gym, "

@@ -162,3 +162,26 @@ def test_a_folders_config_yaml_runs_it_again_and_a_pinned_option_is_used(tmp_pat
     resumed = compare.main([*argv, "--out", str(first), "--resume", "--rloo.group-size", "2", "--bpo.branch-factor", "2"])
     assert resumed["per_env"]["treemdp"]["algorithms"]["rloo"] == results["per_env"]["treemdp"]["algorithms"]["rloo"]
     assert (first / "config.yaml").exists()
+
+
+def test_a_gpu_comparisons_config_yaml_names_its_swe_bench_rows_and_runs_again(tmp_path):
+    rows = {}
+    for name, ids, repo in (("gym", ["gym__a-1", "gym__a-2"], "gym/a"), ("verified", ["django__django-1"], "django/django")):
+        with open(tmp_path / f"{name}.jsonl", "w") as fh:
+            for i in ids:
+                fh.write(json.dumps({"instance_id": i, "repo": repo, "base_commit": "0" * 40, "patch": "", "test_patch": "",
+                                     "problem_statement": "fix it", "FAIL_TO_PASS": ["t1"], "PASS_TO_PASS": [], "version": "1.0"}) + "\n")
+        rows[name] = str(tmp_path / f"{name}.jsonl")
+    flags = ["--preset", "gpu", "--swe-train-instances", rows["gym"], "--swe-instances", rows["verified"], "--swe-backend", "docker"]
+    parser = compare.command_parser()
+    holders = compare.add_config_flags(parser)
+    args = parser.parse_args(flags)
+    preset = compare.build_preset(args, holders)
+    path = tmp_path / "config.yaml"
+    path.write_text(config_yaml(compare.config_of(args, preset)))
+    assert preset_dict(_parse("--config", str(path))) == preset_dict(preset)  # no SWE-bench flag needed again
+    # the broken case: the file's rows overlap (an evaluation row trained on) and are refused
+    data = yaml.safe_load(path.read_text())
+    data["envs"]["swebench"]["kwargs"]["instances"] = rows["verified"]
+    with pytest.raises(SystemExit, match="training and evaluation rows"):
+        _parse("--config", _write(tmp_path / "overlap.yaml", data))
