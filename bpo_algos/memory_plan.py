@@ -34,6 +34,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from bpo_envs.console import ends_on_ctrl_c
+
 GB = 1e9
 BUNDLED = {
     "qwen2.5-7b-instruct": "qwen2.5-7b-instruct.json",
@@ -267,6 +269,7 @@ def check_preset_fits(preset: Any, name: str = "preset") -> dict[str, MemoryPlan
     return plans
 
 
+@ends_on_ctrl_c("bpo-memory-plan")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bpo-memory-plan", description="GPU memory of a training configuration from a model config.json (no weights downloaded).")
     parser.add_argument("--model", required=True, help=f"config.json, a model folder, or one of {sorted(BUNDLED)}")

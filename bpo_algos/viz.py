@@ -10,7 +10,8 @@ or SVG by the file's suffix. The picture reads left to right:
   few label widths, not 50; the ticks give the real step numbers;
 * one row per leaf (finished episode); an inner node sits midway between its first and last
   child; a grey bracket joins a branch node to its children;
-* every step is a piece of line coloured by its advantage (a diverging colormap centred at 0;
+* every step is a piece of line coloured by its advantage (a diverging colormap centred at 0,
+  at least ±``ADVANTAGE_FLOOR`` wide, so advantages that are all 0 draw neutral grey;
   see the colorbar), as thick as its weight (docs/unbiasedness.md, rule 3), with a tick
   between steps where they are far enough apart;
 * above a line, the actions of its steps (shortened), as many as fit, always the first one
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bpo_algos.tree import Edge, Node, RolloutTree, load_trees
+from bpo_envs.console import ends_on_ctrl_c
 
 FORMATS = ("png", "svg")
 TREES_DIR = "trees"
@@ -52,6 +54,16 @@ _MONO_EM = 0.6  # advance of a DejaVu Sans Mono glyph, in em
 _SANS_EM = 0.62  # a generous average for DejaVu Sans
 _MAX_LABEL = 30
 _ADVANTAGE_COLOURS = ("#b2182b", "#ef8a62", "#c4c4c4", "#67a9cf", "#2166ac")
+
+ADVANTAGE_FLOOR = 1e-3
+"""The least half-range of the advantage colour scale: advantages this small (a sum of returns
+that cancels to 0 in floating point, 1e-16) draw as the neutral middle colour, not saturated."""
+
+
+def advantage_scale(advantages: Any) -> float:
+    """The half-range of the colour scale, centred on 0: the largest ``|advantage|``, at least
+    :data:`ADVANTAGE_FLOOR` (so a tree whose advantages are all 0 draws neutral)."""
+    return max(max((abs(float(a)) for a in advantages), default=0.0), ADVANTAGE_FLOOR)
 _WON, _LOST, _CUT = "#1a9641", "#222222", "#8c8c8c"
 
 
@@ -304,7 +316,7 @@ def draw_tree(tree: RolloutTree, path: str | os.PathLike[str], *, dpi: int = 150
 
     layout = _layout(tree)
     size = _Sizes.of(layout)
-    scale = max((abs(e.advantage) for s in layout.segments for e in s.edges), default=0.0) or 1.0
+    scale = advantage_scale(e.advantage for s in layout.segments for e in s.edges)
     norm = Normalize(-scale, scale)
     cmap = LinearSegmentedColormap.from_list("advantage", _ADVANTAGE_COLOURS)
 
@@ -394,7 +406,7 @@ def _decorate(fig: Any, tree: RolloutTree, layout: _Layout, size: _Sizes, cmap: 
     fig.text(size.left / fw, 1 - 0.42 / fh, sub, ha="left", va="top", fontsize=8)
     bar_h = min(size.axes_h, 3.0)
     cax = fig.add_axes(((size.left + size.axes_w + 0.9) / fw, (size.bottom + size.axes_h - bar_h) / fh, 0.14 / fw, bar_h / fh))
-    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax, format="%.2g")  # short labels: the floor's 0.001 too
     bar.set_label("advantage", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     handles = [
@@ -537,6 +549,7 @@ def draw_run(
     return written
 
 
+@ends_on_ctrl_c("bpo-trees")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bpo-trees",

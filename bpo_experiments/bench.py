@@ -44,6 +44,7 @@ import torch
 
 from baselines import RLOO
 from bpo_algos import BPO, Algorithm, EnvPool, TabularPolicy
+from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import atomic_write
 from bpo_envs.timing import (
     random_walk,
@@ -436,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return report
 
 
+@ends_on_ctrl_c("bpo-bench")
 def cli() -> None:
     """Console entry point (``bpo-bench``): exits 1 when an env's benchmark raised."""
     report = main()

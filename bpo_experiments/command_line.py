@@ -1,17 +1,15 @@
-"""``bpo-compare``'s flags applied to a copy of the chosen preset, and the checks before any run.
+"""``bpo-compare``'s flags and how each applies to the settings, and the checks before any run.
 
 The flags generated from the config dataclasses (:mod:`bpo_experiments.flags`) and the
-data-source flags, applied to a copy of the chosen preset, and the checks a setting must pass
-before any run starts.
+data-source flags, each applied to the settings by :mod:`bpo_experiments.config` (which
+resolves the configuration file, the base preset and the flags in one place), and the checks a
+setting must pass before any run starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
-import importlib
-import importlib.util
 import json
 from dataclasses import replace
 from typing import Any
@@ -20,18 +18,14 @@ import torch
 
 from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import AlgorithmConfig
-from bpo_algos.compute import Budget
 from bpo_algos.memory_plan import check_preset_fits
-from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_experiments.build import option_classes, option_kinds
 from bpo_experiments.flags import add_flags, given
 from bpo_experiments.presets import (
-    PRESETS,
     RUN_FIELDS,
     Preset,
-    with_server,
 )
 from bpo_experiments.stats import METRICS
 from bpo_experiments.tuning import (
@@ -80,64 +74,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str
     return holders
 
 
-def build_preset(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None = None) -> Preset:
-    name = "smoke" if args.smoke else args.preset
-    preset = copy.deepcopy(PRESETS[name])
-    holders = holders if holders is not None else add_config_flags(argparse.ArgumentParser())
-    if args.envs:
-        unknown = [e for e in args.envs if e not in preset.envs and e not in PRESETS["gpu"].envs]
-        if unknown:
-            raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
-        preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
-    if args.algorithms:
-        known = registered_algorithms()
-        unknown = [a for a in args.algorithms if a not in known]
-        if unknown:
-            raise SystemExit(f"unknown algorithm(s) {unknown}; registered: {known} (a user's algorithm: --import MODULE)")
-        preset.algorithms = tuple(args.algorithms)
-    if args.treatment:
-        preset.treatment = args.treatment
-    if preset.treatment not in preset.algorithms:
-        raise SystemExit(f"--treatment {preset.treatment!r} is not among the algorithms {list(preset.algorithms)}")
-    if args.algorithms and preset.competitors is not None:
-        # the preset's competitors that are still trained (an explicit list changes what is compared)
-        preset.competitors = tuple(b for b in preset.competitors if b in preset.algorithms) or None
-    _apply_flags(preset, args, holders)
-    for url in args.env_server or ():
-        preset.envs = with_server(preset.envs, url)
-    check_comparison(preset)
-    apply_tuning_flags(preset, args)
-    for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
-        if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
-            raise SystemExit(f"logging to {package} needs `pip install {package}`")
-    if "budget" not in given(args, holders["preset"]) and preset.budget_unit != PRESETS[name].budget_unit:
-        raise SystemExit(
-            f"the {name} preset's budgets are in {PRESETS[name].budget_unit}; with --budget-unit {preset.budget_unit} "
-            f"give --budget in {preset.budget_unit}"
-        )
-    missing = [e for e in preset.envs if e not in preset.budget]
-    if missing:
-        raise SystemExit(
-            f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"
-        )
-    try:
-        Budget(preset.budget_unit, 1)  # validates the unit
-    except ValueError as exc:
-        raise SystemExit(f"--budget-unit: {exc}") from exc
-    apply_data_sources(preset, args, name)
-    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
-        check_entropy_mode(preset.decision_entropy, preset.probe_samples)
-        if preset.eval_temperature is not None:
-            temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
-            if any(t is not None and not t >= 0 for t in temperatures):
-                raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
-        check_preset_fits(preset, name)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
-    return preset
+def option_flags(args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """``{kind: {option: value}}`` of the ``--KIND.OPTION`` flags given: the options the user set
+    (pinned on a tuned env, :mod:`bpo_experiments.config`)."""
+    changes = {holder.split(":", 1)[1]: given(args, dests) for holder, dests in holders.items() if holder.startswith("options:")}
+    return {kind: {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()} for kind, fields in changes.items() if fields}
 
 
-def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
+def apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dict[str, str]]) -> None:
     """Set the given generated flags on the preset's dataclasses (a check error is an exit)."""
     try:
         for key, value in given(args, holders["preset"]).items():
@@ -155,23 +99,19 @@ def _apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, di
         if shared:
             preset.shared = replace(preset.shared, **shared)
         classes = option_classes()
-        changes: dict[str, dict[str, Any]] = {kind: given(args, dests) for holder, dests in holders.items()
-                                              if holder.startswith("options:") for kind in [holder.split(":", 1)[1]]}
-        for kind, fields in changes.items():
-            if fields:
-                current = preset.options.get(kind) or classes[kind]()
-                preset.options[kind] = replace(current, **fields)
-                for setup in preset.envs.values():  # a flag sets the option for every env, its own options too
-                    if kind in setup.options:
-                        setup.options[kind] = replace(setup.options[kind], **fields)
+        for kind, fields in option_flags(args, holders).items():
+            current = preset.options.get(kind) or classes[kind]()
+            preset.options[kind] = replace(current, **fields)
+            for setup in preset.envs.values():  # a flag sets the option for every env, its own options too
+                if kind in setup.options:
+                    setup.options[kind] = replace(setup.options[kind], **fields)
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"bpo-compare: {exc}") from exc
 
 
 def apply_tuning_flags(preset: Preset, args: argparse.Namespace) -> None:
     """``--tune`` / ``--no-tune``, ``--tuning-seeds``, ``--tuning-grid KIND=JSON`` and
-    ``--allow-unequal-grids`` on ``preset.tuning``, then :func:`~bpo_experiments.tuning.check_tuning`:
-    a bad tuning setting is an error before any run."""
+    ``--allow-unequal-grids`` on ``preset.tuning`` (:func:`check_tuning_setting` checks the result)."""
     tune, seeds, grids, unequal = args.tune, args.tuning_seeds, args.tuning_grid or (), args.allow_unequal_grids
     if tune is False:
         if seeds is not None or grids or unequal:
@@ -195,6 +135,13 @@ def apply_tuning_flags(preset: Preset, args: argparse.Namespace) -> None:
         preset.tuning.grids[kind] = tuple(grid)
     if unequal:
         preset.tuning.allow_unequal_grids = True
+
+
+def check_tuning_setting(preset: Preset) -> None:
+    """:func:`~bpo_experiments.tuning.check_tuning` of ``preset``'s tuning, if any: a bad tuning
+    setting is an error before any run."""
+    if preset.tuning is None:
+        return
     try:
         check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset))
     except ValueError as exc:
@@ -257,7 +204,9 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
     """``--swe-train-instances``: SWE-bench trains on those rows and evaluates on
     ``--swe-instances`` (all its rows, in order, up to ``eval_tasks``), which must share no
     instance id (and, with ``--swe-disjoint-repos``, no repo): checked here, before training.
-    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both."""
+    A preset whose SWE-bench evaluates on separate rows (the gpu presets) needs both, from these
+    flags or from a configuration file that names both (``kwargs.instances``,
+    ``eval_kwargs.instances``: a results folder's ``config.yaml``)."""
     from bpo_envs.swebench.instances import (
         InstanceError,
         check_disjoint,
@@ -269,6 +218,13 @@ def apply_swe_train_rows(preset: Preset, args: argparse.Namespace, setups: list[
         if disjoint_repos:
             raise SystemExit("--swe-disjoint-repos needs --swe-train-instances (the training rows)")
         for setup in setups:
+            if setup.eval_split == "rows" and args.swe_instances is None and setup.kwargs.get("instances") \
+                    and setup.eval_kwargs.get("instances"):
+                try:  # both sets of rows from a configuration file (a results folder's config.yaml): checked again
+                    check_disjoint(load_instances(str(setup.kwargs["instances"])), load_instances(str(setup.eval_kwargs["instances"])))
+                except InstanceError as exc:
+                    raise SystemExit(f"--config: the SWE-bench training and evaluation rows: {exc}") from exc
+                continue
             if setup.eval_split == "rows":
                 raise SystemExit(
                     "this preset trains SWE-bench off its evaluation rows: give --swe-train-instances (SWE-Gym, "

@@ -42,7 +42,9 @@ import argparse
 import copy
 import importlib
 import importlib.util
+import inspect
 import os
+import re
 import sys
 import time
 import uuid
@@ -55,6 +57,7 @@ import torch
 
 from bpo_algos import data_parallel as dp
 from bpo_algos.registry import registered_algorithms
+from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import (
     FolderLock,
     FolderLockedError,
@@ -63,7 +66,8 @@ from bpo_envs.files import (
     write_json,
 )
 from bpo_experiments.build import build_algorithm, make_policy, option_classes, option_kinds
-from bpo_experiments.command_line import add_config_flags, build_preset, check_launch_fits
+from bpo_experiments.command_line import add_config_flags, check_launch_fits
+from bpo_experiments.config import CONFIG_FILE, build_preset, config_of, config_yaml, file_imports
 from bpo_experiments.output import (
     check_same_data,
     check_same_settings,
@@ -81,7 +85,7 @@ from bpo_experiments.presets import (
     Preset,
     preset_dict,
 )
-from bpo_experiments.report import example_trees, markdown, plots
+from bpo_experiments.report import PLOTS_WITHOUT_DATA, empty_plots, example_trees, markdown, plots
 from bpo_experiments.run_config import RunConfig, check_same_config, run_config
 from bpo_experiments.runner import initial_job, run_one
 from bpo_experiments.stats import aggregate, run_metrics
@@ -105,19 +109,48 @@ def _jobs(value: str) -> int:
     return n
 
 
+def algorithm_lines(width: int = 120) -> list[str]:
+    """``--list-algorithms``: one line per registered algorithm: its name, what it is (the first
+    sentence of its docstring, at most ``width`` characters), the flags of its options and the
+    options it fixes."""
+    from bpo_algos.registry import algorithm_factory
+
+    names = registered_algorithms()
+    pad = max(map(len, names), default=0)
+    lines = []
+    for name in names:
+        factory = algorithm_factory(name)
+        documented = getattr(factory, "cls", None) or getattr(factory, "build", None) or type(factory)  # Variant / Declared / own class
+        text = " ".join((inspect.getdoc(documented) or "").split("\n\n")[0].split())
+        wrapped = factory.wraps(factory.Options())
+        if wrapped is not None:  # a control: "``frozen``: the algorithm registered as ``of``, ..."
+            text = "control: " + text.removeprefix(f"``{name}``: ").replace("the algorithm registered as ``of``", wrapped)
+        text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+        text = re.split(r"(?<=[a-z)])\. |: options ", text, maxsplit=1)[0].rstrip(".")
+        if len(text) > width:
+            text = text[: width - 1].rstrip() + "…"
+        extras = [f"--{factory.kind}.OPTION"] if factory.kind and factory.Options.field_names() else []
+        extras += [f"{k}={v}" for k, v in factory.fixed.items()]
+        lines.append(f"{name:<{pad}}  {text}" + (f" ({'; '.join(extras)})" if extras else ""))
+    return lines
+
+
 def command_parser() -> argparse.ArgumentParser:
     """``bpo-compare``'s own flags (the config dataclasses' flags are added to it by
     :func:`add_config_flags`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/compare", help="output folder")
-    parser.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-    parser.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI)")
+    parser.add_argument("--config", metavar="FILE.yaml", help="every setting from this file (a results folder's config.yaml "
+                        "runs that comparison again); the flags override it (docs/main-job.md, 'The configuration file')")
+    parser.add_argument("--print-config", action="store_true", help="print the configuration (config.yaml) and exit")
+    parser.add_argument("--preset", default=None, choices=sorted(PRESETS), help="the preset the settings start from (default: cpu)")
+    parser.add_argument("--smoke", action="store_true", help="the smoke preset (< 2 min; CI: checks the pipeline, not BPO)")
     parser.add_argument("--envs", nargs="+", help="env names (default: the preset's)")
     parser.add_argument("--algorithms", nargs="+", help="registered algorithm names (default: the preset's; see --list-algorithms)")
     parser.add_argument("--import", dest="import_modules", nargs="+", metavar="MODULE",
                         help="modules to import first (they register algorithms with bpo_algos.register_algorithm)")
     parser.add_argument("--treatment", help="the algorithm of the headline, compared with --comparator (default: the preset's, bpo)")
-    parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms and exit")
+    parser.add_argument("--list-algorithms", action="store_true", help="print the registered algorithms, one line each, and exit")
     parser.add_argument("--swe-instances", help="SWE-bench rows: a .parquet/.jsonl/.json, a task-repo folder, or a "
                         "dataset name in the local Hugging Face cache (default: the bundled repos)")
     parser.add_argument("--swe-train-instances", help="SWE-bench training rows (SWE-Gym, SWE-smith or other SWE-bench-format "
@@ -157,10 +190,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     into the same folder refuses at once, naming the holder's pid (docs/main-job.md)."""
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--out", default=command_parser().get_default("out"))
-    for flag in ("--plan", "--list-algorithms", "-h", "--help"):
+    for flag in ("--plan", "--list-algorithms", "--print-config", "-h", "--help"):
         early.add_argument(flag, action="store_true")
     known = early.parse_known_args(argv)[0]
-    reads_only = known.plan or known.list_algorithms or known.h or known.help
+    reads_only = known.plan or known.list_algorithms or known.print_config or known.h or known.help
     if reads_only or int(os.environ.get("RANK", "0")) != 0:  # under torchrun rank 0 holds it
         return _main(argv)
     try:
@@ -179,14 +212,17 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
     # modules named by --import register algorithms (and so flags of their options) first
     imports = argparse.ArgumentParser(add_help=False)
     imports.add_argument("--import", dest="import_modules", nargs="+", default=())
-    for module in imports.parse_known_args(argv)[0].import_modules:
+    for module in (*file_imports(argv), *imports.parse_known_args(argv)[0].import_modules):
         importlib.import_module(module)
     holders = add_config_flags(parser)
     args = parser.parse_args(argv)
     if args.list_algorithms:
-        print("\n".join(registered_algorithms()))
+        print("\n".join(algorithm_lines()))
         return {}
     preset = build_preset(args, holders)
+    if args.print_config:
+        print(config_yaml(config_of(args, preset)), end="")
+        return {}
     # under torchrun every rank runs every run together (data-parallel or FSDP training,
     # evaluations split over the ranks); rank 0 writes the files
     ranks = dp.world_size() if dp.init_from_env() else 1
@@ -199,7 +235,7 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
         from bpo_experiments.plan import plan
 
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
-    check_launch_fits(preset, "smoke" if args.smoke else args.preset)
+    check_launch_fits(preset, args.preset)
     comparison = _Comparison(args, preset, jobs)
     comparison.run_initials()
     tuned, tuning_results = comparison.tune()
@@ -224,6 +260,8 @@ class _Comparison:
             wandb_group = preset.trainer.wandb_group or saved_preset.get("trainer", {}).get("wandb_group")
             preset.trainer = replace(preset.trainer, wandb_group=wandb_group)
         settings = check_same_settings(out, preset, saved_preset)
+        if dp.rank() == 0:  # as the user asked for it (before a W&B group is made up for it)
+            atomic_write(out / CONFIG_FILE, config_yaml(config_of(args, preset)))
         if preset.trainer.wandb_project and preset.trainer.wandb_group is None:
             # one W&B group per comparison, kept when it resumes
             preset.trainer = replace(preset.trainer, wandb_group=f"{out.resolve().name}-{uuid.uuid4().hex[:8]}")
@@ -332,12 +370,17 @@ class _Comparison:
 
     def tune(self) -> tuple[Preset, dict[str, dict[str, Any]]]:
         """2. Tuning: every candidate on every tuning seed, then each kind's choice by the
-        criterion. Returns the tuned preset and ``per_env[env]["tuning"]``."""
+        criterion. A kind's grid is taken without the options the user pinned
+        (:meth:`~bpo_experiments.tuning.TuningConfig.grid`); a grid the pins leave with one
+        candidate has nothing to choose and runs none. Returns the tuned preset and
+        ``per_env[env]["tuning"]``."""
         preset, tuning = self.preset, self.preset.tuning
         self.tuned_kinds = [k for k in dict.fromkeys(self.kinds.values()) if tuning is not None and k in tuning.grids]
-        candidates = {(e, k): list(tuning.grids[k]) for e in self.tuned_envs for k in self.tuned_kinds}
+        candidates = {(e, k): list(tuning.grid(k)) for e in self.tuned_envs for k in self.tuned_kinds}
         phase: list[tuple[tuple[str, str, int], Preset, list[Any]]] = []
         for (env_name, kind), grid in candidates.items():
+            if len(grid) < 2:
+                continue
             for i, candidate in enumerate(grid):
                 run_preset = with_options(self.tune_preset[env_name], env_name, kind, candidate)
                 phase += [((env_name, tuning_label(kind, i), s), run_preset, self.tune_tasks[env_name]) for s in tuning.seeds]
@@ -348,16 +391,22 @@ class _Comparison:
         tuned = copy.deepcopy(preset)
         tuning_results: dict[str, dict[str, Any]] = {}
         for (env_name, kind), grid in candidates.items():
-            per_seed = [[run_metrics(self.runs[(env_name, tuning_label(kind, i), s)], self.tune_preset[env_name],
-                                     preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
-            best, scores = choose(per_seed)
+            if len(grid) > 1:
+                per_seed = [[run_metrics(self.runs[(env_name, tuning_label(kind, i), s)], self.tune_preset[env_name],
+                                         preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
+                best, scores = choose(per_seed)
+            else:  # every option of the grid pinned by the user: nothing to choose
+                per_seed, best, scores = [[]], 0, [None]
             tuned = with_options(tuned, env_name, kind, grid[best])
-            tuning_results.setdefault(env_name, {})[kind] = {
+            record = tuning_results.setdefault(env_name, {})[kind] = {
                 "algorithms": [a for a, k in self.kinds.items() if k == kind],
                 "candidates": grid, "scores": scores, "scores_per_seed": per_seed, "chosen": grid[best], "chosen_index": best,
                 "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(self.tune_tasks[env_name])} "
                 f"held-out training tasks x {tuning.episodes} episode(s)", "tasks": len(self.tune_tasks[env_name]),
             }
+            if tuning.pinned.get(kind):
+                record["fixed_by_user"] = dict(tuning.pinned[kind])
+                record["grid"] = list(tuning.grids[kind])
         return tuned, tuning_results
 
     def compare(self, tuned: Preset, tuning_results: dict[str, dict[str, Any]], ranks: int) -> dict[str, Any]:
@@ -394,6 +443,7 @@ class _Comparison:
         if not self.writer:  # rank 0 reports
             return results
         results["preset"] = preset_dict(preset)  # as given (the tuned options are under per_env[env]["tuning"])
+        results["base_preset"] = self.args.preset  # the preset config.yaml starts from (the smoke report says what it is)
         results["example_trees"] = example_trees([runs[k] for k in keys], self.out)
         for env_name in preset.envs:
             results["per_env"][env_name]["data"] = self.data[env_name]
@@ -426,6 +476,7 @@ class _Comparison:
 
 def write_report(results: dict[str, Any], out: Path) -> None:
     """``results.json``, ``results.md`` and the plots into ``out``; the Markdown is printed too."""
+    results[PLOTS_WITHOUT_DATA] = empty_plots(results)
     write_json(out / "results.json", results, indent=2)
     atomic_write(out / "results.md", markdown(results))
     written = plots(results, out) + [out / p for pictures in results["example_trees"].values() for p in pictures.values()]
@@ -462,6 +513,7 @@ def with_options(preset: Preset, env: str, kind: str, candidate: dict[str, Any])
     return out
 
 
+@ends_on_ctrl_c("bpo-compare", resumable=True)
 def cli() -> None:
     """Console entry point (``bpo-compare``)."""
     main()

@@ -57,6 +57,7 @@ from bpo_algos.mechanism import (
     tree_moments,
 )
 from bpo_algos.rollout import EnvPool
+from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.tree_mdp import TreeMDPEnv
 from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS, EnvSetup, Preset
@@ -279,16 +280,29 @@ def recommend(rows: dict[str, Any], shapes: Sequence[str], margin: float) -> dic
     if not scored:
         return {"branch": False, "shape": None, "reason": "no BPO shape branched: no mechanism to judge"}
     value, shape, basis = min(scored)
-    upper = rows[shape].get("measured_ratio_ci95", [value, value])[1] if basis == "measured" else value
+    lower, upper = rows[shape].get("measured_ratio_ci95", [value, value]) if basis == "measured" else (value, value)
+    interval = (f"95% interval [{lower:.2f}, {upper:.2f}]" if basis == "measured"
+                else "predicted from the mechanism, no interval: measure it (drop --no-measure)")
     if value < margin and upper < 1:
         return {"branch": True, "shape": shape, "ratio": value, "basis": basis,
-                "reason": f"{shape}'s {basis} gradient variance is {value:.2f}x RLOO's at the same env steps"}
+                "reason": f"{shape}'s {basis} gradient variance is {value:.2f}x RLOO's at the same env steps ({interval})"}
     if value < margin:
         return {"branch": False, "shape": None, "ratio": value, "basis": basis,
-                "reason": f"inconclusive: the best shape ({shape}) has {value:.2f}x RLOO's gradient variance ({basis}) "
-                          f"but its 95% interval reaches {upper:.2f}; run more batches before branching"}
+                "reason": f"inconclusive: the best shape ({shape}) has {value:.2f}x RLOO's gradient variance ({basis}; {interval}), "
+                          "an interval that reaches 1; run more batches before branching"}
     return {"branch": False, "shape": None, "ratio": value, "basis": basis,
-            "reason": f"do not branch: the best shape ({shape}) has {value:.2f}x RLOO's gradient variance ({basis}) at the same env steps"}
+            "reason": f"do not branch: the best shape ({shape}) has {value:.2f}x RLOO's gradient variance ({basis}; {interval}) "
+                      "at the same env steps"}
+
+
+MECHANISM_LEGEND = (
+    "*eta: the share of the return variance the prefix explains at BPO's branch points, "
+    "1 − E Var(R | h) / E Var(R | task) (docs/mechanism.md; near 0: branching adds little); branch nodes and depths: "
+    "where the trees forked (depth: count); steps/leaf: env steps per finished episode in a tree; steps/trajectory: "
+    "the same for an independent episode; zero-var groups: the share of sibling groups whose returns were all equal "
+    "(no gradient); distinct siblings: different actions per branch point; tasks/update: tasks the budget covered.*",
+)
+"""The legend printed under the mechanism table."""
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -299,10 +313,15 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         mechanism_table(mechanisms),
         "",
+        *MECHANISM_LEGEND,
+        "",
         "| algorithm | mean return | success | invalid actions |",
         "|---|---:|---:|---:|",
         *(f"| {name} | {row['mean_return']:.3f} | {row['success']:.3f} "
           f"| {row['invalid_action_share']:.3f} |" for name, row in result["configs"].items()),
+        "",
+        "*Each algorithm's batches at the fixed policy: mean return per episode, share of episodes won, share of actions "
+        "the env refused as invalid.*",
         "",
         f"| shape | predicted ratio vs {result['reference']} | measured ratio [95% CI] | exact eta |",
         "|---|---:|---|---:|",
@@ -320,7 +339,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {'-' if measured is None else f'{measured:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]'} "
             f"| {'-' if e is None else f'{e:.3f}'} |"
         )
-    lines += ["", f"**Recommendation**: {result['recommendation']['reason']}.", "",
+    lines += ["", f"*Ratio: the shape's gradient variance `tr Cov(g)` over {result['reference']}'s at the same env steps per "
+              "batch (below 1: branching gives a less noisy gradient for the same compute); predicted from η and the fork cost, "
+              "measured over the batches with a bootstrap interval; exact eta: the true η of the TreeMDP at those depths.*",
+              "", f"**Recommendation**: {result['recommendation']['reason']}.", "",
               f"{result['seconds']:.0f} s; load average {', '.join(f'{x:.1f}' for x in result['load_average'])}."]
     return "\n".join(lines) + "\n"
 
@@ -364,6 +386,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+@ends_on_ctrl_c("bpo-diagnose")
 def cli() -> None:
     """Console entry point (``bpo-diagnose``)."""
     main()

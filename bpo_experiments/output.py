@@ -32,6 +32,7 @@ from bpo_experiments.presets import (
     Preset,
     preset_dict,
 )
+from bpo_experiments.tuning import TuningConfig
 
 
 def run_dir(out: Path, env: str, algorithm: str, seed: int) -> Path:
@@ -71,6 +72,8 @@ def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] 
             continue
         if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
             saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
+        if isinstance(saved_setting.get("tuning"), dict):  # and those TuningConfig gained (pinned)
+            saved_setting["tuning"] = {**_tuning_defaults(), **saved_setting["tuning"]}
         for key, unset in REMOVED_FIELDS.items():  # a field removed since, left at its default, set nothing
             if saved_setting.get(key, unset) == unset:
                 saved_setting.pop(key, None)
@@ -196,6 +199,11 @@ def _env_setup_defaults() -> dict[str, Any]:
                 for f in dataclasses.fields(EnvSetup)
                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     return json.loads(json.dumps(defaults, default=str))
+
+
+def _tuning_defaults() -> dict[str, Any]:
+    """:class:`~bpo_experiments.tuning.TuningConfig`'s defaults as :func:`preset_dict` writes them."""
+    return json.loads(json.dumps(dataclasses.asdict(TuningConfig()), default=str))
 
 
 def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import signal
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -36,7 +37,10 @@ def _import_modules(modules: Sequence[str]) -> None:
 
 def _start_worker(main_pid: int, modules: Sequence[str]) -> None:
     """A ``--jobs`` worker: ends with the main process (killed or not, a run left going would
-    keep writing into the folder a resumed run uses), then imports ``--import``'s modules."""
+    keep writing into the folder a resumed run uses), then imports ``--import``'s modules. Ctrl-C
+    is the main process's to handle (it ends the workers): a worker ignores it, so the terminal
+    shows one line, not a traceback per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent(main_pid)
     _import_modules(modules)
 

@@ -113,7 +113,7 @@ def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
     kinds = option_kinds(preset.algorithms, preset)
     tuned = [k for k in dict.fromkeys(kinds.values()) if k in tuning.grids]
     runs_as = {k: next(a for a, kind in kinds.items() if kind == k) for k in tuned}
-    tuning_runs = [runs_as[k] for k in tuned for _ in tuning.grids[k] for _ in tuning.seeds]
+    tuning_runs = [runs_as[k] for k in tuned if len(tuning.grid(k)) > 1 for _ in tuning.grid(k) for _ in tuning.seeds]
     seeds = list(preset.for_env("seeds", env))[: tuning.default_seeds]
     defaults = [a for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned for _ in seeds]
     return {"tuning": tuning_runs, "defaults": defaults}

@@ -48,6 +48,7 @@ from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.diagnostics import flat_gradient
 from bpo_algos.mechanism import measure, predict_variance_ratio
 from bpo_algos.rollout import EnvPool
+from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
 from bpo_experiments.stats import paired_difference
@@ -431,6 +432,7 @@ def write(results: dict[str, Any], out: Path, start: float, pending: Sequence[st
     figure(results, out / "regime.png")
 
 
+@ends_on_ctrl_c("bpo-regime")
 def cli() -> None:
     """Console entry point (``bpo-regime``)."""
     main()

@@ -64,18 +64,67 @@ def split_lines(er: dict[str, Any]) -> list[str]:
     splits = er.get("splits") or {}
     if len(splits) < 2:
         return []
-    lines = ["", "Final evaluated success on each evaluation split (mean ± 95% interval over seeds; Δ: paired by seed):", "",
+    lines = ["", "Final evaluated success on each evaluation split (mean [95% interval over seeds]; Δ: paired by seed):", "",
              "| split | warm start | " + " | ".join(f"{a} (Δ vs warm start)" for a in next(iter(splits.values()))["algorithms"]) + " |",
              "|---|---:|" + "---:|" * len(next(iter(splits.values()))["algorithms"])]  # fmt: skip
     for split, entry in splits.items():
         w = entry["warm_start"]
-        cells = [f"{_pm(v['final'], v['final_ci95'])} ({_pm(v['vs_warm_start']['diff'], v['vs_warm_start']['diff_ci95'])})" for v in entry["algorithms"].values()]
-        lines.append(f"| {split}{' (primary)' if entry.get('primary') else ''} | {_pm(w['mean'], w['ci95'])} | " + " | ".join(cells) + " |")
+        cells = [f"{unit_interval(v['per_seed'], v['final_ci95'])} ({_diff(v['vs_warm_start'])})" for v in entry["algorithms"].values()]
+        lines.append(f"| {split}{' (primary)' if entry.get('primary') else ''} | {unit_interval(w['per_seed'], w['ci95'])} | "
+                     + " | ".join(cells) + " |")
     return lines
 
 
-def _pm(value: float, half: float, digits: int = 3) -> str:
+MIN_SEEDS = 3
+"""The fewest seeds an interval or a minimal detectable effect is printed for: below it, a
+t-interval has one or two degrees of freedom and says nothing (the report prints "n/a: 2 seeds")."""
+
+
+def _na(n: int) -> str:
+    return f"n/a: {n} seed{'s' if n != 1 else ''}"
+
+
+def _pm(value: float, half: float, digits: int = 3, n: int | None = None) -> str:
+    """``+0.125 ± 0.050``; ``+0.125 (n/a: 2 seeds)`` over fewer than :data:`MIN_SEEDS` seeds."""
+    if n is not None and n < MIN_SEEDS:
+        return f"{value:+.{digits}f} ({_na(n)})"
     return f"{value:+.{digits}f} ± {half:.{digits}f}"
+
+
+def _mde(d: dict[str, Any], digits: int = 3) -> str:
+    """``MDE 0.120`` of a paired difference ``d``; ``MDE n/a: 2 seeds`` below :data:`MIN_SEEDS`."""
+    n = _seeds(d)
+    return f"MDE {_na(n)}" if n < MIN_SEEDS else f"MDE {d['mde']:.{digits}f}"
+
+
+def _seeds(d: dict[str, Any]) -> int:
+    """The seeds behind a paired difference (its ``n``, else its per-seed list's length)."""
+    per_seed = d.get("diff_per_seed", d.get("success_diff_per_seed"))
+    return int(d.get("n", len(per_seed) if per_seed is not None else MIN_SEEDS))
+
+
+def _diff(d: dict[str, Any], digits: int = 3) -> str:
+    """A paired difference with its interval (``n/a`` below :data:`MIN_SEEDS` seeds)."""
+    return _pm(d["diff"], d["diff_ci95"], digits, _seeds(d))
+
+
+def unit_interval(per_seed: list[float], half: float | None = None, digits: int = 3) -> str:
+    """The mean of per-seed values in [0, 1] (success, AUC) and its 95% interval, never outside
+    [0, 1]: the t-interval (half-width ``half``) where it stays inside, else the 2.5 and 97.5
+    percentiles of the mean over 2000 bootstrap resamples of the seeds (``bootstrap``);
+    ``n/a`` below :data:`MIN_SEEDS` seeds."""
+    x = np.asarray(per_seed, dtype=float)
+    if len(x) == 0:
+        return "–"
+    mean = float(x.mean())
+    if len(x) < MIN_SEEDS:
+        return f"{mean:.{digits}f} ({_na(len(x))})"
+    if half is not None and np.isfinite(half) and 0.0 <= mean - half and mean + half <= 1.0:
+        return f"{mean:.{digits}f} [{mean - half:.{digits}f}, {mean + half:.{digits}f}]"
+    rng = np.random.default_rng(0)
+    means = x[rng.integers(0, len(x), size=(2000, len(x)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (bootstrap)"
 
 
 def _metric_value(metric: str, value: float) -> str:
@@ -111,20 +160,19 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
         parts = []
         if pc:
             state = "**detected**" if pc["detected_as_worse"] else "**not detected**: every headline of this env is underpowered"
-            parts.append(f"positive control `{pc['algorithm']}` − {er['comparator']}: {_pm(pc['diff'], pc['diff_ci95'])} "
-                         f"(MDE {pc['mde']:.3f}) — {state}")
+            parts.append(f"positive control `{pc['algorithm']}` − {er['comparator']}: {_diff(pc)} ({_mde(pc)}) — {state}")
         else:
             parts.append("no positive control ran")
         hc = er.get("handicapped_control")
         if hc:
             ranked = "ranked below" if hc["ranked_below"] else "not ranked below"
             sure = "significantly" if hc["verdict"] == "worse" else "not significantly"
-            parts.append(f"handicapped `{hc['algorithm']}` − {er['comparator']}: {_pm(hc['diff'], hc['diff_ci95'])} "
-                         f"(MDE {hc['mde']:.3f}): {ranked} {er['comparator']} ({sure})")
+            parts.append(f"handicapped `{hc['algorithm']}` − {er['comparator']}: {_diff(hc)} ({_mde(hc)}): {ranked} "
+                         f"{er['comparator']} ({sure})")
         rise = er.get("comparator_vs_warm_start")
         if rise:
             state = "rises above it" if rise["detected"] and rise["diff"] > 0 else "does not rise detectably above it"
-            parts.append(f"{er['comparator']} final − warm start: {_pm(rise['diff'], rise['diff_ci95'])} ({state})")
+            parts.append(f"{er['comparator']} final − warm start: {_diff(rise)} ({state})")
         lines.append(f"* **{env}** ({metric}): " + "; ".join(parts) + ".")
         cal = er.get("calibration")
         if cal:
@@ -134,8 +182,7 @@ def controls_lines(results: dict[str, Any]) -> list[str]:
                 seen = ("**not detected**: the instrument cannot see an effect of the size a halving of the gradient variance "
                         "implies here, so a null headline says nothing about the paper's variance claim")
             lines.append(f"* **{env}** calibration `{cal['algorithm']}` ({cal['budget_multiple']:g}x the budget per update, its "
-                         f"curve read per update) − {cal['comparator']}: {_pm(cal['diff'], cal['diff_ci95'])} "
-                         f"(MDE {cal['mde']:.3f}) — {seen}.")
+                         f"curve read per update) − {cal['comparator']}: {_diff(cal)} ({_mde(cal)}) — {seen}.")
     return lines
 
 
@@ -145,7 +192,8 @@ def _options_text(options: dict[str, Any]) -> str:
 
 def tuning_lines(results: dict[str, Any]) -> list[str]:
     """Each tuned env's tuning: per kind of algorithm its candidates with their scores (the
-    criterion's mean over the tuning seeds) and the one chosen."""
+    criterion's mean over the tuning seeds) and the one chosen; under the table, the options
+    the user fixed (``fixed_by_user``: pinned, never tuned)."""
     lines: list[str] = []
     for env, er in results["per_env"].items():
         tuning = er.get("tuning")
@@ -157,8 +205,14 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
                   "| algorithm | candidate | score (mean over tuning seeds) | per tuning seed | chosen |", "|---|---|---:|---|---|"]
         for kind, t in tuning.items():
             for i, (candidate, score) in enumerate(zip(t["candidates"], t["scores"], strict=True)):
+                if score is None:  # the user's pins left one candidate: nothing to choose, nothing ran
+                    lines.append(f"| {kind} | {_options_text(candidate) if candidate else 'nothing left to tune'} | not run | – | **chosen** |")
+                    continue
                 per_seed = ", ".join(f"{v:.3f}" for v in t["scores_per_seed"][i])
                 lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {'**chosen**' if i == t['chosen_index'] else ''} |")
+        lines.append("")
+        lines += [f"* {kind}: {_options_text(t['fixed_by_user'])} **fixed by the user** (never tuned; the grid's other options "
+                  "are tuned)." for kind, t in tuning.items() if t.get("fixed_by_user")]
         lines.append("")
     return lines
 
@@ -166,8 +220,10 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
 def _eta_cell(m: dict[str, Any] | None) -> str:
     if not m or m.get("prefix_explained") is None:
         return "–"
-    ci = m.get("prefix_explained_ci95")
-    return f"{m['prefix_explained']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" ({m['prefix_explained_seeds']} seeds)"
+    ci, n = m.get("prefix_explained_ci95"), m["prefix_explained_seeds"]
+    if n < MIN_SEEDS:
+        return f"{m['prefix_explained']:+.2f} ({_na(n)})"
+    return f"{m['prefix_explained']:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + f" ({n} seeds)"
 
 
 def _maybe(value: Any, fmt: str) -> str:
@@ -247,10 +303,13 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# {' vs '.join(a.upper() for a in algorithms) or 'Comparison'} at matched compute",
         "",
+        *_pipeline_check_lines(results),
         f"Budget unit: `{unit}` per update; seeds {results['seeds']}; comparator **{comparator}** and primary metric "
         f"**{results.get('primary_metric')}**, both fixed before the run; every difference is paired by seed, with its 95% "
         "t-interval and the minimal detectable effect (MDE: the true difference a two-sided 5% paired t-test over these seeds "
-        "detects with 80% power, from the per-seed spread; docs/main-job.md).",
+        f"detects with 80% power, from the per-seed spread; docs/main-job.md); with fewer than {MIN_SEEDS} seeds neither "
+        "means anything and the report prints n/a. Success and AUC intervals stay in [0, 1] (a bootstrap over seeds where "
+        "the t-interval would leave it).",
         "",
         *_interrupted(results),
         "## Controls",
@@ -270,22 +329,67 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *headline_lines(results),
         "",
-        "![evaluated success](success.png)",
-        "",
+        *_few_seeds_lines(results),
+        *_figure_lines(results, "success.png", "evaluated success"),
     ]
     for env, er in results["per_env"].items():
         lines += _env_lines(env, er, unit, comparator)
-    lines += [
-        "![final success](final_success.png)",
-        "",
-        "![gradient signal-to-noise](gradient_snr.png)",
-        "",
-        "![training batch success](training_success.png)",
-        "",
-    ]
+    for name, alt in (("final_success.png", "final success"), ("gradient_snr.png", "gradient signal-to-noise"),
+                      ("grad_norm_variance.png", "gradient-norm variance"), ("training_success.png", "training batch success")):
+        lines += _figure_lines(results, name, alt)
     lines += _trees_lines(results.get("example_trees") or {})
     lines += _provenance_lines(results)
     return "\n".join(lines) + "\n"
+
+
+def _pipeline_check_lines(results: dict[str, Any]) -> list[str]:
+    """The smoke preset's warning, first: it checks that every part of the job runs; its numbers
+    mean nothing."""
+    if results.get("base_preset") != "smoke":
+        return []
+    return ["> **Pipeline check, not a result.** This is the smoke preset (`bpo-compare --smoke`): tiny envs, "
+            f"{len(results.get('seeds') or [])} seeds and a few updates, sized to check in about a minute that every part of "
+            "the main job runs (tuning, controls, probes, mechanism, report). Its numbers mean nothing about BPO or any "
+            "baseline. The comparison itself: `bpo-compare` (docs/main-job.md).", ""]
+
+
+def _few_seeds_lines(results: dict[str, Any]) -> list[str]:
+    """Under the headline: a note where an env has fewer than :data:`MIN_SEEDS` seeds."""
+    few = {env: len(er.get("seeds") or []) for env, er in results["per_env"].items() if len(er.get("seeds") or []) < MIN_SEEDS}
+    if not few:
+        return []
+    return [f"With fewer than {MIN_SEEDS} seeds ({', '.join(f'{e}: {_na(n)}' for e, n in few.items())}) no interval, MDE or "
+            "verdict above is an estimate: read the per-seed values only.", ""]
+
+
+PLOTS_WITHOUT_DATA = "plots_without_data"
+"""``results.json`` key: ``{plot file: why it was not drawn}`` (:func:`plots`)."""
+
+
+def empty_plots(results: dict[str, Any]) -> dict[str, str]:
+    """``{plot file: why}`` of the plots that would have no data: the gradient plots when no
+    run probed its gradient (``grad_seeds`` 0, or an FSDP preset)."""
+    rows = [r for er in results["per_env"].values() for r in er["algorithms"].values()]
+    probes = [r.get("gradient_initial") or {} for r in rows]
+    reason = "no run probed its gradient (grad_seeds is 0 on every env, or the policy is sharded)"
+    out: dict[str, str] = {}
+    if not any(np.isfinite(v) for p in probes for v in (p.get("snr_per_seed") or []) if v is not None):
+        out["gradient_snr.png"] = reason
+    if not any(np.isfinite(p.get("grad_norm_var", np.nan)) for p in probes):
+        out["grad_norm_variance.png"] = reason
+    if not any(r.get("eval_curve") for r in rows):
+        out["success.png"] = out["final_success.png"] = "no run was evaluated"
+    if not any(len(r.get("curve") or []) for r in rows):
+        out["training_success.png"] = "no run trained an update"
+    return out
+
+
+def _figure_lines(results: dict[str, Any], name: str, alt: str) -> list[str]:
+    """A plot's link, or why it was not drawn."""
+    why = empty_plots(results).get(name)
+    if why:
+        return [f"*{alt.capitalize()} ({name}): not drawn, {why}.*", ""]
+    return [f"![{alt}]({name})", ""]
 
 
 def _env_lines(env: str, er: dict[str, Any], unit: str, comparator: str) -> list[str]:
@@ -314,11 +418,13 @@ def _env_lines(env: str, er: dict[str, Any], unit: str, comparator: str) -> list
     for a, r in er["algorithms"].items():
         m = r["metrics"]
         vs = er.get("vs_comparator", {}).get(a, {}).get(er.get("primary_metric", "auc"))
-        delta = f"{_pm(vs['diff'], vs['diff_ci95'])} ({vs['mde']:.3f})" if vs else "(comparator)"
+        delta = f"{_diff(vs)} ({_mde(vs)})" if vs else "(comparator)"
         c2t = m["compute_to_threshold"]
+        n = len(m["auc"].get("per_seed") or [])
+        c2t_cell = f"{_number(c2t['mean'])} ({_na(n)})" if n < MIN_SEEDS else f"{_number(c2t['mean'])} ± {_number(c2t['ci95'])}"
         lines.append(
-            f"| {a} | {m['auc']['mean']:.3f} ± {m['auc']['ci95']:.3f} | {m['final']['mean']:.3f} ± {m['final']['ci95']:.3f} "
-            f"| {_number(c2t['mean'])} ± {_number(c2t['ci95'])} ({c2t.get('not_reached', 0)}) | {delta} "
+            f"| {a} | {unit_interval(m['auc']['per_seed'], m['auc']['ci95'])} | {unit_interval(m['final']['per_seed'], m['final']['ci95'])} "
+            f"| {c2t_cell} ({c2t.get('not_reached', 0)}) | {delta} "
             f"| {r['compute']['env_steps']:.0f} | {r['compute'].get('flops', float('nan')):.3g} | {r['budget_used_ratio']:.2f} |"
         )
     lines += split_lines(er)
@@ -330,7 +436,7 @@ def _env_lines(env: str, er: dict[str, Any], unit: str, comparator: str) -> list
             "",
             f"Secondary, chosen after seeing the results (biased against the treatment when nothing differs): "
             f"{best['treatment']} − {best['best_baseline']} (the baseline with the best mean final success) "
-            f"{_pm(best['success_diff'], best['success_diff_ci95'])} final success (MDE {best['mde']:.3f}).",
+            f"{_pm(best['success_diff'], best['success_diff_ci95'], 3, _seeds(best))} final success ({_mde(best)}).",
         ]
     lines.append("")
     return lines
@@ -347,10 +453,12 @@ def _gradient_lines(er: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"Gradient signal-to-noise `ŝ / tr Cov(g)` ({probe['batches']} independent batches at the training budget; "
-        f"[95% bootstrap interval]) at the warm start and at update {mid.get('update', '–')}; cosine of the mean gradient "
-        "to a reference RLOO gradient at the same policy (docs/main-job.md):",
+        f"[95% bootstrap interval]) at the warm start and at update {mid.get('update', '–')}; alignment with RLOO: "
+        "`ḡ · r̄ / √(signal · signal_ref)` against a reference RLOO gradient at the same policy, the cosine of the two "
+        "expected gradients estimated without the noise's pull towards 0, so that with few batches it can pass ±1 (1: "
+        "the same direction; docs/main-job.md):",
         "",
-        "| algorithm | SNR, warm start | SNR, mid-training | cosine to RLOO, warm start | cosine to RLOO, mid-training |",
+        "| algorithm | SNR, warm start | SNR, mid-training | alignment with RLOO, warm start | alignment with RLOO, mid-training |",
         "|---|---:|---:|---:|---:|",
     ]
     for a, r in er["algorithms"].items():
@@ -457,7 +565,8 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     95% band, the warm start as a dashed line); ``final_success.png``; ``gradient_snr.png``
     (signal-to-noise at the warm start and mid-training, bootstrap intervals);
     ``training_success.png`` (the training batches' success, for reference) and
-    ``grad_norm_variance.png``."""
+    ``grad_norm_variance.png``. A plot without data (:func:`empty_plots`) is not drawn: the
+    report says why instead. Returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -466,8 +575,10 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     envs = list(results["per_env"])
     algorithms = list(dict.fromkeys(a for e in envs for a in results["per_env"][e]["algorithms"]))
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
-    figures = (_success_figure, _training_figure, _final_figure, _snr_figure, _grad_norm_variance_figure)
-    return [figure(results, out, envs, algorithms, colours) for figure in figures]
+    figures = {"success.png": _success_figure, "training_success.png": _training_figure, "final_success.png": _final_figure,
+               "gradient_snr.png": _snr_figure, "grad_norm_variance.png": _grad_norm_variance_figure}
+    empty = empty_plots(results)
+    return [figure(results, out, envs, algorithms, colours) for name, figure in figures.items() if name not in empty]
 
 
 def _save(fig: Any, path: Path, **savefig: Any) -> Path:

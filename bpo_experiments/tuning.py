@@ -77,9 +77,24 @@ class TuningConfig:
     """The secondary row (the treatment and the comparator at their untuned defaults) runs on
     the first this many evaluation seeds (None: all); a default equal to the tuned choice reuses
     the tuned runs."""
+    pinned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Options the user fixed, per kind (``{"rloo": {"group_size": 2}}``; a ``--KIND.OPTION``
+    flag pins its option): tuning never replaces them, it tunes the rest of the grid
+    (:meth:`grid`), and the report's tuning table names them as fixed by the user."""
 
     def tunes(self, env: str) -> bool:
         return self.envs is None or env in self.envs
+
+    def grid(self, kind: str) -> tuple[dict[str, Any], ...]:
+        """``kind``'s candidates with its pinned options taken out, each distinct candidate once
+        (the first's order): every option in the grid pinned leaves one candidate, ``{}``."""
+        pinned = self.pinned.get(kind, {})
+        out: list[dict[str, Any]] = []
+        for candidate in self.grids[kind]:
+            free = {k: v for k, v in candidate.items() if k not in pinned}
+            if free not in out:
+                out.append(free)
+        return tuple(out)
 
 
 def tuned_kinds(preset: Any, option_classes: dict[str, type[Options]], kind_of: dict[str, str | None]) -> list[str]:
@@ -100,7 +115,10 @@ def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of:
     tuned kinds. Errors (``ValueError``): an unknown criterion, a tuning seed that is also an
     evaluation seed, an empty grid, grids of different sizes (without
     ``allow_unequal_grids``), an algorithm (not a control) without a grid beside tuned ones, a
-    candidate naming an option its algorithm does not have or a value it refuses. A tuned env left out of the comparison (``--envs``) is simply not run."""
+    candidate naming an option its algorithm does not have or a value it refuses, a pinned option
+    its kind does not have. A tuned env left out of the comparison (``--envs``) is simply not
+    run. The equal-size rule reads the grids as given: a pin that shrinks a grid is the user's
+    choice, shown in the report."""
     t = preset.tuning
     if t.criterion not in CRITERIA:
         raise ValueError(f"tuning criterion {t.criterion!r}: one of {', '.join(CRITERIA)}")
@@ -130,6 +148,13 @@ def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of:
     if len(set(sizes.values())) > 1 and not t.allow_unequal_grids:
         raise ValueError(f"tuning grids of different sizes {sizes}: a bigger grid favours its algorithm; give every tuned "
                          "algorithm as many candidates, or pass --allow-unequal-grids")
+    for kind, options in t.pinned.items():
+        cls = option_classes.get(kind)
+        if cls is None:
+            raise ValueError(f"pinned options of {kind!r}: no algorithm kind of that name (kinds: {sorted(option_classes)})")
+        unknown = sorted(set(options) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(f"pinned options {options} of {kind!r}: {unknown} are not {cls.__name__} fields")
     for kind in kinds:
         cls = option_classes[kind]
         for candidate in t.grids[kind]:

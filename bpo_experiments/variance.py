@@ -35,6 +35,7 @@ from bpo_algos import BPO, Budget, EnvPool, TabularPolicy
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import GradientSamples, flat_gradient, gradient_samples, variance_summary
 from bpo_algos.policy.tabular import _key
+from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import atomic_write, write_json
 
 REFERENCE = "rloo-4"
@@ -318,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
+@ends_on_ctrl_c("bpo-variance")
 def cli() -> None:
     """Console entry point (``bpo-variance``)."""
     main()

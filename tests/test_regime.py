@@ -104,12 +104,15 @@ def test_recommendation_rule() -> None:
             "c": {"predicted_ratio": None}}
     assert diagnose.recommend(rows, ["a", "b", "c"], 0.9) == {
         "branch": True, "shape": "b", "ratio": 0.6, "basis": "measured",
-        "reason": "b's measured gradient variance is 0.60x RLOO's at the same env steps",
+        "reason": "b's measured gradient variance is 0.60x RLOO's at the same env steps (95% interval [0.40, 0.80])",
     }
+    # every verdict gives its interval, or says there is none (a predicted ratio)
+    assert "predicted from the mechanism, no interval" in diagnose.recommend(rows, ["a"], 0.9)["reason"]
     # the broken case: a low point estimate whose interval reaches 1 is no reason to branch
     wide = {"a": {"predicted_ratio": 1.5, "measured_ratio": 0.12, "measured_ratio_ci95": [0.0, 1.13]}}
     assert diagnose.recommend(wide, ["a"], 0.9)["branch"] is False
     assert diagnose.recommend(wide, ["a"], 0.9)["reason"].startswith("inconclusive")
+    assert "95% interval [0.00, 1.13]" in diagnose.recommend(wide, ["a"], 0.9)["reason"]
     worse = {"a": {"predicted_ratio": 1.4, "measured_ratio": 2.0}}
     assert diagnose.recommend(worse, ["a"], 0.9)["branch"] is False
     assert diagnose.recommend({"a": {"predicted_ratio": None}}, ["a"], 0.9)["branch"] is False

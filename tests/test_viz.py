@@ -216,3 +216,29 @@ def test_python_m_bpo_algos_viz_answers_help():
     done = subprocess.run([sys.executable, "-m", "bpo_algos.viz", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage: bpo-trees" in done.stdout
+
+
+def _stroke_colours(path):
+    """The stroke colours of an SVG picture's line pieces."""
+    import re
+
+    return set(re.findall(r"stroke: ?(#[0-9a-f]{6})", path.read_text()))
+
+
+def test_the_colour_scale_is_centred_on_0_with_a_floor_so_zero_advantages_draw_neutral(tmp_path):
+    from bpo_algos.viz import ADVANTAGE_FLOOR, advantage_scale
+
+    assert advantage_scale([1e-16, -3e-17]) == ADVANTAGE_FLOOR and advantage_scale([]) == ADVANTAGE_FLOOR
+    assert advantage_scale([0.5, -2.0]) == 2.0
+    tree = collect("bpo")[0]
+    edges = tree.edges()
+    for sign, edge in zip([1, -1] * len(edges), edges, strict=False):
+        edge.advantage = sign * 1e-16  # returns that cancel to 0 in floating point
+    draw_tree(tree, tmp_path / "zero.svg")
+    zero = _stroke_colours(tmp_path / "zero.svg")
+    assert "#c3c4c4" in zero and not {"#b2182b", "#2166ac"} & zero  # the neutral middle, not saturated red or blue
+    # the broken case the floor prevents: real advantages of both signs do saturate the ends
+    for sign, edge in zip([1, -1] * len(edges), edges, strict=False):
+        edge.advantage = sign * 0.5
+    draw_tree(tree, tmp_path / "signed.svg")
+    assert {"#b2182b", "#2166ac"} <= _stroke_colours(tmp_path / "signed.svg")

@@ -252,7 +252,8 @@ class EnvServer:
                     if isinstance(snapshot_id, str):
                         self.store.release(snapshot_id)
                 return None
-            return error(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind!r} (reset, step, state, close)")
+            return error(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {kind!r}; the types are reset, step, state, close, "
+                         "release, task_ids, expert_actions")
         except UnknownSnapshotError as exc:
             return error(WSErrorCode.VALIDATION_ERROR, str(exc), snapshot_id=exc.snapshot_id)
         except DeadlineExceeded as exc:

@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bpo_envs.console import ends_on_ctrl_c
+
 PARTS = ("alfworld", "swebench", "llm", "vllm", "verifiers")
 ALL = ("alfworld", "swebench", "llm")
 SETUP_COMMAND = "bpo-gym-setup"
@@ -79,6 +81,7 @@ def clean(argv: list[str]) -> None:
     print(json.dumps({"dry_run": args.dry_run, **report.as_dict()}, indent=2))
 
 
+@ends_on_ctrl_c("bpo-gym-setup")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["clean"]:
