@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from bpo_algos import data_parallel as dp
+from bpo_algos.algorithm import Options
 from bpo_algos.registry import registered_algorithms
 from bpo_envs.files import (
     FolderLock,
@@ -89,7 +90,7 @@ from bpo_experiments.tasks import task_order, task_split_with_provenance
 from bpo_experiments.tuning import (
     DEFAULTS_SUFFIX,
     candidate_options,
-    choose,
+    decide,
     tuning_tasks,
 )
 from bpo_experiments.tuning import label as tuning_label
@@ -350,11 +351,12 @@ class _Comparison:
         for (env_name, kind), grid in candidates.items():
             per_seed = [[run_metrics(self.runs[(env_name, tuning_label(kind, i), s)], self.tune_preset[env_name],
                                      preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
-            best, scores = choose(per_seed)
-            tuned = with_options(tuned, env_name, kind, grid[best])
+            record = decide(per_seed, grid, base_options(preset, env_name, kind), tuning.alpha)
+            if not record["kept_defaults"]:  # a choice only where the tuning told the candidates apart
+                tuned = with_options(tuned, env_name, kind, record["chosen"])
             tuning_results.setdefault(env_name, {})[kind] = {
                 "algorithms": [a for a, k in self.kinds.items() if k == kind],
-                "candidates": grid, "scores": scores, "scores_per_seed": per_seed, "chosen": grid[best], "chosen_index": best,
+                "candidates": grid, "scores_per_seed": per_seed, **record,
                 "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(self.tune_tasks[env_name])} "
                 f"held-out training tasks x {tuning.episodes} episode(s)", "tasks": len(self.tune_tasks[env_name]),
             }
@@ -456,10 +458,13 @@ def with_options(preset: Preset, env: str, kind: str, candidate: dict[str, Any])
     """A copy of ``preset`` whose ``env`` runs ``kind``'s algorithms (its variants and the
     controls that collect as it) with ``candidate`` over its current options."""
     out = copy.deepcopy(preset)
-    setup = out.envs[env]
-    base = setup.options.get(kind) or out.options.get(kind) or option_classes()[kind]()
-    setup.options[kind] = candidate_options(base, candidate)
+    out.envs[env].options[kind] = candidate_options(base_options(out, env, kind), candidate)
     return out
+
+
+def base_options(preset: Preset, env: str, kind: str) -> Options:
+    """``kind``'s options on ``env`` before tuning: the env's, else the preset's, else the defaults."""
+    return preset.envs[env].options.get(kind) or preset.options.get(kind) or option_classes()[kind]()
 
 
 def cli() -> None:

@@ -145,20 +145,31 @@ def _options_text(options: dict[str, Any]) -> str:
 
 def tuning_lines(results: dict[str, Any]) -> list[str]:
     """Each tuned env's tuning: per kind of algorithm its candidates with their scores (the
-    criterion's mean over the tuning seeds) and the one chosen."""
+    criterion's mean over the tuning seeds), the one chosen, and the F-test across the candidates
+    with the smallest difference it could detect (when it cannot tell them apart, the defaults
+    are kept and this says so)."""
     lines: list[str] = []
     for env, er in results["per_env"].items():
         tuning = er.get("tuning")
         if not tuning:
             continue
         first = next(iter(tuning.values()))
+        rule = ("the highest mean is chosen when the one-way F-test across the candidates tells them apart, else the defaults are kept"
+                if "f_test" in first else "the highest mean is chosen")
         lines += [f"**{env}**: {first['criterion']}, tuning seeds {first['seeds']} (disjoint from the evaluation seeds); "
-                  "the highest mean is chosen, before any evaluation run.", "",
+                  f"{rule}, before any evaluation run.", "",
                   "| algorithm | candidate | score (mean over tuning seeds) | per tuning seed | chosen |", "|---|---|---:|---|---|"]
         for kind, t in tuning.items():
+            mark = "**chosen** (defaults kept)" if t.get("kept_defaults") else "**chosen**"
             for i, (candidate, score) in enumerate(zip(t["candidates"], t["scores"], strict=True)):
                 per_seed = ", ".join(f"{v:.3f}" for v in t["scores_per_seed"][i])
-                lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {'**chosen**' if i == t['chosen_index'] else ''} |")
+                lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {mark if i == t['chosen_index'] else ''} |")
+            if t.get("kept_defaults") and t.get("chosen_index") is None:
+                lines.append(f"| {kind} | {_options_text(t['chosen'])} (the defaults) | – | – | {mark} |")
+        lines.append("")
+        for kind, t in tuning.items():
+            if "decision" in t:
+                lines.append(f"* {kind}: {t['decision']}.")
         lines.append("")
     return lines
 

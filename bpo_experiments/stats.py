@@ -142,6 +142,82 @@ def paired_difference(diffs: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def paired_p_value(diffs: Sequence[float]) -> float | None:
+    """Two-sided p-value of the paired t-test of ``mean(d) = 0``: ``2 (1 - F_t(|t|, n-1))`` with
+    ``t = mean(d) / (sd(d) / sqrt(n))`` (None for fewer than 2 pairs; with no spread, 0 when the
+    mean is not 0, else 1)."""
+    d = np.asarray(diffs, dtype=float)
+    n = len(d)
+    if n < 2:
+        return None
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0:
+        return 0.0 if mean != 0 else 1.0
+    t = mean / (sd / math.sqrt(n))
+    return float(min(1.0, 2.0 * (1.0 - t_cdf(abs(t), n - 1))))
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of ``m`` p-values (None: no test, left None and not
+    counted in ``m``): sorted ascending ``p_(1) <= ... <= p_(m)``, the adjusted
+    ``p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``, returned in the input's order. Rejecting
+    where ``p~ < alpha`` keeps the family-wise error rate at ``alpha``."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(tested)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * float(p)))
+        out[i] = running
+    return out
+
+
+def f_survival(x: float, dof_between: int, dof_within: int) -> float:
+    """``P(F > x)`` for Snedecor's F with ``(dof_between, dof_within)`` degrees of freedom:
+    ``I_{d2 / (d2 + d1 x)}(d2 / 2, d1 / 2)``."""
+    if dof_between < 1 or dof_within < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {dof_between}, {dof_within}")
+    if x <= 0:
+        return 1.0
+    return float(_betainc(dof_within / 2.0, dof_between / 2.0, dof_within / (dof_within + dof_between * x)))
+
+
+def one_way_anova(groups: Sequence[Sequence[float]], alpha: float = 0.05, power: float = 0.8) -> dict[str, Any]:
+    """The one-way F-test that ``k`` groups (here: tuning candidates, each scored on its seeds)
+    share one mean, and the smallest difference of two group means it could detect.
+
+    ``F = (SSB / (k - 1)) / (SSW / (N - k))`` with ``SSB = sum_i n_i (mean_i - mean)^2``,
+    ``SSW = sum_i sum_j (x_ij - mean_i)^2``; ``p = P(F_{k-1, N-k} > F)``. ``detectable_difference``
+    = ``(t_{1 - alpha/2, N-k} + t_{power, N-k}) sqrt(MSW (1/n_a + 1/n_b))`` for the two smallest
+    groups: the difference of two candidates' means a level-``alpha`` comparison of those two
+    detects with probability ``power``. ``distinguishable``: ``p < alpha``. With fewer than two
+    groups or no replicate within a group (``N - k = 0``) nothing is testable: ``p`` and
+    ``detectable_difference`` are None and ``distinguishable`` is False (and with no spread
+    within the groups ``F`` is None, ``p`` 0 when the means differ, else 1)."""
+    data = [np.asarray(g, dtype=float) for g in groups]
+    k, total = len(data), sum(len(g) for g in data)
+    dof_b, dof_w = k - 1, total - k
+    means = [float(g.mean()) for g in data if len(g)]
+    out: dict[str, Any] = {"test": "one-way F-test", "groups": k, "observations": total, "dof": [dof_b, dof_w],
+                           "F": None, "p": None, "alpha": alpha, "power": power, "detectable_difference": None,
+                           "spread": float(max(means) - min(means)) if means else None, "distinguishable": False}
+    if k < 2 or dof_w < 1 or any(len(g) == 0 for g in data):
+        return out
+    grand = float(np.concatenate(data).mean())
+    ssb = float(sum(len(g) * (g.mean() - grand) ** 2 for g in data))
+    ssw = float(sum(((g - g.mean()) ** 2).sum() for g in data))
+    msw = ssw / dof_w
+    if msw == 0:
+        f, p = None, (0.0 if ssb > 0 else 1.0)  # no spread within: F is infinite or undefined
+    else:
+        f = (ssb / dof_b) / msw
+        p = f_survival(f, dof_b, dof_w)
+    sizes = sorted(len(g) for g in data)[:2]
+    detectable = (t_quantile(1 - alpha / 2, dof_w) + t_quantile(power, dof_w)) * math.sqrt(msw * (1 / sizes[0] + 1 / sizes[1]))
+    out.update({"F": f, "p": p, "msw": msw, "detectable_difference": float(detectable), "distinguishable": bool(p < alpha)})
+    return out
+
+
 def curve_band(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
     """Per-point mean over seeds and the half-width of its 95% t-interval."""
     c = np.asarray(curves, dtype=float)
