@@ -14,18 +14,28 @@ In every cell:
    flops (the flops RLOO-4 spends on the same env-step budget at the prior); each run's curve is
    the exact expected return over all the cell's tasks after every update (no evaluation
    noise), its AUC the curve's mean after update 0. Reported: BPO minus the best independent,
-   paired by seed, with its 95% interval;
-3. **mechanism and variance** at the prior: the gradient of ``variance_batches`` batches of each
-   BPO shape and of RLOO at its best group size, at the same env-step budget;
-   :func:`bpo_algos.mechanism.measure` on BPO's batches; the measured ratio
-   ``tr Cov(g_BPO) / tr Cov(g_RLOO)`` beside :func:`~bpo_algos.mechanism.predict_variance_ratio`
-   (with the task-sampling share computed from the exact per-task gradients).
+   paired by seed, with its 95% interval and the paired t-test's ``p``;
+3. **mechanism and variance** at the prior, at the same env-step budget: on each of at least
+   ``MIN_VARIANCE_SEEDS`` *variance seeds*, ``variance_batches`` gradient batches of each BPO
+   shape and of RLOO at its best group size give one ratio ``tr Cov(g_BPO) / tr Cov(g_RLOO)``;
+   the measured ratio is their geometric mean with its 95% interval over the seeds. Beside it,
+   :func:`~bpo_algos.mechanism.predict_variance_ratio` of the mechanism
+   (:func:`bpo_algos.mechanism.measure`) on the batches of other seeds, the *predictor seeds*
+   (with the task-sampling share computed from the exact per-task gradients): the prediction is
+   made out of sample, and nothing in it is fitted.
 
-Over all cells and shapes, the predictor's Spearman rank correlation with the measured ratio,
-with a bootstrap interval. Writes ``regime.json`` and ``regime.png`` to ``--out``::
+Over the map's cells, the verdicts (``win``, ``loss``, ``tie`` at matched env steps) are taken
+after Holm's adjustment over the cells (``matched[unit]["p_holm"]``), and the predictor's
+Spearman rank correlation with the measured ratios has a bootstrap interval. ``--replicate``
+runs the whole map a second time on disjoint seeds (every kind: tuning, evaluation, variance,
+predictor; :func:`map_seeds`) and records in ``regime.json["replication"]`` both runs' seeds and
+verdicts, the share of cells whose verdicts agree and the cells called a win in one run and a
+loss in the other (docs/regime.md, "Method"). Writes ``regime.json``, ``regime.md`` and
+``regime.png`` to ``--out``::
 
-    bpo-regime --quick --out /tmp/regime           # < 2 min
-    nice -n 5 bpo-regime --out docs/results/regime  # the full map, < 30 min on 2 cores
+    bpo-regime --quick --out /tmp/regime                       # about a minute of CPU
+    bpo-regime --quick --replicate --out /tmp/regime           # the same, twice
+    nice -n 5 bpo-regime --replicate --out docs/results/regime  # the full map, twice
 """
 
 from __future__ import annotations
@@ -465,6 +475,10 @@ def figure(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _ratio(shape: dict[str, Any]) -> str:
     measured, ci, predicted = shape.get("measured_ratio"), shape.get("measured_ratio_ci95"), shape.get("predicted_ratio")
     text = "-" if measured is None else f"{measured:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
@@ -496,16 +510,19 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {fmt['flops']} | {'-' if eta is None else f'{eta:.2f}'} | {m.get('fork_cost_ratio') or float('nan'):.2f} | {_ratio(shape)} |"
         )
     s = results["predictor"]
+    ci = s.get("ci95")
     lines.append("")
-    lines.append(f"Predictor (out of sample): Spearman {s.get('rho')} (95% CI {s.get('ci95')}) over {s.get('n')} (cell, shape) points, "
+    lines.append(f"Predictor (out of sample: its inputs from other seeds' batches): Spearman {_num(s.get('rho'))} "
+                 f"(95% CI {f'[{ci[0]:.2f}, {ci[1]:.2f}]' if ci else '-'}) over {s.get('n')} (cell, shape) points, "
                  f"each measured ratio from {s.get('seeds_per_point')} seeds.")
     rep = results.get("replication")
     if rep:
         lines += ["", "Replication (verdicts at matched env steps after Holm, two runs on disjoint seeds):", "",
                   "| cell | run 1 | run 2 |", "|---|---|---|"]
         lines += [f"| {name} | {a} | {b} |" for name, (a, b) in rep["verdicts"].items()]
-        rhos = ", ".join(str(run["predictor"].get("rho")) for run in rep["runs"])
-        lines += ["", f"Agreement {rep['agreement']}; opposite verdicts: {rep['opposite'] or 'none'}; predictor Spearman per run: {rhos}."]
+        rhos = ", ".join(_num(run["predictor"].get("rho")) for run in rep["runs"])
+        lines += ["", f"Agreement {_num(rep['agreement'])}; opposite verdicts: {', '.join(rep['opposite']) or 'none'}; "
+                  f"predictor Spearman per run: {rhos}."]
     return "\n".join(lines) + "\n"
 
 
@@ -527,7 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     configs: Sequence[str] = list(CONFIGS)
     if args.quick:
-        args.seeds, args.tuning_seeds, args.updates, args.variance_batches, args.predictor_seeds = 3, 1, 4, 4, 1
+        args.seeds, args.tuning_seeds, args.updates, args.variance_batches, args.predictor_seeds = 3, 1, 4, 3, 1
         configs = QUICK_CONFIGS
     if args.variance_seeds < MIN_VARIANCE_SEEDS:
         parser.error(f"--variance-seeds {args.variance_seeds}: a measured ratio needs at least {MIN_VARIANCE_SEEDS} seeds")

@@ -212,7 +212,8 @@ def mechanism_lines(results: dict[str, Any]) -> list[str]:
 
 
 def headline_lines(results: dict[str, Any]) -> list[str]:
-    """The headline table: the treatment − the comparator, per env and metric."""
+    """The headline table: the treatment − the comparator, per env and metric; the treatment −
+    the calibration control (paired by seed) and the untuned defaults as secondary rows."""
     lines = [
         "| env | metric | " + f"{results['treatment']} − {results['comparator']}" + " | 95% CI | MDE (80% power) | per seed | verdict |",
         "|---|---|---:|---:|---:|---|---|",
@@ -231,6 +232,18 @@ def headline_lines(results: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {env} | {name} | {d['diff']:+.{digits}f} | ± {d['diff_ci95']:.{digits}f} | {d['mde']:.{digits}f} | "
                 + ", ".join(f"{v:+.{digits}f}" for v in d["diff_per_seed"]) + f" | {verdict} |"
+            )
+        cal = er.get("treatment_vs_calibration")
+        if cal:
+            if cal["detected"]:
+                verdict = (f"detected (p {cal['p']:.2g}): {cal['treatment']} is "
+                           + ("above" if cal["verdict"] == "better" else "below") + " what halving the gradient variance buys")
+            else:
+                verdict = f"not detected (effects below {cal['mde']:.3g} cannot be excluded)"
+            lines.append(
+                f"| {env} | {cal['metric']}, **against the calibration** ({cal['treatment']} − {cal['calibration']}, paired by seed) "
+                f"| {cal['diff']:+.3f} | ± {cal['diff_ci95']:.3f} | {cal['mde']:.3f} | "
+                + ", ".join(f"{v:+.3f}" for v in cal["diff_per_seed"]) + f" | {verdict} |"
             )
         defaults = er.get("defaults_vs_comparator")
         if defaults:

@@ -567,6 +567,8 @@ def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset
             **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
             "verdict": verdict(d, primary),
         }
+        if treatment in vs:
+            out["treatment_vs_calibration"] = treatment_vs_calibration(vs[treatment][primary], d, treatment, calibration, primary)
     defaults = treatment + DEFAULTS
     if defaults in vs:
         d = vs[defaults][primary]
@@ -576,6 +578,22 @@ def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset
             "verdict": verdict(d, primary),
         }
     return out
+
+
+def treatment_vs_calibration(treatment: dict[str, Any], calibration: dict[str, Any], treatment_name: str, calibration_name: str,
+                             metric: str) -> dict[str, Any]:
+    """``per_env[env]["treatment_vs_calibration"]``: the treatment minus the calibration control,
+    paired by seed, from their differences against the comparator (``d_T(s) - d_cal(s) =
+    m_T(s) - m_cal(s)`` on the seeds both have): :func:`paired_difference` with the paired
+    t-test's ``p`` and the verdict. Where the treatment is at or above the calibration, it buys at
+    least what halving the gradient variance would."""
+    by_seed = dict(zip(calibration["seeds"], calibration["diff_per_seed"], strict=True))
+    seeds = [s for s in treatment["seeds"] if s in by_seed]
+    own = dict(zip(treatment["seeds"], treatment["diff_per_seed"], strict=True))
+    diffs = [own[s] - by_seed[s] for s in seeds]
+    d = paired_difference(diffs)
+    return {"treatment": treatment_name, "calibration": calibration_name, "metric": metric, **d, "seeds": seeds,
+            "p": paired_p_value(diffs), "verdict": verdict(d, metric)}
 
 
 def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str, preset: Preset) -> dict[str, Any] | None:

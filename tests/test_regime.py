@@ -87,10 +87,10 @@ def test_the_prediction_is_made_out_of_sample() -> None:
     try:
         def study(variance: tuple[int, ...]) -> dict:
             seeds = regime.MapSeeds(evaluation=(0, 1), tuning=(1000,), variance=variance, predictor=(9,))
-            return regime.variance_study(cell, "rloo-4", ["bpo-2x4-q0.8"], 3, pool, seeds)["shapes"]["bpo-2x4-q0.8"]
+            return regime.variance_study(cell, "rloo-4", ["bpo-2x4-q0.8"], 2, pool, seeds)["shapes"]["bpo-2x4-q0.8"]
 
-        a, b = study((0, 1, 2, 3, 4)), study((10, 11, 12, 13, 14))
-        inside = regime.measure([batch for s in (0, 1, 2, 3, 4) for batch in regime.gradient_batches(cell, "bpo-2x4-q0.8", 3, 2, pool, s)[1]])
+        a, b = study((0, 1)), study((10, 11))
+        inside = regime.measure([batch for s in (0, 1) for batch in regime.gradient_batches(cell, "bpo-2x4-q0.8", 2, 2, pool, s)[1]])
     finally:
         pool.close()
     assert a["predicted_ratio"] == b["predicted_ratio"] and a["mechanism"] == b["mechanism"]
