@@ -122,6 +122,29 @@ def minimal_detectable_effect(sd: float, n: int, alpha: float = 0.05, power: flo
     return float((t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n))
 
 
+def power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """The probability that a two-sided level-``alpha`` paired t-test over ``n`` pairs with
+    spread ``sd`` detects a true mean difference ``effect``: under it the statistic is noncentral
+    t, ``T = (Z + d) / S`` with ``d = |effect| sqrt(n) / sd``, ``Z`` standard normal and ``S^2``
+    a chi-square over its ``n - 1`` degrees of freedom, so the power is
+    ``E_S[1 - Phi(c S - d) + Phi(-c S - d)]`` with ``c = t_{1-alpha/2, n-1}``, integrated over
+    ``U = sqrt(n - 1) S`` (density ``u^(k-1) e^(-u^2/2) / (2^(k/2-1) Gamma(k/2))``, ``k = n - 1``)
+    by the trapezoid rule. nan for fewer than 2 pairs or no spread."""
+    if n < 2 or not sd > 0:
+        return float("nan")
+    k = n - 1
+    crit = t_quantile(1 - alpha / 2, k)
+    shift = abs(effect) * math.sqrt(n) / sd
+    u = np.linspace(0.0, math.sqrt(k) + 12.0, 4001)
+    log_u = np.log(u, out=np.full_like(u, -np.inf), where=u > 0)
+    power_term = (k - 1) * log_u if k > 1 else np.zeros_like(u)  # u^0 = 1, also at u = 0
+    density = np.exp(power_term - u * u / 2 - (k / 2 - 1) * math.log(2) - math.lgamma(k / 2))
+    scale = u / math.sqrt(k)
+    phi = np.vectorize(lambda x: 0.5 * math.erfc(-x / math.sqrt(2)))
+    reject = 1.0 - phi(crit * scale - shift) + phi(-crit * scale - shift)
+    return float(np.clip(np.trapezoid(density * reject, u), 0.0, 1.0))
+
+
 def paired_difference(diffs: Sequence[float]) -> dict[str, Any]:
     """``diff``, ``diff_ci95`` (half-width), ``diff_per_seed``, ``mde``, ``n`` and ``detected``
     (the 95% interval excludes 0) of per-seed differences."""
