@@ -38,7 +38,8 @@ from bpo_experiments.evaluation import eval_points, evaluate_episodes
 from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
 from bpo_experiments.presets import Preset
 from bpo_experiments.probes import probes_on
-from bpo_experiments.stats import METRICS, minimal_detectable_effect, power
+from bpo_experiments.significance import minimal_detectable_effect, power
+from bpo_experiments.stats import METRICS
 from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
 
 PILOT_UPDATES = 3
@@ -209,7 +210,7 @@ def calibration_power(preset: Preset, record: dict[str, Any], n: int) -> dict[st
     """The power of the headline (the treatment − the comparator on the primary metric, paired
     over ``n`` seeds) to detect an effect the size of the recorded calibration (``rloo-2x`` −
     the comparator: what halving the gradient variance buys), at the recorded headline spread
-    (:func:`~bpo_experiments.stats.power`); None when the record has no calibration or spread."""
+    (:func:`~bpo_experiments.significance.power`); None when the record has no calibration or spread."""
     metric, calibration = preset.primary_metric, preset.calibration_control
     vs = record.get("vs_comparator", {})
     head, cal = (vs.get(preset.treatment) or {}).get(metric), (vs.get(calibration) or {}).get(metric)

@@ -60,7 +60,8 @@ from bpo_algos.mechanism import measure, predict_variance_ratio
 from bpo_algos.rollout import EnvPool
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
-from bpo_experiments.stats import holm, mean_ci, paired_difference, paired_p_value
+from bpo_experiments.significance import holm, mean_ci, paired_p_value
+from bpo_experiments.stats import paired_difference
 
 COMMON: dict[str, Any] = {"aggregation": "step-sum"}
 CONFIGS: dict[str, Callable[[int], Algorithm]] = {
@@ -85,9 +86,9 @@ ALPHA = 0.05
 
 @dataclass(frozen=True)
 class MapSeeds:
-    """The seeds one map runs on. Each is an identifier that keys its own ``SeedSequence``
-    streams (the task draws, the engine's trees, the algorithm), so two maps on disjoint
-    identifiers share no stream."""
+    """The seeds one map runs on: identifiers from which a run's random streams are derived (its
+    task draws from ``SeedSequence([seed, ...])``, the engine's and the algorithm's seeds), so
+    two maps on disjoint identifiers draw different streams."""
 
     evaluation: tuple[int, ...]
     """The matched-compute runs' seeds."""

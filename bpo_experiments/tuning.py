@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bpo_algos.algorithm import Options
+from bpo_experiments.significance import one_way_anova
 
 CRITERIA = ("auc",)
 """The tuning criteria: ``auc`` of evaluated success on held-out training tasks."""
@@ -185,7 +186,7 @@ def decide(scores_per_seed: Sequence[Sequence[float]], grid: Sequence[dict[str, 
            alpha: float = 0.05) -> dict[str, Any]:
     """The tuning's choice and the power behind it (``per_env[env]["tuning"][kind]``):
 
-    * ``f_test``: :func:`~bpo_experiments.stats.one_way_anova` of the candidates' scores (one
+    * ``f_test``: :func:`~bpo_experiments.significance.one_way_anova` of the candidates' scores (one
       group per candidate, its tuning seeds the replicates): ``F``, ``dof``, ``p``, their
       ``spread`` (the best mean minus the worst) and ``detectable_difference`` (the smallest
       difference of two candidates' means it detects with 80% power);
@@ -194,9 +195,6 @@ def decide(scores_per_seed: Sequence[Sequence[float]], grid: Sequence[dict[str, 
       a candidate (:func:`default_candidate`; ``chosen_index`` its index in the grid, or None);
     * ``best_index``: the highest mean either way; ``decision``: the sentence the report prints.
     """
-    # imported here: stats imports the presets, which import this module
-    from bpo_experiments.stats import one_way_anova
-
     best, means = choose(scores_per_seed)
     test = one_way_anova(scores_per_seed, alpha=alpha)
     out: dict[str, Any] = {"scores": means, "best_index": best, "f_test": test, "distinguishable": test["distinguishable"],

@@ -24,15 +24,14 @@ from bpo_algos.policy.choice import ChoicePolicy
 from bpo_experiments.evaluation import eval_points
 from bpo_experiments.plan import calibration_power
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.stats import (
-    curve_metrics,
+from bpo_experiments.significance import (
     minimal_detectable_effect,
-    paired_difference,
     paired_p_value,
     power,
     t_cdf,
     t_quantile,
 )
+from bpo_experiments.stats import curve_metrics, paired_difference
 
 
 def test_t_quantiles_match_the_tables():

@@ -12,7 +12,7 @@ from bpo_algos.bpo import BPOOptions
 from bpo_experiments import compare
 from bpo_experiments.plan import extra_runs
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.stats import one_way_anova
+from bpo_experiments.significance import one_way_anova
 from bpo_experiments.tasks import task_order, task_split
 from bpo_experiments.tuning import choose, decide, default_candidate, tuning_tasks
 

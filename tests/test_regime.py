@@ -20,7 +20,7 @@ import torch
 from bpo_algos.mechanism import Mechanism, exact_prefix_explained, predict_variance_ratio
 from bpo_algos.policy import TabularPolicy
 from bpo_envs import TreeMDPEnv
-from bpo_experiments import diagnose, regime, stats
+from bpo_experiments import diagnose, regime, significance
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"depth": 8, "n_actions": 3, "seed": 0, "decisive_levels": [1, 5], "observe": "state", "n_tasks": 6}
@@ -106,15 +106,15 @@ def _cell(diff: float, p: float | None) -> dict:
 def test_holm_against_a_hand_computed_case() -> None:
     # sorted 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005 = 0.02, 3 x 0.01 = 0.03, 2 x 0.03 = 0.06,
     # max(0.06, 1 x 0.04) = 0.06, back in the input's order
-    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert significance.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     # the broken cases: Bonferroni (m p) and the step-down without its running maximum
-    assert stats.holm([0.01, 0.04, 0.03, 0.005]) != pytest.approx([0.04, 0.16, 0.12, 0.02])
-    assert stats.holm([0.01, 0.04, 0.03, 0.005])[1] != pytest.approx(0.04)
-    assert stats.holm([0.2, None, 0.9]) == [pytest.approx(0.4), None, pytest.approx(0.9)]  # None: not tested, not counted
-    assert stats.holm([0.6, 0.7]) == [pytest.approx(1.0), pytest.approx(1.0)]  # capped at 1
+    assert significance.holm([0.01, 0.04, 0.03, 0.005]) != pytest.approx([0.04, 0.16, 0.12, 0.02])
+    assert significance.holm([0.01, 0.04, 0.03, 0.005])[1] != pytest.approx(0.04)
+    assert significance.holm([0.2, None, 0.9]) == [pytest.approx(0.4), None, pytest.approx(0.9)]  # None: not tested, not counted
+    assert significance.holm([0.6, 0.7]) == [pytest.approx(1.0), pytest.approx(1.0)]  # capped at 1
     # the paired t-test's p: t = 2.5 / (1.291 / 2) = 3.873 on 3 degrees of freedom
-    assert stats.paired_p_value([1, 2, 3, 4]) == pytest.approx(0.0305, abs=1e-4)
-    assert stats.paired_p_value([1.0]) is None
+    assert significance.paired_p_value([1, 2, 3, 4]) == pytest.approx(0.0305, abs=1e-4)
+    assert significance.paired_p_value([1.0]) is None
 
 
 def test_verdicts_are_taken_after_holm_and_the_replication_counts_agreement_and_opposites() -> None:
