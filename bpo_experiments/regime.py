@@ -33,8 +33,8 @@ verdicts, the share of cells whose verdicts agree and the cells called a win in 
 loss in the other (docs/regime.md, "Method"). Writes ``regime.json``, ``regime.md`` and
 ``regime.png`` to ``--out``::
 
-    bpo-regime --quick --out /tmp/regime                       # about a minute of CPU
-    bpo-regime --quick --replicate --out /tmp/regime           # the same, twice
+    bpo-regime --quick --out /tmp/regime                       # about 35 s of CPU
+    bpo-regime --quick --replicate --out /tmp/regime           # the same twice: about 65 s
     nice -n 5 bpo-regime --replicate --out docs/results/regime  # the full map, twice
 """
 
