@@ -70,3 +70,17 @@ def test_the_treatment_is_compared_with_the_calibration_paired_by_seed():
     assert out["p"] == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-4) and out["verdict"] == "not detected"
     # the broken case: unpaired (seed 3's treatment against no calibration run) would differ
     assert out["diff"] != pytest.approx(sum(auc["bpo"]) / 4 - sum(auc["rloo-2x"][:3]) / 3)
+
+
+def test_the_headline_table_has_the_row_against_the_calibration():
+    from bpo_experiments.report import headline_lines
+    from bpo_experiments.stats import treatment_vs_calibration
+
+    treatment = {"seeds": [0, 1, 2, 3], "diff_per_seed": [-0.01, 0.0, -0.02, 0.01]}
+    calibration = {"seeds": [0, 1, 2, 3], "diff_per_seed": [0.01, 0.01, 0.0, 0.02]}
+    row = treatment_vs_calibration(treatment, calibration, "bpo", "rloo-2x", "auc")
+    results = {"treatment": "bpo", "comparator": "rloo",
+               "per_env": {"webshop": {"treatment_vs_comparator": {"metric": "auc", "metrics": {}}, "treatment_vs_calibration": row}}}
+    lines = [line for line in headline_lines(results) if "against the calibration" in line]
+    assert len(lines) == 1 and "bpo − rloo-2x, paired by seed" in lines[0] and "-0.020, -0.010, -0.020, -0.010" in lines[0]
+    assert f"{row['diff']:+.3f}" in lines[0] and "detected (p" in lines[0] and "below what halving" in lines[0]

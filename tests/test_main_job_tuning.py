@@ -148,3 +148,15 @@ def test_a_tuned_comparison_records_its_choice_and_uses_it(tmp_path):
     assert json.loads((runs / "_initial" / "seed1000" / "initial.json").read_text())["episodes"] == 4
     assert "defaults_vs_comparator" in er and "calibration" in er and "mechanism" in er
     assert "## Tuning" in (out / "results.md").read_text() and "the defaults are kept" in (out / "results.md").read_text()
+
+
+def test_the_report_says_when_the_tuning_kept_the_defaults():
+    from bpo_experiments.report import tuning_lines
+
+    scores = [[0.410, 0.440], [0.436, 0.432], [0.420, 0.436], [0.418, 0.430]]
+    record = {"candidates": list(RLOO_GRID), "scores_per_seed": scores, "seeds": [1000, 1001], "criterion": "auc",
+              **decide(scores, RLOO_GRID, RLOOOptions(group_size=8))}
+    text = "\n".join(tuning_lines({"per_env": {"webshop": {"tuning": {"rloo": record}}}}))
+    assert "could not be told apart" in text and "the defaults are kept" in text
+    assert "| rloo | group_size=8 | 0.428 | 0.420, 0.436 | **chosen** (defaults kept) |" in text
+    assert "| rloo | group_size=4 | 0.434 | 0.436, 0.432 |  |" in text  # the noisy best is not marked chosen
