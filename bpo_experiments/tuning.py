@@ -191,8 +191,9 @@ def decide(scores_per_seed: Sequence[Sequence[float]], grid: Sequence[dict[str, 
       ``spread`` (the best mean minus the worst) and ``detectable_difference`` (the smallest
       difference of two candidates' means it detects with 80% power);
     * ``distinguishable``: ``p < alpha``. Then ``chosen`` is the candidate with the highest mean
-      (:func:`choose`); otherwise ``kept_defaults`` is True and ``chosen`` is ``base`` written as
-      a candidate (:func:`default_candidate`; ``chosen_index`` its index in the grid, or None);
+      (:func:`choose`); otherwise ``kept_defaults`` is True and ``chosen`` is ``base``: the grid's
+      candidate equal to it (``chosen_index``), else ``base`` written as a candidate
+      (:func:`default_candidate`; ``chosen_index`` None);
     * ``best_index``: the highest mean either way; ``decision``: the sentence the report prints.
     """
     best, means = choose(scores_per_seed)
@@ -204,6 +205,8 @@ def decide(scores_per_seed: Sequence[Sequence[float]], grid: Sequence[dict[str, 
                 "decision": f"the candidates differ (F-test p {test['p']:.3g} < {alpha}): the highest mean is chosen"}
     defaults = default_candidate(base, grid)
     index = next((i for i, c in enumerate(grid) if default_candidate(replace(base, **c), grid) == defaults), None)
+    if index is not None:
+        defaults = dict(grid[index])  # the defaults as the grid writes them
     if test["p"] is None:
         why = (f"no test across the candidates is possible ({test['dof'][1]} degrees of freedom within them: "
                "give at least 2 tuning seeds)")

@@ -108,6 +108,10 @@ def test_a_tuning_that_cannot_tell_the_candidates_apart_keeps_the_defaults():
     # one tuning seed: no test is possible, so no choice is made
     single = decide([[0.4], [0.5], [0.3], [0.45]], RLOO_GRID, RLOOOptions(group_size=8))
     assert single["kept_defaults"] and "no test" in single["decision"] and single["chosen"] == {"group_size": 8}
+    # defaults equal to a candidate that names only some fields: that candidate, as the grid writes it
+    grid = ({"backbones": 2, "branch_factor": 4}, {"backbones": 2, "branch_factor": 2, "max_branch_points": 2, "max_depth": 2})
+    nested = decide([[0.4], [0.5]], grid, BPOOptions(backbones=2, branch_factor=4, max_branch_points=1, max_depth=1))
+    assert nested["chosen"] == grid[0] and nested["chosen_index"] == 0
 
 
 def test_the_defaults_as_a_candidate_read_every_tuned_field():
