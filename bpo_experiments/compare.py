@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from bpo_algos import data_parallel as dp
+from bpo_algos.algorithm import Options
 from bpo_algos.registry import registered_algorithms
 from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import (
@@ -93,7 +94,7 @@ from bpo_experiments.tasks import task_order, task_split_with_provenance
 from bpo_experiments.tuning import (
     DEFAULTS_SUFFIX,
     candidate_options,
-    choose,
+    decide,
     tuning_tasks,
 )
 from bpo_experiments.tuning import label as tuning_label
@@ -391,16 +392,20 @@ class _Comparison:
         tuned = copy.deepcopy(preset)
         tuning_results: dict[str, dict[str, Any]] = {}
         for (env_name, kind), grid in candidates.items():
+            per_seed: list[list[float]] = [[]]
             if len(grid) > 1:
                 per_seed = [[run_metrics(self.runs[(env_name, tuning_label(kind, i), s)], self.tune_preset[env_name],
                                          preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
-                best, scores = choose(per_seed)
+                record = decide(per_seed, grid, base_options(preset, env_name, kind), tuning.alpha)
             else:  # every option of the grid pinned by the user: nothing to choose
-                per_seed, best, scores = [[]], 0, [None]
-            tuned = with_options(tuned, env_name, kind, grid[best])
+                record = {"scores": [None], "chosen": grid[0], "chosen_index": 0, "best_index": 0, "kept_defaults": False,
+                          "distinguishable": None, "f_test": None, "detectable_difference": None,
+                          "decision": "every tuned option is fixed by the user: nothing to tune"}
+            if not record["kept_defaults"]:  # a choice only where the tuning told the candidates apart
+                tuned = with_options(tuned, env_name, kind, record["chosen"])
             record = tuning_results.setdefault(env_name, {})[kind] = {
                 "algorithms": [a for a, k in self.kinds.items() if k == kind],
-                "candidates": grid, "scores": scores, "scores_per_seed": per_seed, "chosen": grid[best], "chosen_index": best,
+                "candidates": grid, "scores_per_seed": per_seed, **record,
                 "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(self.tune_tasks[env_name])} "
                 f"held-out training tasks x {tuning.episodes} episode(s)", "tasks": len(self.tune_tasks[env_name]),
             }
@@ -507,10 +512,13 @@ def with_options(preset: Preset, env: str, kind: str, candidate: dict[str, Any])
     """A copy of ``preset`` whose ``env`` runs ``kind``'s algorithms (its variants and the
     controls that collect as it) with ``candidate`` over its current options."""
     out = copy.deepcopy(preset)
-    setup = out.envs[env]
-    base = setup.options.get(kind) or out.options.get(kind) or option_classes()[kind]()
-    setup.options[kind] = candidate_options(base, candidate)
+    out.envs[env].options[kind] = candidate_options(base_options(out, env, kind), candidate)
     return out
+
+
+def base_options(preset: Preset, env: str, kind: str) -> Options:
+    """``kind``'s options on ``env`` before tuning: the env's, else the preset's, else the defaults."""
+    return preset.envs[env].options.get(kind) or preset.options.get(kind) or option_classes()[kind]()
 
 
 @ends_on_ctrl_c("bpo-compare", resumable=True)

@@ -38,7 +38,8 @@ from bpo_experiments.evaluation import eval_points, evaluate_episodes
 from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
 from bpo_experiments.presets import Preset
 from bpo_experiments.probes import probes_on
-from bpo_experiments.stats import METRICS, minimal_detectable_effect
+from bpo_experiments.significance import minimal_detectable_effect, power
+from bpo_experiments.stats import METRICS
 from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
 
 PILOT_UPDATES = 3
@@ -201,7 +202,22 @@ def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, u
         mde[a] = {m: minimal_detectable_effect(vs[m]["sd"], n) for m in METRICS if m in vs and vs[m].get("sd") is not None}
     entry["mde"] = mde
     entry["mde_basis"] = f"the per-seed spread of each paired difference in {source}, at {n} seeds"
+    entry["calibration_power"] = calibration_power(preset, record, n)
     return run_seconds
+
+
+def calibration_power(preset: Preset, record: dict[str, Any], n: int) -> dict[str, Any] | None:
+    """The power of the headline (the treatment − the comparator on the primary metric, paired
+    over ``n`` seeds) to detect an effect the size of the recorded calibration (``rloo-2x`` −
+    the comparator: what halving the gradient variance buys), at the recorded headline spread
+    (:func:`~bpo_experiments.significance.power`); None when the record has no calibration or spread."""
+    metric, calibration = preset.primary_metric, preset.calibration_control
+    vs = record.get("vs_comparator", {})
+    head, cal = (vs.get(preset.treatment) or {}).get(metric), (vs.get(calibration) or {}).get(metric)
+    if not head or not cal or head.get("sd") is None:
+        return None
+    return {"metric": metric, "calibration": calibration, "effect": cal["diff"], "sd": head["sd"], "seeds": n,
+            "power": power(cal["diff"], head["sd"], n), "mde": minimal_detectable_effect(head["sd"], n)}
 
 
 def _size_from_gpu_plan(preset: Preset, env: str, entry: dict[str, Any], n: int) -> float:
@@ -279,5 +295,12 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"  detectable effect (80% power, two-sided 5%) against {result['comparator']}, from {e['mde_basis']}:")
         for a, by_metric in e["mde"].items():
             lines.append(f"    {a}: " + ", ".join(f"{m} {v:.3g}" for m, v in by_metric.items()))
+        cal = e.get("calibration_power")
+        if cal:
+            lines.append(f"  power to detect the calibration effect ({cal['calibration']} − {result['comparator']} "
+                         f"{cal['effect']:+.4f} {cal['metric']}) with {result['treatment']} − {result['comparator']}'s spread "
+                         f"at {cal['seeds']} seeds: {cal['power']:.2f} (MDE {cal['mde']:.4f})")
+        else:
+            lines.append("  power to detect the calibration effect: unknown (no recorded calibration control to size it from)")
     return "\n".join(lines)
 

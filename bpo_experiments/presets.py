@@ -344,7 +344,7 @@ GPU_COMMON: dict[str, Any] = {
 PRESETS: dict[str, Preset] = {
     # The CPU default (docs/main-job.md, "The CPU default"): the small text-scoring model
     # (TextScorerPolicy, ~1M parameters) warm-started by behaviour cloning on the env experts,
-    # evaluated on the standard splits (WebShop: all 500 test goals at updates 0, 10, 20;
+    # evaluated on the standard splits (WebShop: all 500 test goals at updates 0, 4, ..., 20;
     # ALFWorld valid_seen) with common random numbers. The treatment and the comparator (RLOO),
     # each tuned on WebShop by the fixed protocol (seeds 1000, 1001; four candidates each; AUC on
     # 64 held-out training goals), the positive control (frozen) and the calibration control
@@ -379,7 +379,9 @@ PRESETS: dict[str, Preset] = {
         # textworld derives every admissible command's text); docs/alfworld.md sizes the runs and
         # their evaluations (140 valid_seen + 134 valid_unseen games x 1 episode)
         budget={"webshop": 256, "alfworld": 800},
-        eval_every={"webshop": 10, "alfworld": 6},
+        # at least 6 evaluation points a run (docs/main-job.md, "Evaluation points"): WebShop at
+        # updates 0, 4, ..., 20; ALFWorld at 0, 2, ..., 12
+        eval_every={"webshop": 4, "alfworld": 2},
         eval_episodes={"webshop": 1, "alfworld": 1},
         grad_batches=16,
         # probes on WebShop's first 3 seeds; on ALFWorld 2 x 32 batches of 800 env steps per
@@ -419,6 +421,7 @@ PRESETS: dict[str, Preset] = {
         sft_epochs=2,
         grad_batches=3,
         eval_episodes=2,
+        eval_every=1,  # 9 evaluation points
         pool_size=4,
     ),
     # SWE-bench end to end on a CPU: the tiny offline LLM behaviour-cloned on the bundled repos'

@@ -14,18 +14,28 @@ In every cell:
    flops (the flops RLOO-4 spends on the same env-step budget at the prior); each run's curve is
    the exact expected return over all the cell's tasks after every update (no evaluation
    noise), its AUC the curve's mean after update 0. Reported: BPO minus the best independent,
-   paired by seed, with its 95% interval;
-3. **mechanism and variance** at the prior: the gradient of ``variance_batches`` batches of each
-   BPO shape and of RLOO at its best group size, at the same env-step budget;
-   :func:`bpo_algos.mechanism.measure` on BPO's batches; the measured ratio
-   ``tr Cov(g_BPO) / tr Cov(g_RLOO)`` beside :func:`~bpo_algos.mechanism.predict_variance_ratio`
-   (with the task-sampling share computed from the exact per-task gradients).
+   paired by seed, with its 95% interval and the paired t-test's ``p``;
+3. **mechanism and variance** at the prior, at the same env-step budget: on each of at least
+   ``MIN_VARIANCE_SEEDS`` *variance seeds*, ``variance_batches`` gradient batches of each BPO
+   shape and of RLOO at its best group size give one ratio ``tr Cov(g_BPO) / tr Cov(g_RLOO)``;
+   the measured ratio is their geometric mean with its 95% interval over the seeds. Beside it,
+   :func:`~bpo_algos.mechanism.predict_variance_ratio` of the mechanism
+   (:func:`bpo_algos.mechanism.measure`) on the batches of other seeds, the *predictor seeds*
+   (with the task-sampling share computed from the exact per-task gradients): the prediction is
+   made out of sample, and nothing in it is fitted.
 
-Over all cells and shapes, the predictor's Spearman rank correlation with the measured ratio,
-with a bootstrap interval. Writes ``regime.json`` and ``regime.png`` to ``--out``::
+Over the map's cells, the verdicts (``win``, ``loss``, ``tie`` at matched env steps) are taken
+after Holm's adjustment over the cells (``matched[unit]["p_holm"]``), and the predictor's
+Spearman rank correlation with the measured ratios has a bootstrap interval. ``--replicate``
+runs the whole map a second time on disjoint seeds (every kind: tuning, evaluation, variance,
+predictor; :func:`map_seeds`) and records in ``regime.json["replication"]`` both runs' seeds and
+verdicts, the share of cells whose verdicts agree and the cells called a win in one run and a
+loss in the other (docs/regime.md, "Method"). Writes ``regime.json``, ``regime.md`` and
+``regime.png`` to ``--out``::
 
-    bpo-regime --quick --out /tmp/regime           # < 2 min
-    nice -n 5 bpo-regime --out docs/results/regime  # the full map, < 30 min on 2 cores
+    bpo-regime --quick --out /tmp/regime                       # about 35 s of CPU
+    bpo-regime --quick --replicate --out /tmp/regime           # the same twice: about 65 s
+    nice -n 5 bpo-regime --replicate --out docs/results/regime  # the full map, twice
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ from bpo_algos.rollout import EnvPool
 from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
+from bpo_experiments.significance import holm, mean_ci, paired_p_value
 from bpo_experiments.stats import paired_difference
 from bpo_experiments.streams import PROBE, TRAINING, TUNING, stream_seed
 
@@ -68,6 +79,42 @@ CONFIGS: dict[str, Callable[[int], Algorithm]] = {
 QUICK_CONFIGS = ("rloo-2", "rloo-4", "grpo-4", "bpo-2x4-q0.8", "bpo-4x2-q0.8")
 GROUP_SIZE = {"rloo-2": 2, "rloo-4": 4, "rloo-8": 8}
 SHAPES = {"bpo-2x4-q0.8": (2, 4), "bpo-4x2-q0.8": (4, 2), "bpo-2x4-q0.95": (2, 4)}
+MIN_VARIANCE_SEEDS = 5
+"""A measured variance ratio comes from at least this many seeds (docs/regime.md, "Method")."""
+ALPHA = 0.05
+"""The family-wise error rate of a map's verdicts (Holm over its cells)."""
+
+
+@dataclass(frozen=True)
+class MapSeeds:
+    """The seeds one map runs on: identifiers from which a run's random streams are derived (its
+    task draws from ``SeedSequence([seed, ...])``, the engine's and the algorithm's seeds), so
+    two maps on disjoint identifiers draw different streams."""
+
+    evaluation: tuple[int, ...]
+    """The matched-compute runs' seeds."""
+    tuning: tuple[int, ...]
+    """The tuning runs' seeds (disjoint from the evaluation seeds)."""
+    variance: tuple[int, ...]
+    """The gradient batches whose variances give the measured ratios (one ratio per seed)."""
+    predictor: tuple[int, ...]
+    """The gradient batches the predictor reads (mechanism, task share): disjoint from
+    ``variance``, so the prediction is made out of sample."""
+
+
+def map_seeds(args: argparse.Namespace, run: int) -> MapSeeds:
+    """Run ``run``'s seeds (0: the unreplicated map's; 1: the replication's): the ``run``-th block
+    of identifiers of each kind, so no two runs share a seed."""
+    def block(n: int) -> tuple[int, ...]:
+        return tuple(range(run * n, (run + 1) * n))
+
+    gradient = block(args.variance_seeds + args.predictor_seeds)
+    return MapSeeds(
+        evaluation=block(args.seeds),
+        tuning=tuple(tuning_seed(s) for s in block(args.tuning_seeds)),
+        variance=gradient[: args.variance_seeds],
+        predictor=gradient[args.variance_seeds:],
+    )
 
 
 def tuning_seed(s: int) -> int:
@@ -202,26 +249,56 @@ def task_gradient_spread(env: TreeMDPEnv, policy: TabularPolicy, tasks: Sequence
     return float(g.var(axis=0, ddof=0).sum())
 
 
-def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: EnvPool) -> dict[str, Any]:
-    """Measured and predicted ``Var(g_BPO) / Var(g_RLOO)`` for each shape, with the mechanism."""
-    g_ref, ref_batches = gradient_batches(cell, rloo, n, 0, pool)
-    ref_var = float(g_ref.var(axis=0, ddof=1).sum())
-    ref_mech = measure(ref_batches)
+def trace_variance(g: np.ndarray) -> float:
+    """``tr Cov(g)`` of the rows of ``g`` (one gradient estimate a row; unbiased, ``ddof=1``)."""
+    return float(g.var(axis=0, ddof=1).sum())
+
+
+def ratio_over_seeds(ratios: Sequence[float | None]) -> dict[str, Any]:
+    """One measured ratio from its per-seed values ``r_s``: the geometric mean
+    ``exp(mean_s log r_s)`` with ``exp`` of the 95% t-interval of the mean log (the seeds are
+    independent; the log makes a ratio and its inverse symmetric). Seeds without a ratio (no
+    variance in the reference) are left out."""
+    logs = [float(np.log(r)) for r in ratios if r is not None and r > 0 and np.isfinite(r)]
+    if not logs:
+        return {"measured_ratio": None, "measured_ratio_ci95": None, "measured_ratio_seeds": 0}
+    mean, half = mean_ci(logs)
+    return {"measured_ratio": float(np.exp(mean)),
+            "measured_ratio_ci95": [float(np.exp(mean - half)), float(np.exp(mean + half))] if len(logs) > 1 else None,
+            "measured_ratio_seeds": len(logs)}
+
+
+def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: EnvPool, seeds: MapSeeds) -> dict[str, Any]:
+    """Measured and predicted ``Var(g_BPO) / Var(g_RLOO)`` for each shape, with the mechanism.
+
+    *Measured*, on the variance seeds: per seed ``s``, ``r_s = tr Cov(g_BPO) / tr Cov(g_RLOO)``
+    over ``n`` batches of each (:func:`ratio_over_seeds` combines them). *Predicted*, on the
+    predictor seeds: :func:`~bpo_algos.mechanism.predict_variance_ratio` of the mechanism
+    measured on those seeds' BPO batches, with the task-sampling share against those seeds'
+    RLOO variance. No batch of a measured ratio enters its prediction, and nothing is fitted:
+    the prediction is out of sample."""
+    reference = [gradient_batches(cell, rloo, n, 0, pool, s) for s in seeds.predictor]
+    predictor_ref_var = float(np.mean([trace_variance(g) for g, _ in reference]))
+    ref_mech = measure([b for _, batches in reference for b in batches])
     tasks, n_tasks = ref_mech.tasks_per_update, cell.env["n_tasks"]
     between = task_gradient_spread(cell.make_env(), prior_policy(cell), range(n_tasks)) * (n_tasks - tasks) / max((n_tasks - 1) * tasks, 1e-9)
-    task_share = float(np.clip(between / ref_var, 0.0, 1.0)) if ref_var > 0 else 0.0
-    out: dict[str, Any] = {"reference": rloo, "reference_trace_var": ref_var, "task_share": task_share,
-                           "reference_mechanism": ref_mech.to_json(), "shapes": {}}
+    task_share = float(np.clip(between / predictor_ref_var, 0.0, 1.0)) if predictor_ref_var > 0 else 0.0
+    ref_var = {s: trace_variance(gradient_batches(cell, rloo, n, 0, pool, s)[0]) for s in seeds.variance}
+    out: dict[str, Any] = {"reference": rloo, "reference_trace_var": float(np.mean(list(ref_var.values()))), "task_share": task_share,
+                           "reference_mechanism": ref_mech.to_json(), "batches_per_seed": n,
+                           "seeds": {"variance": list(seeds.variance), "predictor": list(seeds.predictor)}, "shapes": {}}
     for shape in shapes:
-        g, batches = gradient_batches(cell, shape, n, 2, pool)
-        m = measure(batches)
+        m = measure([b for s in seeds.predictor for b in gradient_batches(cell, shape, n, 2, pool, s)[1]])
         k0, k = SHAPES[shape]
         predicted = predict_variance_ratio(
             m, backbones=k0, branch_factor=k, group_size=GROUP_SIZE[rloo], independent_steps=cell.env["depth"],
             horizon=cell.env["depth"], task_share=task_share, independent_tasks_per_update=tasks,
         )
+        per_seed = {s: (trace_variance(gradient_batches(cell, shape, n, 2, pool, s)[0]) / ref_var[s] if ref_var[s] > 0 else None)
+                    for s in seeds.variance}
         out["shapes"][shape] = {
-            "measured_ratio": float(g.var(axis=0, ddof=1).sum()) / ref_var if ref_var > 0 else None,
+            **ratio_over_seeds(list(per_seed.values())),
+            "measured_ratio_per_seed": list(per_seed.values()),
             "predicted_ratio": predicted,
             "mechanism": m.to_json(),
         }
@@ -229,14 +306,15 @@ def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: E
 
 
 # ---- the map -------------------------------------------------------------------------------
-def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> dict[str, Any]:
+def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str], seeds: MapSeeds) -> dict[str, Any]:
+    """One cell of the map on ``seeds`` (module docstring: tuning, evaluation, variance)."""
     start = time.perf_counter()
     pool = EnvPool([cell.make_env, cell.make_env])
     steps = Budget("env_steps", cell.budget_steps)
     try:
         tuning: dict[str, float] = {}
         for config in configs:
-            runs = [train(cell, config, tuning_seed(s), steps, args.updates, args.lr, pool) for s in range(args.tuning_seeds)]
+            runs = [train(cell, config, s, steps, args.updates, args.lr, pool) for s in seeds.tuning]
             tuning[config] = float(np.mean([r["auc"] for r in runs]))
         independent = max((c for c in configs if not c.startswith("bpo")), key=tuning.__getitem__)
         branching = max((c for c in configs if c.startswith("bpo")), key=tuning.__getitem__)
@@ -246,17 +324,19 @@ def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> di
         flops = Budget("flops", float(probe.compute.flops))
         matched: dict[str, Any] = {}
         for unit, budget in (("env_steps", steps), ("flops", flops)):
-            runs = {c: [train(cell, c, s, budget, args.updates, args.lr, pool) for s in range(args.seeds)] for c in (independent, branching)}
-            diff = paired_difference([b["auc"] - i["auc"] for b, i in zip(runs[branching], runs[independent], strict=True)])
+            runs = {c: [train(cell, c, s, budget, args.updates, args.lr, pool) for s in seeds.evaluation] for c in (independent, branching)}
+            diffs = [b["auc"] - i["auc"] for b, i in zip(runs[branching], runs[independent], strict=True)]
             matched[unit] = {
-                **diff,
+                **paired_difference(diffs),
+                "p": paired_p_value(diffs),
+                "seeds": list(seeds.evaluation),
                 "budget": budget.amount,
                 "auc": {c: float(np.mean([r["auc"] for r in rs])) for c, rs in runs.items()},
                 "mean_curve": {c: np.mean([r["curve"] for r in rs], axis=0).tolist() for c, rs in runs.items()},
                 "spent_per_update": {c: {u: float(np.mean([r["spent"][u] for r in rs])) / args.updates for u in ("env_steps", "flops", "leaves")} for c, rs in runs.items()},
             }
         shapes = [c for c in configs if c.startswith("bpo")]
-        variance = variance_study(cell, rloo, shapes, args.variance_batches, pool)
+        variance = variance_study(cell, rloo, shapes, args.variance_batches, pool, seeds)
     finally:
         pool.close()
     return {
@@ -264,7 +344,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str]) -> di
         "budget_env_steps": cell.budget_steps,
         "prior_return": exact_return(cell.make_env(), prior_policy(cell)),
         "variance_by_depth": cell.make_env().variance_by_depth(prior_policy(cell).log_probs, 0),
-        "tuning": {"seeds": [tuning_seed(s) for s in range(args.tuning_seeds)], "scores": tuning,
+        "tuning": {"seeds": list(seeds.tuning), "scores": tuning,
                    "chosen": {"independent": independent, "bpo": branching, "rloo": rloo}},
         "matched": matched,
         "variance": variance,
@@ -290,15 +370,61 @@ def spearman(x: Sequence[float], y: Sequence[float], n_boot: int = 1000, seed: i
     return {"rho": rho(x, y), "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))] if boot else None, "n": len(x)}
 
 
-def predictor_summary(results: dict[str, Any]) -> dict[str, Any]:
-    pred, meas, points = [], [], []
-    for name, cell in results["cells"].items():
+def predictor_summary(cells: dict[str, Any]) -> dict[str, Any]:
+    """The predictor's Spearman rank correlation with the measured ratios over every (cell, shape)
+    point, out of sample (:func:`variance_study`); ``seeds_per_point``: the fewest seeds behind a
+    measured ratio."""
+    pred, meas, points, seeds = [], [], [], []
+    for name, cell in cells.items():
         for shape, row in cell["variance"]["shapes"].items():
             if row["predicted_ratio"] is not None and row["measured_ratio"] is not None:
                 pred.append(row["predicted_ratio"])
                 meas.append(row["measured_ratio"])
+                seeds.append(row.get("measured_ratio_seeds", 1))
                 points.append([name, shape, row["predicted_ratio"], row["measured_ratio"]])
-    return {**spearman(pred, meas), "points": points}
+    return {**spearman(pred, meas), "seeds_per_point": min(seeds) if seeds else 0, "out_of_sample": True, "points": points}
+
+
+def verdict(row: dict[str, Any], alpha: float = ALPHA) -> str:
+    """A cell's verdict at matched env steps after Holm's adjustment: ``"win"`` (BPO above the
+    best independent, ``p_holm < alpha``), ``"loss"`` (below) or ``"tie"``."""
+    p = row.get("p_holm")
+    if p is None or p >= alpha or row["diff"] == 0:
+        return "tie"
+    return "win" if row["diff"] > 0 else "loss"
+
+
+def adjust(cells: dict[str, Any]) -> dict[str, str]:
+    """Holm's adjustment over the map's cells (one family per compute unit): every cell's
+    ``matched[unit]`` gains ``p_holm`` and ``verdict``; returns the verdicts at matched env steps."""
+    for unit in ("env_steps", "flops"):
+        rows = [c["matched"][unit] for c in cells.values() if unit in c.get("matched", {})]
+        for row, p in zip(rows, holm([r.get("p") for r in rows]), strict=True):
+            row["p_holm"] = p
+            row["verdict"] = verdict(row)
+    return {name: c["matched"]["env_steps"]["verdict"] for name, c in cells.items()}
+
+
+def replication(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``regime.json["replication"]`` from two runs of the map (each ``{"seeds", "cells"}``, Holm
+    already applied): per cell the two verdicts at matched env steps; ``agreement`` = the share
+    of the cells run in both whose verdicts are the same; ``opposite`` = the cells called a win
+    in one run and a loss in the other."""
+    if len(runs) != 2:
+        raise ValueError(f"a replication compares two runs, got {len(runs)}")
+    first, second = ({name: c["matched"]["env_steps"]["verdict"] for name, c in r["cells"].items()} for r in runs)
+    common = [name for name in first if name in second]
+    verdicts = {name: [first[name], second[name]] for name in common}
+    return {
+        "runs": [{"seeds": r["seeds"],
+                  "verdicts": {name: {k: c["matched"]["env_steps"].get(k) for k in ("verdict", "diff", "diff_ci95", "p", "p_holm")}
+                               for name, c in r["cells"].items()},
+                  "predictor": {k: v for k, v in predictor_summary(r["cells"]).items() if k != "points"}} for r in runs],
+        "verdicts": verdicts,
+        "agreement": float(np.mean([a == b for a, b in verdicts.values()])) if verdicts else None,
+        "opposite": [name for name, (a, b) in verdicts.items() if {a, b} == {"win", "loss"}],
+        "alpha": ALPHA,
+    }
 
 
 def figure(results: dict[str, Any], path: Path) -> None:
@@ -356,10 +482,23 @@ def figure(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _ratio(shape: dict[str, Any]) -> str:
+    measured, ci, predicted = shape.get("measured_ratio"), shape.get("measured_ratio_ci95"), shape.get("predicted_ratio")
+    text = "-" if measured is None else f"{measured:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return f"{text} / {'-' if predicted is None else f'{predicted:.2f}'}"
+
+
 def markdown(results: dict[str, Any]) -> str:
+    """The map's table (verdicts after Holm over the cells) and the predictor's line; with a
+    replication, its table of both runs' verdicts, the agreement and the opposite verdicts."""
     lines = [
-        "| cell | BPO vs best independent | matched env steps: diff [95% CI] | matched flops: diff [95% CI] | eta | fork cost | var ratio measured / predicted |",
-        "|---|---|---|---|---|---|---|",
+        "| cell | BPO vs best independent | matched env steps: diff [95% CI] | p (Holm) | verdict | matched flops: diff [95% CI] "
+        "| eta | fork cost | var ratio measured [95% CI] / predicted |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results["cells"].items():
         c = r["tuning"]["chosen"]
@@ -370,15 +509,27 @@ def markdown(results: dict[str, Any]) -> str:
             unit: f"{d['diff']:+.4f} [{d['diff'] - d['diff_ci95']:+.4f}, {d['diff'] + d['diff_ci95']:+.4f}]"
             for unit, d in r["matched"].items()
         }
-
+        steps = r["matched"]["env_steps"]
+        p, p_holm = steps.get("p"), steps.get("p_holm")
         lines.append(
-            f"| {name} | {c['bpo']} vs {c['independent']} | {fmt['env_steps']} | {fmt['flops']} "
-            f"| {'-' if eta is None else f'{eta:.2f}'} | {m.get('fork_cost_ratio') or float('nan'):.2f} "
-            f"| {shape.get('measured_ratio') or float('nan'):.2f} / {shape.get('predicted_ratio') or float('nan'):.2f} |"
+            f"| {name} | {c['bpo']} vs {c['independent']} | {fmt['env_steps']} "
+            f"| {'-' if p is None else f'{p:.3g}'} ({'-' if p_holm is None else f'{p_holm:.3g}'}) | {steps.get('verdict', '-')} "
+            f"| {fmt['flops']} | {'-' if eta is None else f'{eta:.2f}'} | {m.get('fork_cost_ratio') or float('nan'):.2f} | {_ratio(shape)} |"
         )
     s = results["predictor"]
+    ci = s.get("ci95")
     lines.append("")
-    lines.append(f"Predictor: Spearman {s.get('rho')} (95% CI {s.get('ci95')}) over {s.get('n')} (cell, shape) points.")
+    lines.append(f"Predictor (out of sample: its inputs from other seeds' batches): Spearman {_num(s.get('rho'))} "
+                 f"(95% CI {f'[{ci[0]:.2f}, {ci[1]:.2f}]' if ci else '-'}) over {s.get('n')} (cell, shape) points, "
+                 f"each measured ratio from {s.get('seeds_per_point')} seeds.")
+    rep = results.get("replication")
+    if rep:
+        lines += ["", "Replication (verdicts at matched env steps after Holm, two runs on disjoint seeds):", "",
+                  "| cell | run 1 | run 2 |", "|---|---|---|"]
+        lines += [f"| {name} | {a} | {b} |" for name, (a, b) in rep["verdicts"].items()]
+        rhos = ", ".join(_num(run["predictor"].get("rho")) for run in rep["runs"])
+        lines += ["", f"Agreement {_num(rep['agreement'])}; opposite verdicts: {', '.join(rep['opposite']) or 'none'}; "
+                  f"predictor Spearman per run: {rhos}."]
     return "\n".join(lines) + "\n"
 
 
@@ -386,17 +537,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/regime", help="output folder (regime.json, regime.png, regime.md)")
     parser.add_argument("--quick", action="store_true", help="3 cells, 3 seeds, fewer configurations (< 2 min)")
+    parser.add_argument("--replicate", action="store_true",
+                        help="run the whole map twice on disjoint seeds and record whether its verdicts replicate")
     parser.add_argument("--cells", nargs="+", help="only these cells, in this order")
     parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds per cell")
     parser.add_argument("--tuning-seeds", type=int, default=2)
     parser.add_argument("--updates", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.3, help="Adam learning rate of the tabular policy")
-    parser.add_argument("--variance-batches", type=int, default=24, help="gradient batches per configuration at the prior")
+    parser.add_argument("--variance-seeds", type=int, default=MIN_VARIANCE_SEEDS,
+                        help=f"seeds per measured variance ratio (at least {MIN_VARIANCE_SEEDS})")
+    parser.add_argument("--predictor-seeds", type=int, default=2, help="seeds of the batches the predictor reads (disjoint)")
+    parser.add_argument("--variance-batches", type=int, default=12, help="gradient batches per configuration and seed at the prior")
     args = parser.parse_args(argv)
     configs: Sequence[str] = list(CONFIGS)
     if args.quick:
-        args.seeds, args.tuning_seeds, args.updates, args.variance_batches = 3, 1, 4, 10
+        args.seeds, args.tuning_seeds, args.updates, args.variance_batches, args.predictor_seeds = 3, 1, 4, 3, 1
         configs = QUICK_CONFIGS
+    if args.variance_seeds < MIN_VARIANCE_SEEDS:
+        parser.error(f"--variance-seeds {args.variance_seeds}: a measured ratio needs at least {MIN_VARIANCE_SEEDS} seeds")
+    if args.predictor_seeds < 1 or args.variance_batches < 2 or args.seeds < 2:
+        parser.error("--predictor-seeds >= 1, --variance-batches >= 2 and --seeds >= 2 (a variance and an interval need two)")
     grid = cells(args.quick)
     if args.cells:
         by_name = {c.name: c for c in cells(False)}
@@ -406,23 +566,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         grid = [by_name[n] for n in args.cells]  # in the order given
     torch.manual_seed(0)
     start = time.perf_counter()
-    results: dict[str, Any] = {"args": vars(args), "configs": list(configs), "cells": {}}
     out = Path(args.out)
-    for cell in grid:
-        results["cells"][cell.name] = run_cell(cell, args, configs)
-        print(f"{cell.name}: {results['cells'][cell.name]['seconds']:.0f} s", flush=True)
-        # written after every cell, so an interrupted map keeps the cells it finished
-        write(results, out, start, pending=[c.name for c in grid if c.name not in results["cells"]])
+    total = 2 if args.replicate else 1
+    runs: list[dict[str, Any]] = []
+
+    def label(run: int, name: str) -> str:
+        return f"run {run + 1}: {name}" if args.replicate else name
+
+    for run in range(total):
+        seeds = map_seeds(args, run)
+        runs.append({"seeds": asdict(seeds), "cells": {}})
+        for cell in grid:
+            runs[run]["cells"][cell.name] = run_cell(cell, args, configs, seeds)
+            print(f"{label(run, cell.name)}: {runs[run]['cells'][cell.name]['seconds']:.0f} s", flush=True)
+            # written after every cell, so an interrupted map keeps the cells it finished
+            pending = [label(r, c.name) for r in range(total) for c in grid if r >= len(runs) or c.name not in runs[r]["cells"]]
+            write(args, configs, runs, out, start, pending)
+    results = write(args, configs, runs, out, start, [])
     print(markdown(results))
     print(f"wrote {out / 'regime.json'}, {out / 'regime.md'} and {out / 'regime.png'} in {results['seconds']:.0f} s")
     return results
 
 
-def write(results: dict[str, Any], out: Path, start: float, pending: Sequence[str]) -> None:
-    """``regime.json``, ``regime.md`` and ``regime.png`` of the cells so far (``pending``: the
-    grid's cells not yet run, recorded in the JSON)."""
+def write(args: argparse.Namespace, configs: Sequence[str], runs: list[dict[str, Any]], out: Path, start: float,
+          pending: Sequence[str]) -> dict[str, Any]:
+    """``regime.json``, ``regime.md`` and ``regime.png`` of the cells so far: the first run's map
+    (``cells``, ``predictor``), Holm's adjustment over each run's cells, and with two runs the
+    ``replication`` (``pending``: the cells not yet run, recorded in the JSON)."""
+    for run in runs:
+        adjust(run["cells"])
+    results: dict[str, Any] = {"args": vars(args), "configs": list(configs), "seeds": runs[0]["seeds"], "cells": runs[0]["cells"]}
     results["pending_cells"] = list(pending)
-    results["predictor"] = predictor_summary(results)
+    results["predictor"] = predictor_summary(results["cells"])
+    if len(runs) == 2:
+        results["replication"] = {**replication(runs), "second_run_cells": runs[1]["cells"]}
     results["seconds"] = time.perf_counter() - start
     results["load_average"] = list(os.getloadavg())
     results["cpu_count"] = os.cpu_count()
@@ -430,6 +607,7 @@ def write(results: dict[str, Any], out: Path, start: float, pending: Sequence[st
     atomic_write(out / "regime.json", json.dumps(results, indent=1, default=float))
     atomic_write(out / "regime.md", markdown(results))
     figure(results, out / "regime.png")
+    return results
 
 
 @ends_on_ctrl_c("bpo-regime")

@@ -192,24 +192,35 @@ def _options_text(options: dict[str, Any]) -> str:
 
 def tuning_lines(results: dict[str, Any]) -> list[str]:
     """Each tuned env's tuning: per kind of algorithm its candidates with their scores (the
-    criterion's mean over the tuning seeds) and the one chosen; under the table, the options
-    the user fixed (``fixed_by_user``: pinned, never tuned)."""
+    criterion's mean over the tuning seeds), the one chosen, and the F-test across the candidates
+    with the smallest difference it could detect (when it cannot tell them apart, the defaults
+    are kept and this says so); under the table, the options the user fixed (``fixed_by_user``:
+    pinned, never tuned)."""
     lines: list[str] = []
     for env, er in results["per_env"].items():
         tuning = er.get("tuning")
         if not tuning:
             continue
         first = next(iter(tuning.values()))
+        rule = ("the highest mean is chosen when the one-way F-test across the candidates tells them apart, else the defaults are kept"
+                if "f_test" in first else "the highest mean is chosen")
         lines += [f"**{env}**: {first['criterion']}, tuning seeds {first['seeds']} (disjoint from the evaluation seeds); "
-                  "the highest mean is chosen, before any evaluation run.", "",
+                  f"{rule}, before any evaluation run.", "",
                   "| algorithm | candidate | score (mean over tuning seeds) | per tuning seed | chosen |", "|---|---|---:|---|---|"]
         for kind, t in tuning.items():
+            mark = "**chosen** (defaults kept)" if t.get("kept_defaults") else "**chosen**"
             for i, (candidate, score) in enumerate(zip(t["candidates"], t["scores"], strict=True)):
                 if score is None:  # the user's pins left one candidate: nothing to choose, nothing ran
                     lines.append(f"| {kind} | {_options_text(candidate) if candidate else 'nothing left to tune'} | not run | – | **chosen** |")
                     continue
                 per_seed = ", ".join(f"{v:.3f}" for v in t["scores_per_seed"][i])
-                lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {'**chosen**' if i == t['chosen_index'] else ''} |")
+                lines.append(f"| {kind} | {_options_text(candidate)} | {score:.3f} | {per_seed} | {mark if i == t['chosen_index'] else ''} |")
+            if t.get("kept_defaults") and t.get("chosen_index") is None:
+                lines.append(f"| {kind} | {_options_text(t['chosen'])} (the defaults) | – | – | {mark} |")
+        lines.append("")
+        for kind, t in tuning.items():
+            if "decision" in t:
+                lines.append(f"* {kind}: {t['decision']}.")
         lines.append("")
         lines += [f"* {kind}: {_options_text(t['fixed_by_user'])} **fixed by the user** (never tuned; the grid's other options "
                   "are tuned)." for kind, t in tuning.items() if t.get("fixed_by_user")]
@@ -257,7 +268,8 @@ def mechanism_lines(results: dict[str, Any]) -> list[str]:
 
 
 def headline_lines(results: dict[str, Any]) -> list[str]:
-    """The headline table: the treatment − the comparator, per env and metric."""
+    """The headline table: the treatment − the comparator, per env and metric; the treatment −
+    the calibration control (paired by seed) and the untuned defaults as secondary rows."""
     lines = [
         "| env | metric | " + f"{results['treatment']} − {results['comparator']}" + " | 95% CI | MDE (80% power) | per seed | verdict |",
         "|---|---|---:|---:|---:|---|---|",
@@ -276,6 +288,18 @@ def headline_lines(results: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {env} | {name} | {d['diff']:+.{digits}f} | ± {d['diff_ci95']:.{digits}f} | {d['mde']:.{digits}f} | "
                 + ", ".join(f"{v:+.{digits}f}" for v in d["diff_per_seed"]) + f" | {verdict} |"
+            )
+        cal = er.get("treatment_vs_calibration")
+        if cal:
+            if cal["detected"]:
+                verdict = (f"detected (p {cal['p']:.2g}): {cal['treatment']} is "
+                           + ("above" if cal["verdict"] == "better" else "below") + " what halving the gradient variance buys")
+            else:
+                verdict = f"not detected (effects below {cal['mde']:.3g} cannot be excluded)"
+            lines.append(
+                f"| {env} | {cal['metric']}, **against the calibration** ({cal['treatment']} − {cal['calibration']}, paired by seed) "
+                f"| {cal['diff']:+.3f} | ± {cal['diff_ci95']:.3f} | {cal['mde']:.3f} | "
+                + ", ".join(f"{v:+.3f}" for v in cal["diff_per_seed"]) + f" | {verdict} |"
             )
         defaults = er.get("defaults_vs_comparator")
         if defaults:

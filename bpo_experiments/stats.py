@@ -29,7 +29,6 @@ the budget unit, linear in between) are fixed before the run:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -37,89 +36,11 @@ from typing import Any
 import numpy as np
 
 from bpo_experiments.presets import Preset, preset_dict
+from bpo_experiments.significance import mean_ci, minimal_detectable_effect, paired_p_value, t975
 
 METRICS: tuple[str, ...] = ("auc", "final", "compute_to_threshold")
 """The three headline metrics, in the report's order."""
 HIGHER_IS_BETTER = {"auc": True, "final": True, "compute_to_threshold": False}
-
-
-def t_cdf(x: float, dof: int) -> float:
-    """Student's t distribution function (the regularised incomplete beta, by its continued
-    fraction)."""
-    if dof < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {dof}")
-    if x == 0:
-        return 0.5
-    z = dof / (dof + x * x)
-    tail = 0.5 * _betainc(dof / 2.0, 0.5, z)
-    return 1.0 - tail if x > 0 else tail
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)`` (Lentz's continued fraction)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    if x > (a + 1) / (a + b + 2):
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
-    tiny = 1e-300
-    f, c, d = 1.0, 1.0, 0.0
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            numerator = 1.0
-        elif i % 2 == 0:
-            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        d = 1.0 + numerator * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + numerator / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(1.0 - c * d) < 1e-14:
-            break
-    return front * (f - 1.0)
-
-
-@functools.lru_cache(maxsize=1024)
-def t_quantile(p: float, dof: int) -> float:
-    """The ``p`` quantile of Student's t with ``dof`` degrees of freedom (bisection on
-    :func:`t_cdf`)."""
-    if not 0 < p < 1:
-        raise ValueError(f"p must be in (0, 1), got {p}")
-    lo, hi = -1e3, 1e3
-    for _ in range(70):  # 2000 / 2^70: far below a double's resolution of the answer
-        mid = (lo + hi) / 2
-        if t_cdf(mid, dof) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def t975(dof: int) -> float:
-    """The 0.975 quantile of Student's t with ``dof`` degrees of freedom."""
-    return t_quantile(0.975, dof)
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of a 95% t-interval over seeds (0 for one seed)."""
-    x = np.asarray(values, dtype=float)
-    if len(x) < 2:
-        return float(x.mean()), 0.0
-    return float(x.mean()), float(t975(len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-
-
-def minimal_detectable_effect(sd: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """``(t_{1 - alpha/2, n-1} + t_{power, n-1}) sd / sqrt(n)``: the true mean difference a
-    two-sided level-``alpha`` paired t-test over ``n`` pairs with spread ``sd`` detects with
-    probability ``power`` (nan for fewer than 2 pairs)."""
-    if n < 2:
-        return float("nan")
-    return float((t_quantile(1 - alpha / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n))
 
 
 def paired_difference(diffs: Sequence[float]) -> dict[str, Any]:
@@ -491,6 +412,8 @@ def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset
             **{k: d[k] for k in ("diff", "diff_ci95", "diff_per_seed", "mde", "n", "detected", "sd")},
             "verdict": verdict(d, primary),
         }
+        if treatment in vs:
+            out["treatment_vs_calibration"] = treatment_vs_calibration(vs[treatment][primary], d, treatment, calibration, primary)
     defaults = treatment + DEFAULTS
     if defaults in vs:
         d = vs[defaults][primary]
@@ -500,6 +423,22 @@ def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset
             "verdict": verdict(d, primary),
         }
     return out
+
+
+def treatment_vs_calibration(treatment: dict[str, Any], calibration: dict[str, Any], treatment_name: str, calibration_name: str,
+                             metric: str) -> dict[str, Any]:
+    """``per_env[env]["treatment_vs_calibration"]``: the treatment minus the calibration control,
+    paired by seed, from their differences against the comparator (``d_T(s) - d_cal(s) =
+    m_T(s) - m_cal(s)`` on the seeds both have): :func:`paired_difference` with the paired
+    t-test's ``p`` and the verdict. Where the treatment is at or above the calibration, it buys at
+    least what halving the gradient variance would."""
+    by_seed = dict(zip(calibration["seeds"], calibration["diff_per_seed"], strict=True))
+    seeds = [s for s in treatment["seeds"] if s in by_seed]
+    own = dict(zip(treatment["seeds"], treatment["diff_per_seed"], strict=True))
+    diffs = [own[s] - by_seed[s] for s in seeds]
+    d = paired_difference(diffs)
+    return {"treatment": treatment_name, "calibration": calibration_name, "metric": metric, **d, "seeds": seeds,
+            "p": paired_p_value(diffs), "verdict": verdict(d, metric)}
 
 
 def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str, preset: Preset) -> dict[str, Any] | None:

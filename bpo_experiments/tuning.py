@@ -13,7 +13,11 @@ fixed grid of its shape options (docs/main-job.md, "Tuning"):
   primary metric's formula, :func:`~bpo_experiments.stats.curve_metrics`) on *held-out
   training tasks*: tasks of the training env after the training tasks, never an evaluation
   task (:func:`tuning_tasks` checks it). The candidate with the highest mean over the tuning
-  seeds is chosen (the first on a tie);
+  seeds is chosen (the first on a tie) *when the tuning can tell the candidates apart*: the
+  one-way F-test across the candidates (seeds as replicates) rejects their sharing one mean at
+  ``TuningConfig.alpha``. Otherwise the defaults (the preset's options of that kind) are kept,
+  and the record says so, with the smallest candidate difference this tuning could have
+  detected (:func:`decide`);
 * the controls take their algorithm's choice (``frozen`` and ``rloo-2x`` collect as the tuned
   RLOO); the treatment and the comparator are also run at their defaults on the evaluation
   seeds, a secondary row beside the tuned headline.
@@ -31,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bpo_algos.algorithm import Options
+from bpo_experiments.significance import one_way_anova
 
 CRITERIA = ("auc",)
 """The tuning criteria: ``auc`` of evaluated success on held-out training tasks."""
@@ -73,6 +78,9 @@ class TuningConfig:
     allow_unequal_grids: bool = False
     """Allow grids of different sizes (a bigger grid favours its algorithm: the maximum of more
     noisy scores)."""
+    alpha: float = 0.05
+    """The level of the F-test across the candidates: a choice is made only when it rejects
+    (otherwise the defaults are kept)."""
     default_seeds: int | None = None
     """The secondary row (the treatment and the comparator at their untuned defaults) runs on
     the first this many evaluation seeds (None: all); a default equal to the tuned choice reuses
@@ -190,6 +198,47 @@ def choose(scores_per_seed: Sequence[Sequence[float]]) -> tuple[int, list[float]
     first on a tie), and every candidate's mean."""
     means = [float(np.mean(s)) for s in scores_per_seed]
     return int(np.argmax(means)), means
+
+
+def default_candidate(base: Options, grid: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The untuned options ``base`` written as a candidate: its values of every field the grid
+    tunes."""
+    fields = [k for candidate in grid for k in candidate]
+    return {k: getattr(base, k) for k in dict.fromkeys(fields)}
+
+
+def decide(scores_per_seed: Sequence[Sequence[float]], grid: Sequence[dict[str, Any]], base: Options,
+           alpha: float = 0.05) -> dict[str, Any]:
+    """The tuning's choice and the power behind it (``per_env[env]["tuning"][kind]``):
+
+    * ``f_test``: :func:`~bpo_experiments.significance.one_way_anova` of the candidates' scores (one
+      group per candidate, its tuning seeds the replicates): ``F``, ``dof``, ``p``, their
+      ``spread`` (the best mean minus the worst) and ``detectable_difference`` (the smallest
+      difference of two candidates' means it detects with 80% power);
+    * ``distinguishable``: ``p < alpha``. Then ``chosen`` is the candidate with the highest mean
+      (:func:`choose`); otherwise ``kept_defaults`` is True and ``chosen`` is ``base``: the grid's
+      candidate equal to it (``chosen_index``), else ``base`` written as a candidate
+      (:func:`default_candidate`; ``chosen_index`` None);
+    * ``best_index``: the highest mean either way; ``decision``: the sentence the report prints.
+    """
+    best, means = choose(scores_per_seed)
+    test = one_way_anova(scores_per_seed, alpha=alpha)
+    out: dict[str, Any] = {"scores": means, "best_index": best, "f_test": test, "distinguishable": test["distinguishable"],
+                           "detectable_difference": test["detectable_difference"]}
+    if test["distinguishable"]:
+        return {**out, "chosen": grid[best], "chosen_index": best, "kept_defaults": False,
+                "decision": f"the candidates differ (F-test p {test['p']:.3g} < {alpha}): the highest mean is chosen"}
+    defaults = default_candidate(base, grid)
+    index = next((i for i, c in enumerate(grid) if default_candidate(replace(base, **c), grid) == defaults), None)
+    if index is not None:
+        defaults = dict(grid[index])  # the defaults as the grid writes them
+    if test["p"] is None:
+        why = (f"no test across the candidates is possible ({test['dof'][1]} degrees of freedom within them: "
+               "give at least 2 tuning seeds)")
+    else:
+        why = (f"the candidates could not be told apart (F-test p {test['p']:.3g} >= {alpha}; their spread "
+               f"{test['spread']:.3g}, the smallest difference this tuning could detect {test['detectable_difference']:.3g})")
+    return {**out, "chosen": defaults, "chosen_index": index, "kept_defaults": True, "decision": why + ": the defaults are kept"}
 
 
 def label(kind: str, index: int) -> str:

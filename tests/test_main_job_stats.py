@@ -21,12 +21,17 @@ from bpo_algos import BPO, Budget
 from bpo_algos.compute import cost_flops
 from bpo_algos.diagnostics import signal_to_noise
 from bpo_algos.policy.choice import ChoicePolicy
-from bpo_experiments.stats import (
-    curve_metrics,
+from bpo_experiments.evaluation import eval_points
+from bpo_experiments.plan import calibration_power
+from bpo_experiments.presets import PRESETS
+from bpo_experiments.significance import (
     minimal_detectable_effect,
-    paired_difference,
+    paired_p_value,
+    power,
+    t_cdf,
     t_quantile,
 )
+from bpo_experiments.stats import curve_metrics, paired_difference
 
 
 def test_t_quantiles_match_the_tables():
@@ -67,6 +72,58 @@ def test_mde_is_the_effect_detected_with_80_percent_power():
     d = paired_difference([0.01, 0.03, -0.01, 0.02])
     assert d["mde"] == pytest.approx(minimal_detectable_effect(float(np.std([0.01, 0.03, -0.01, 0.02], ddof=1)), 4))
     assert math.isnan(paired_difference([0.1])["mde"])
+
+
+def test_power_is_the_rate_at_which_the_paired_test_detects_an_effect():
+    """At 0.6 MDE over 6 seeds the noncentral t gives 0.397 (the shifted-t approximation the
+    MDE uses, the broken case, 0.33); R = 4000 simulated experiments (standard error 0.008) must
+    land within 0.03 of it (error rate < 2e-4). The paired p-value agrees with the interval: p <
+    0.05 exactly when the interval excludes 0."""
+    rng = np.random.default_rng(2)
+    n, sd = 6, 0.02
+    effect = 0.6 * minimal_detectable_effect(sd, n)
+    expected = power(effect, sd, n)
+    assert expected == pytest.approx(0.397, abs=0.005) and power(0.0, sd, n) == pytest.approx(0.05)
+    samples = [rng.normal(effect, sd, size=n) for _ in range(4000)]
+    rate = sum(paired_difference(x)["detected"] for x in samples) / 4000
+    assert abs(rate - expected) < 0.03
+    shifted = 1 - t_cdf(t_quantile(0.975, n - 1) - effect * math.sqrt(n) / sd, n - 1)
+    assert shifted == pytest.approx(0.33, abs=0.005) and abs(rate - shifted) > 0.03
+    assert all((paired_p_value(x) < 0.05) == paired_difference(x)["detected"] for x in samples[:500])
+    assert math.isnan(power(0.01, 0.0, 6)) and math.isnan(power(0.01, 0.02, 1))
+
+
+def test_the_plan_states_the_power_to_detect_the_calibration_effect():
+    # the CPU default's record: rloo-2x − rloo +0.0069 AUC; bpo − rloo's spread gives an MDE of
+    # 0.011 at 20 seeds, so the headline sees an effect of the calibration's size with power 0.42
+    sd = 0.011 * math.sqrt(20) / (t_quantile(0.975, 19) + t_quantile(0.8, 19))
+    record = {"vs_comparator": {"bpo": {"auc": {"sd": sd, "diff": -0.006}}, "rloo-2x": {"auc": {"sd": 0.02, "diff": 0.0069}}}}
+    out = calibration_power(PRESETS["cpu"], record, 20)
+    assert out["mde"] == pytest.approx(0.011) and out["effect"] == 0.0069 and out["power"] == pytest.approx(0.42, abs=0.01)
+    # more seeds, more power; the broken case (the calibration's own spread) would read another power
+    assert calibration_power(PRESETS["cpu"], record, 40)["power"] > 0.6
+    assert power(0.0069, 0.02, 20) != pytest.approx(out["power"], abs=0.05)
+    assert calibration_power(PRESETS["cpu"], {"vs_comparator": {"bpo": {"auc": {"sd": sd}}}}, 20) is None
+
+
+def test_every_preset_evaluates_each_run_at_least_six_times():
+    """The AUC integrates the evaluated curve: with 3 points it is mostly the middle evaluation
+    (docs/main-job.md, "Evaluation points"). Presets with fewer than 5 updates (the CI path
+    checks ``smoke`` and ``cpu-swe``) cannot have 6 points and are left out."""
+    checked = 0
+    for name, preset in PRESETS.items():
+        for env in preset.envs:
+            if preset.trainer_for(env).updates < 5:
+                continue
+            checked += 1
+            assert len(eval_points(preset, env)) >= 6, (name, env, eval_points(preset, env))
+    assert checked >= 8
+    assert eval_points(PRESETS["cpu"], "alfworld") == [0, 2, 4, 6, 8, 10, 12]
+    # the broken case: the former CPU default (WebShop every 10 of 20 updates) had 3 points
+    import copy
+    old = copy.deepcopy(PRESETS["cpu"])
+    old.eval_every = {"webshop": 10, "alfworld": 6}
+    assert eval_points(old, "webshop") == [0, 10, 20]
 
 
 def test_curve_metrics_by_hand():

@@ -7,11 +7,14 @@ import json
 
 import pytest
 
+from baselines.rloo import RLOOOptions
+from bpo_algos.bpo import BPOOptions
 from bpo_experiments import compare
 from bpo_experiments.plan import extra_runs
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.significance import one_way_anova
 from bpo_experiments.tasks import task_order, task_split
-from bpo_experiments.tuning import choose, tuning_tasks
+from bpo_experiments.tuning import choose, decide, default_candidate, tuning_tasks
 
 
 def _preset(*argv: str):
@@ -65,6 +68,58 @@ def test_the_highest_mean_over_tuning_seeds_is_chosen_the_first_on_a_tie():
     assert choose([[0.5], [0.5]])[0] == 0
 
 
+def test_the_f_test_across_candidates_against_a_hand_computed_case():
+    # means 2, 3, 6 (grand 11/3): SSB = 3 (25/9 + 4/9 + 49/9) = 26, SSW = 6 -> F = (26/2) / (6/6) = 13 on (2, 6);
+    # for 2 degrees of freedom between, P(F > x) = (1 + 2 x / 6)^-3
+    test = one_way_anova([[1, 2, 3], [2, 3, 4], [5, 6, 7]])
+    assert test["F"] == pytest.approx(13.0) and test["dof"] == [2, 6]
+    assert test["p"] == pytest.approx((1 + 26 / 6) ** -3) and test["distinguishable"]
+    # the smallest detectable difference of two means of 3: (t_0.975,6 + t_0.8,6) sqrt(MSW 2/3) = (2.447 + 0.906) 0.816
+    assert test["detectable_difference"] == pytest.approx((2.4469 + 0.9057) * (2 / 3) ** 0.5, rel=1e-3)
+    # one seed a candidate: nothing to test (no spread within a candidate)
+    lone = one_way_anova([[0.2], [0.3]])
+    assert lone["p"] is None and lone["detectable_difference"] is None and not lone["distinguishable"]
+
+
+RLOO_GRID = tuple({"group_size": n} for n in (2, 4, 8, 16))
+
+
+def test_a_tuning_that_tells_the_candidates_apart_chooses_the_best():
+    scores = [[0.30, 0.31, 0.29], [0.40, 0.41, 0.39], [0.20, 0.21, 0.19], [0.35, 0.36, 0.34]]
+    record = decide(scores, RLOO_GRID, RLOOOptions(group_size=4))
+    assert record["distinguishable"] and not record["kept_defaults"]
+    assert record["chosen"] == {"group_size": 4} and record["chosen_index"] == record["best_index"] == 1
+    assert record["f_test"]["p"] < 1e-6 and record["detectable_difference"] < 0.05 and "differ" in record["decision"]
+
+
+def test_a_tuning_that_cannot_tell_the_candidates_apart_keeps_the_defaults():
+    # two seeds of noise (spread 0.010 between means, about 0.015 within): what the CPU default's tuning saw
+    scores = [[0.410, 0.440], [0.436, 0.432], [0.420, 0.436], [0.418, 0.430]]
+    record = decide(scores, RLOO_GRID, RLOOOptions(group_size=8))
+    assert not record["distinguishable"] and record["kept_defaults"] and record["f_test"]["p"] > 0.05
+    assert record["chosen"] == {"group_size": 8} and record["chosen_index"] == 2
+    assert record["detectable_difference"] > record["f_test"]["spread"]
+    assert "could not be told apart" in record["decision"] and "defaults are kept" in record["decision"]
+    # the broken case: choosing the highest mean regardless picks the noise (group 4, 0.009 above the defaults)
+    assert record["best_index"] == choose(scores)[0] == 1 and RLOO_GRID[1] != record["chosen"]
+    # defaults outside the grid: kept as they are, with no index
+    outside = decide(scores, RLOO_GRID, RLOOOptions(group_size=6))
+    assert outside["chosen"] == {"group_size": 6} and outside["chosen_index"] is None
+    # one tuning seed: no test is possible, so no choice is made
+    single = decide([[0.4], [0.5], [0.3], [0.45]], RLOO_GRID, RLOOOptions(group_size=8))
+    assert single["kept_defaults"] and "no test" in single["decision"] and single["chosen"] == {"group_size": 8}
+    # defaults equal to a candidate that names only some fields: that candidate, as the grid writes it
+    grid = ({"backbones": 2, "branch_factor": 4}, {"backbones": 2, "branch_factor": 2, "max_branch_points": 2, "max_depth": 2})
+    nested = decide([[0.4], [0.5]], grid, BPOOptions(backbones=2, branch_factor=4, max_branch_points=1, max_depth=1))
+    assert nested["chosen"] == grid[0] and nested["chosen_index"] == 0
+
+
+def test_the_defaults_as_a_candidate_read_every_tuned_field():
+    grid = ({"backbones": 2, "branch_factor": 4}, {"backbones": 2, "branch_factor": 2, "max_depth": 2})
+    assert default_candidate(BPOOptions(), grid) == {"backbones": BPOOptions().backbones, "branch_factor": BPOOptions().branch_factor,
+                                                     "max_depth": BPOOptions().max_depth}
+
+
 def test_plan_counts_the_tuning_runs():
     cpu = PRESETS["cpu"]
     extra = extra_runs(cpu, "webshop")
@@ -83,15 +138,30 @@ def test_a_tuned_comparison_records_its_choice_and_uses_it(tmp_path):
     tuning = er["tuning"]
     assert set(tuning) == {"bpo", "grpo", "rloo"}
     for record in tuning.values():
-        assert {"candidates", "scores", "chosen", "seeds"} <= set(record) and record["seeds"] == [1000]
+        assert {"candidates", "scores", "chosen", "seeds", "f_test", "detectable_difference"} <= set(record)
+        assert record["seeds"] == [1000]
+        # one tuning seed: no F-test is possible, so the defaults are kept (and the report says so)
+        assert record["kept_defaults"] and record["f_test"]["p"] is None
         assert record["chosen"] == record["candidates"][record["chosen_index"]]
-        assert record["scores"][record["chosen_index"]] == max(record["scores"])
     runs = out / "runs" / "treemdp"
     chosen = tuning["rloo"]["chosen"]["group_size"]
     for name in ("rloo", "frozen", "rloo-2x"):  # the controls collect as the tuned RLOO
         assert json.loads((runs / name / "seed0" / "run.json").read_text())["options"]["group_size"] == chosen
-    assert json.loads((runs / "rloo@default" / "seed0" / "run.json").read_text())["options"]["group_size"] == 8
+    # the kept default is the tuned run itself: its secondary row reuses it
+    assert chosen == 8 and "rloo@default" in er["algorithms"] and not (runs / "rloo@default").exists()
     # the tuning seed's warm start is evaluated on the 4 held-out training tasks, the evaluation seeds' on the 4 evaluation tasks
     assert json.loads((runs / "_initial" / "seed1000" / "initial.json").read_text())["episodes"] == 4
     assert "defaults_vs_comparator" in er and "calibration" in er and "mechanism" in er
-    assert "## Tuning" in (out / "results.md").read_text()
+    assert "## Tuning" in (out / "results.md").read_text() and "the defaults are kept" in (out / "results.md").read_text()
+
+
+def test_the_report_says_when_the_tuning_kept_the_defaults():
+    from bpo_experiments.report import tuning_lines
+
+    scores = [[0.410, 0.440], [0.436, 0.432], [0.420, 0.436], [0.418, 0.430]]
+    record = {"candidates": list(RLOO_GRID), "scores_per_seed": scores, "seeds": [1000, 1001], "criterion": "auc",
+              **decide(scores, RLOO_GRID, RLOOOptions(group_size=8))}
+    text = "\n".join(tuning_lines({"per_env": {"webshop": {"tuning": {"rloo": record}}}}))
+    assert "could not be told apart" in text and "the defaults are kept" in text
+    assert "| rloo | group_size=8 | 0.428 | 0.420, 0.436 | **chosen** (defaults kept) |" in text
+    assert "| rloo | group_size=4 | 0.434 | 0.436, 0.432 |  |" in text  # the noisy best is not marked chosen

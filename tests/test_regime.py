@@ -20,7 +20,7 @@ import torch
 from bpo_algos.mechanism import Mechanism, exact_prefix_explained, predict_variance_ratio
 from bpo_algos.policy import TabularPolicy
 from bpo_envs import TreeMDPEnv
-from bpo_experiments import diagnose, regime
+from bpo_experiments import diagnose, regime, significance
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE = {"depth": 8, "n_actions": 3, "seed": 0, "decisive_levels": [1, 5], "observe": "state", "n_tasks": 6}
@@ -29,7 +29,7 @@ TREE = {"depth": 8, "n_actions": 3, "seed": 0, "decisive_levels": [1, 5], "obser
 def test_regime_runs_a_cell_and_writes_the_map(tmp_path: Path) -> None:
     out = tmp_path / "regime"
     results = regime.main(["--cells", "horizon-6", "--seeds", "2", "--tuning-seeds", "1", "--updates", "2",
-                           "--variance-batches", "4", "--out", str(out)])
+                           "--variance-batches", "3", "--predictor-seeds", "1", "--out", str(out)])
     assert (out / "regime.json").exists() and (out / "regime.png").stat().st_size > 10_000
     cell = results["cells"]["horizon-6"]
     chosen = cell["tuning"]["chosen"]
@@ -39,6 +39,9 @@ def test_regime_runs_a_cell_and_writes_the_map(tmp_path: Path) -> None:
     for unit in ("env_steps", "flops"):
         matched = cell["matched"][unit]
         assert matched["n"] == 2 and np.isfinite(matched["diff"])
+        # one cell: Holm's adjustment of a family of one is the p-value itself
+        assert 0 < matched["p"] <= 1 and matched["p_holm"] == pytest.approx(matched["p"])
+        assert matched["verdict"] in ("win", "loss", "tie") and matched["seeds"] == [0, 1]
         for curve in matched["mean_curve"].values():
             assert curve[0] == pytest.approx(prior)  # every run starts from the same exact value
         for spent in matched["spent_per_update"].values():
@@ -47,21 +50,111 @@ def test_regime_runs_a_cell_and_writes_the_map(tmp_path: Path) -> None:
             per_step = spent["flops"] / spent["env_steps"]
             assert abs(spent[unit] - amount) <= 48 * (per_step if unit == "flops" else 1)
     for row in cell["variance"]["shapes"].values():
-        assert row["measured_ratio"] > 0 and row["mechanism"]["branch_nodes"] > 0
+        # a measured ratio from 5 seeds, with its interval around it
+        assert row["measured_ratio_seeds"] == 5 and len(row["measured_ratio_per_seed"]) == 5
+        lo, hi = row["measured_ratio_ci95"]
+        assert 0 < lo < row["measured_ratio"] < hi and row["mechanism"]["branch_nodes"] > 0
+    assert cell["variance"]["seeds"] == {"variance": [0, 1, 2, 3, 4], "predictor": [5]}
     # the exact return variance by depth: the decision at level 4 settles most of it
     v = np.array(cell["variance_by_depth"])
     assert int(np.argmax(-np.diff(v))) == 4
-    assert json.loads((out / "regime.json").read_text())["predictor"]["n"] == len(regime.SHAPES)
+    predictor = json.loads((out / "regime.json").read_text())["predictor"]
+    assert predictor["n"] == len(regime.SHAPES) and predictor["seeds_per_point"] == 5 and "replication" not in results
+
+
+def test_too_few_variance_seeds_is_an_error() -> None:
+    with pytest.raises(SystemExit):
+        regime.main(["--cells", "base", "--variance-seeds", "4"])
+
+
+def test_the_replicate_runs_share_no_seed_and_the_predictor_reads_no_measured_batch() -> None:
+    args = regime.argparse.Namespace(seeds=10, tuning_seeds=2, variance_seeds=5, predictor_seeds=2)
+    first, second = regime.map_seeds(args, 0), regime.map_seeds(args, 1)
+    assert first.evaluation == tuple(range(10)) and first.tuning == (1000, 1001)  # the unreplicated map's seeds
+    for kind in ("evaluation", "tuning", "variance", "predictor"):
+        assert not set(getattr(first, kind)) & set(getattr(second, kind)), kind
+    for seeds in (first, second):
+        assert len(seeds.variance) == 5 and not set(seeds.variance) & set(seeds.predictor)
+        assert not set(seeds.tuning) & set(seeds.evaluation)
+
+
+def test_the_prediction_is_made_out_of_sample() -> None:
+    """The predicted ratio depends only on the predictor seeds' batches: other variance seeds
+    change the measured ratio and leave the prediction as it was (an in-sample predictor, fed
+    the measured batches, the broken case, would move with them)."""
+    cell = next(c for c in regime.cells() if c.name == "horizon-6")
+    pool = regime.EnvPool([cell.make_env, cell.make_env])
+    try:
+        def study(variance: tuple[int, ...]) -> dict:
+            seeds = regime.MapSeeds(evaluation=(0, 1), tuning=(1000,), variance=variance, predictor=(9,))
+            return regime.variance_study(cell, "rloo-4", ["bpo-2x4-q0.8"], 2, pool, seeds)["shapes"]["bpo-2x4-q0.8"]
+
+        a, b = study((0, 1)), study((10, 11))
+        inside = regime.measure([batch for s in (0, 1) for batch in regime.gradient_batches(cell, "bpo-2x4-q0.8", 2, 2, pool, s)[1]])
+    finally:
+        pool.close()
+    assert a["predicted_ratio"] == b["predicted_ratio"] and a["mechanism"] == b["mechanism"]
+    assert a["measured_ratio"] != b["measured_ratio"]
+    assert inside.to_json() != a["mechanism"]  # the measured seeds' own mechanism is another reading
+
+
+def _cell(diff: float, p: float | None) -> dict:
+    row = {"diff": diff, "diff_ci95": 0.01, "p": p}
+    return {"matched": {"env_steps": dict(row), "flops": dict(row)}, "variance": {"shapes": {}}}
+
+
+def test_holm_against_a_hand_computed_case() -> None:
+    # sorted 0.005, 0.01, 0.03, 0.04 -> 4 x 0.005 = 0.02, 3 x 0.01 = 0.03, 2 x 0.03 = 0.06,
+    # max(0.06, 1 x 0.04) = 0.06, back in the input's order
+    assert significance.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # the broken cases: Bonferroni (m p) and the step-down without its running maximum
+    assert significance.holm([0.01, 0.04, 0.03, 0.005]) != pytest.approx([0.04, 0.16, 0.12, 0.02])
+    assert significance.holm([0.01, 0.04, 0.03, 0.005])[1] != pytest.approx(0.04)
+    assert significance.holm([0.2, None, 0.9]) == [pytest.approx(0.4), None, pytest.approx(0.9)]  # None: not tested, not counted
+    assert significance.holm([0.6, 0.7]) == [pytest.approx(1.0), pytest.approx(1.0)]  # capped at 1
+    # the paired t-test's p: t = 2.5 / (1.291 / 2) = 3.873 on 3 degrees of freedom
+    assert significance.paired_p_value([1, 2, 3, 4]) == pytest.approx(0.0305, abs=1e-4)
+    assert significance.paired_p_value([1.0]) is None
+
+
+def test_verdicts_are_taken_after_holm_and_the_replication_counts_agreement_and_opposites() -> None:
+    # p 0.008 alone is a win; among 13 cells Holm's level for the smallest is 0.05 / 13 = 0.0038
+    lone = {"a": _cell(0.005, 0.008)}
+    assert regime.adjust(lone) == {"a": "win"}
+    family = {"a": _cell(0.005, 0.008), **{f"t{i}": _cell(0.001, 0.5) for i in range(12)}}
+    verdicts = regime.adjust(family)
+    assert family["a"]["matched"]["env_steps"]["p_holm"] == pytest.approx(0.104) and verdicts["a"] == "tie"
+    first = {"seeds": {"evaluation": [0, 1]}, "cells": {"w": _cell(0.01, 0.001), "l": _cell(-0.01, 0.001), "t": _cell(0.01, 0.4),
+                                                          "x": _cell(0.02, 0.002)}}
+    second = {"seeds": {"evaluation": [2, 3]}, "cells": {"w": _cell(0.01, 0.002), "l": _cell(0.01, 0.001), "t": _cell(-0.01, 0.3),
+                                                           "x": _cell(0.02, 0.9)}}
+    for run in (first, second):
+        regime.adjust(run["cells"])
+    rep = regime.replication([first, second])
+    assert rep["verdicts"] == {"w": ["win", "win"], "l": ["loss", "win"], "t": ["tie", "tie"], "x": ["win", "tie"]}
+    assert rep["agreement"] == pytest.approx(0.5) and rep["opposite"] == ["l"]
+    assert [r["seeds"] for r in rep["runs"]] == [{"evaluation": [0, 1]}, {"evaluation": [2, 3]}]
+    assert rep["runs"][0]["verdicts"]["l"]["p_holm"] == pytest.approx(0.004)
+    with pytest.raises(ValueError, match="two runs"):
+        regime.replication([first])
 
 
 @pytest.mark.slow
 def test_regime_quick_command(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bpo_experiments.regime", "--quick", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "bpo_experiments.regime", "--quick", "--replicate", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((tmp_path / "regime.json").read_text())
-    assert list(results["cells"]) == ["base", "decided-first", "binary"]
-    assert results["predictor"]["n"] == 6 and (tmp_path / "regime.png").exists()
+    assert list(results["cells"]) == ["base", "decided-first", "binary"] and results["pending_cells"] == []
+    assert results["predictor"]["n"] == 6 and results["predictor"]["seeds_per_point"] >= 5 and (tmp_path / "regime.png").exists()
+    rep = results["replication"]
+    first, second = (run["seeds"] for run in rep["runs"])
+    for kind in first:
+        assert not set(first[kind]) & set(second[kind])
+    assert set(rep["verdicts"]) == set(results["cells"]) and 0 <= rep["agreement"] <= 1
+    assert all(results["cells"][c]["matched"]["env_steps"]["p_holm"] >= results["cells"][c]["matched"]["env_steps"]["p"]
+               for c in results["cells"])
+    assert "Replication" in (tmp_path / "regime.md").read_text()
 
 
 def test_diagnose_eta_matches_exact_on_a_tree_mdp(tmp_path: Path) -> None:
