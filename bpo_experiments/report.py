@@ -267,6 +267,17 @@ def mechanism_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _headline_row(env: str, name: str, d: dict[str, Any], verdict: str, digits: int = 3) -> str:
+    """One row of the headline table; below :data:`MIN_SEEDS` seeds its interval, MDE and
+    verdict read ``n/a`` (two seeds give no estimate of the spread worth printing)."""
+    n = _seeds(d)
+    per_seed = ", ".join(f"{v:+.{digits}f}" for v in d["diff_per_seed"])
+    if n < MIN_SEEDS:
+        return f"| {env} | {name} | {d['diff']:+.{digits}f} | {_na(n)} | {_na(n)} | {per_seed} | {_na(n)} |"
+    return (f"| {env} | {name} | {d['diff']:+.{digits}f} | ± {d['diff_ci95']:.{digits}f} | {d['mde']:.{digits}f} | "
+            f"{per_seed} | {verdict} |")
+
+
 def headline_lines(results: dict[str, Any]) -> list[str]:
     """The headline table: the treatment − the comparator, per env and metric; the treatment −
     the calibration control (paired by seed) and the untuned defaults as secondary rows."""
@@ -279,16 +290,11 @@ def headline_lines(results: dict[str, Any]) -> list[str]:
         if not head:
             continue
         for m, d in head["metrics"].items():
-            primary = m == head["metric"]
             verdict = "detected" if d["detected"] else f"not detected (effects below {d['mde']:.3g} cannot be excluded)"
             if head.get("underpowered"):
                 verdict += "; **underpowered** (control not detected)"
-            name = f"**{m}** (primary)" if primary else m
-            digits = 3 if m != "compute_to_threshold" else 0
-            lines.append(
-                f"| {env} | {name} | {d['diff']:+.{digits}f} | ± {d['diff_ci95']:.{digits}f} | {d['mde']:.{digits}f} | "
-                + ", ".join(f"{v:+.{digits}f}" for v in d["diff_per_seed"]) + f" | {verdict} |"
-            )
+            name = f"**{m}** (primary)" if m == head["metric"] else m
+            lines.append(_headline_row(env, name, d, verdict, 3 if m != "compute_to_threshold" else 0))
         cal = er.get("treatment_vs_calibration")
         if cal:
             if cal["detected"]:
@@ -296,19 +302,13 @@ def headline_lines(results: dict[str, Any]) -> list[str]:
                            + ("above" if cal["verdict"] == "better" else "below") + " what halving the gradient variance buys")
             else:
                 verdict = f"not detected (effects below {cal['mde']:.3g} cannot be excluded)"
-            lines.append(
-                f"| {env} | {cal['metric']}, **against the calibration** ({cal['treatment']} − {cal['calibration']}, paired by seed) "
-                f"| {cal['diff']:+.3f} | ± {cal['diff_ci95']:.3f} | {cal['mde']:.3f} | "
-                + ", ".join(f"{v:+.3f}" for v in cal["diff_per_seed"]) + f" | {verdict} |"
-            )
+            name = f"{cal['metric']}, **against the calibration** ({cal['treatment']} − {cal['calibration']}, paired by seed)"
+            lines.append(_headline_row(env, name, cal, verdict))
         defaults = er.get("defaults_vs_comparator")
         if defaults:
             verdict = "detected" if defaults["detected"] else f"not detected (effects below {defaults['mde']:.3g} cannot be excluded)"
-            lines.append(
-                f"| {env} | {defaults['metric']}, **untuned defaults** ({defaults['treatment']} − {defaults['comparator']}; secondary) "
-                f"| {defaults['diff']:+.3f} | ± {defaults['diff_ci95']:.3f} | {defaults['mde']:.3f} | "
-                + ", ".join(f"{v:+.3f}" for v in defaults["diff_per_seed"]) + f" | {verdict} |"
-            )
+            name = f"{defaults['metric']}, **untuned defaults** ({defaults['treatment']} − {defaults['comparator']}; secondary)"
+            lines.append(_headline_row(env, name, defaults, verdict))
     return lines
 
 
