@@ -182,7 +182,6 @@ class EnvServer:
             "closed_idle": self.closed_idle,
             "evicted_idle": self.evicted_idle,
             "deadline_exceeded": self.deadline_exceeded,
-            "env_calls": dict(self.calls.calls),
             "env_calls_inline": self.calls.inline,
             "max_connections": self.guard.max_connections,
             **self.guard.counts(),
@@ -204,18 +203,34 @@ class EnvServer:
         after = self.config.evict_idle_after
         if after is None:
             return False
-        waiting = [s for s in self.sessions.values() if s is not None and s.waiting is not None]
+        waiting = [s for s in self.sessions.values() if s is not None and s.waiting and s.stop_reason is None]
         if not waiting:
             return False
         victim = min(waiting, key=lambda s: s.idle_since)
-        now = asyncio.get_running_loop().time()
-        if now - victim.idle_since < after:
+        silent = asyncio.get_running_loop().time() - victim.idle_since
+        if silent < after or not victim.stop(
+            f"closed to make room: the server is at its session limit ({self.config.max_sessions}) "
+            f"and this session was the one silent longest ({silent:.0f} s)"
+        ):
             return False
-        victim.evicted = True
-        victim.waiting.reschedule(now)  # its receive() times out at once: its loop ends the session
         self.sessions.pop(victim.id, None)
         self.evicted_idle += 1
         return True
+
+    def _check_idle(self, session: Session) -> None:
+        """The idle timeout, checked lazily: one timer per session, re-armed for the session's
+        last message when it fires (no timer work per message)."""
+        timeout = self.config.idle_timeout
+        session.idle_timer = None
+        if timeout is None or session.stop_reason is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if session.waiting and loop.time() - session.idle_since >= timeout:
+            if session.stop(f"closed after {timeout:g} s without a message"):
+                self.closed_idle += 1
+                return
+        due = (session.idle_since if session.waiting else loop.time()) + timeout
+        session.idle_timer = loop.call_at(due, self._check_idle, session)
 
     async def serve(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """One WebSocket (raw ASGI: no per-message middleware): one session, messages answered
@@ -263,49 +278,45 @@ class EnvServer:
 
     async def _loop(self, receive: Receive, send: Send, session: Session) -> bool:
         """Answer messages until the session ends; True when the client disconnected."""
-        timeout = self.config.idle_timeout
         limit = self.config.max_message_bytes
         loop = asyncio.get_running_loop()
-        while True:
-            session.idle_since = loop.time()
-            try:
-                async with asyncio.timeout(timeout) as waiting:  # no task per message, unlike wait_for
-                    session.waiting = waiting  # where _evict_idlest can end the wait
+        try:
+            # one Timeout for the whole session, rescheduled only by Session.stop while it waits
+            async with asyncio.timeout(None) as session.stopper:
+                self._check_idle(session)
+                while True:
+                    session.idle_since = loop.time()
+                    session.waiting = True
                     message = await receive()
-            except TimeoutError:
-                session.waiting = None
-                ended = True
-            else:
-                session.waiting = None
-                ended = session.evicted  # a message that came as it was evicted is not answered
-            if ended:
-                if session.evicted:
-                    silent = loop.time() - session.idle_since
-                    text = (f"closed to make room: the server is at its session limit ({self.config.max_sessions}) "
-                            f"and this session was the one silent longest ({silent:.0f} s)")
-                else:
-                    self.closed_idle += 1
-                    text = f"closed after {timeout:g} s without a message"
-                await _send_text(send, error(WSErrorCode.SESSION_ERROR, text))
-                return False
-            if message["type"] == "websocket.disconnect":
-                return True
-            raw = message.get("text")
-            if raw is None:
-                raw = message.get("bytes") or b""
-            if len(raw) > limit:
-                reply: dict[str, Any] | None = error(
-                    WSErrorCode.VALIDATION_ERROR, f"message of {len(raw)} bytes is over the server's limit of {limit}"
-                )
-            else:
-                reply = await self._answer(session, raw)
-                if reply is _CLOSE:
-                    return False
-
-            if reply is not None:
-                await _send_text(send, reply)
-            if session.broken:
-                return False
+                    session.waiting = False
+                    if session.stop_reason is not None:  # a message that came as it was stopped
+                        break
+                    if message["type"] == "websocket.disconnect":
+                        return True
+                    raw = message.get("text")
+                    if raw is None:
+                        raw = message.get("bytes") or b""
+                    if len(raw) > limit:
+                        reply: dict[str, Any] | None = error(
+                            WSErrorCode.VALIDATION_ERROR, f"message of {len(raw)} bytes is over the server's limit of {limit}"
+                        )
+                    else:
+                        reply = await self._answer(session, raw)
+                        if reply is _CLOSE:
+                            return False
+                    if reply is not None:
+                        await _send_text(send, reply)
+                    if session.broken:
+                        return False
+        except TimeoutError:
+            if session.stop_reason is None:
+                raise
+        finally:
+            session.waiting = False
+            if session.idle_timer is not None:
+                session.idle_timer.cancel()
+        await _send_text(send, error(WSErrorCode.SESSION_ERROR, session.stop_reason))
+        return False
 
     async def _answer(self, session: Session, raw: str | bytes) -> dict[str, Any] | None:
         """The reply to one raw message (None: no reply), counted by message type in ``/health``."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import Counter
 from concurrent.futures import Executor
 from typing import Any
 
@@ -67,13 +66,10 @@ class EnvCalls:
         self.executor = executor
         self.deadline = deadline
         self.inline = inline
-        self.calls: Counter[str] = Counter()
-        """Calls run, by kind (``/health``)."""
 
-    async def run(self, session: Session, kind: str, fn: Any, *args: Any) -> Any:
+    async def run(self, session: Session, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` for ``session``: on the event loop when ``inline``, else in the thread
         pool under the per-step deadline."""
-        self.calls[kind] += 1
         if self.inline:
             return fn(*args)
         future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -120,10 +116,13 @@ class Session:
         self.pending: asyncio.Future | None = None
         self.idle_since = 0.0
         """Event-loop time of the session's last message (or its start)."""
-        self.waiting: asyncio.Timeout | None = None
-        """The idle timeout of the wait for the next message, while the session waits for one."""
-        self.evicted = False
-        """Its slot went to a newcomer at capacity (app.EnvServer._evict_idlest)."""
+        self.waiting = False
+        """The session waits for its next message (nothing of it runs)."""
+        self.stopper: asyncio.Timeout | None = None
+        """Ends the session's wait for a message when rescheduled (the server's event loop)."""
+        self.stop_reason: str | None = None
+        """Why the server ended the session (idle, or its slot went to a newcomer)."""
+        self.idle_timer: asyncio.TimerHandle | None = None
         self._calls = calls
         self._store = store
         self._episode_id: str | None = None
@@ -131,9 +130,20 @@ class Session:
         self._last: dict[str, Any] | None = None  # the last observation message sent
         self._done = False
 
-    async def run(self, kind: str, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, an env call of ``kind``, where :class:`EnvCalls` puts it."""
-        return await self._calls.run(self, kind, fn, *args)
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, an env call, where :class:`EnvCalls` puts it."""
+        if self._calls.inline:  # the hot path: no coroutine between the loop and the env
+            return fn(*args)
+        return await self._calls.run(self, fn, *args)
+
+    def stop(self, reason: str) -> bool:
+        """End the session's wait for its next message (it then ends, sending ``reason``);
+        False where it is not waiting (it is running a call: the wait is never cut into one)."""
+        if not self.waiting or self.stopper is None or self.stop_reason is not None:
+            return False
+        self.stop_reason = reason
+        self.stopper.reschedule(asyncio.get_running_loop().time())
+        return True
 
     async def reset(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -152,7 +162,7 @@ class Session:
                 return error(WSErrorCode.VALIDATION_ERROR, "reset takes snapshot_id alone, or task_id/seed")
             return await self._fork(data["snapshot_id"])
         options = {"task_id": data["task_id"]} if data.get("task_id") is not None else None
-        reply = await self.run("reset", _reset, self.env, data.get("seed"), options)
+        reply = await self.run(_reset, self.env, data.get("seed"), options)
         episode_id = data.get("episode_id")
         self._episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
         self._steps = 0
@@ -160,24 +170,27 @@ class Session:
 
     async def _fork(self, snapshot_id: Any) -> dict[str, Any]:
         entry = self._store.get(snapshot_id)  # UnknownSnapshotError names the id
-        await self.run("restore", restore, self.env, entry.snapshot)
+        await self.run(restore, self.env, entry.snapshot)
         self._episode_id, self._steps = entry.episode_id, entry.steps
         reply = entry.reply
         return self._sent({"type": "observation", "data": {**reply["data"], "reward": None}})
 
     async def step(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        text = data.get("text") if isinstance(data, dict) else None
+        if not isinstance(text, str):
             return error(WSErrorCode.VALIDATION_ERROR, 'step\'s data must be an action {"text": str}')
-        extra = sorted(set(data) - {"text", "metadata"})
-        if extra:
-            return error(WSErrorCode.VALIDATION_ERROR, f"unknown action field(s) {shown(extra)}; an action is {{\"text\": str}}")
-        if not isinstance(data.get("metadata", {}), dict):
-            return error(WSErrorCode.VALIDATION_ERROR, "an action's metadata, where sent, is a JSON object")
+        if len(data) > 1:
+            extra = sorted(set(data) - {"text", "metadata"})
+            if extra:
+                return error(WSErrorCode.VALIDATION_ERROR, f"unknown action field(s) {shown(extra)}; an action is {{\"text\": str}}")
+            if not isinstance(data.get("metadata", {}), dict):
+                return error(WSErrorCode.VALIDATION_ERROR, "an action's metadata, where sent, is a JSON object")
         if self._last is None:
             return error(WSErrorCode.EXECUTION_ERROR, "call reset before step")
         if self._done:
             return error(WSErrorCode.EXECUTION_ERROR, "the episode has ended; reset (or reset to a snapshot_id)")
-        reply = await self.run("step", _step, self.env, data["text"])
+        calls = self._calls
+        reply = _step(self.env, text) if calls.inline else await calls.run(self, _step, self.env, text)
         self._steps += 1
         return self._sent(reply)
 
@@ -185,7 +198,7 @@ class Session:
         snapshot_id = None
         task_id = None
         if self._last is not None:
-            snap = await self.run("snapshot", snapshot, self.env)
+            snap = await self.run(snapshot, self.env)
             snapshot_id = self._store.put(self.id, snap, self._last, self._episode_id, self._steps)
             task_id = self._last["data"]["observation"]["task_id"]
         # models.ServedState's fields, built as a dict on the hot path
@@ -193,13 +206,13 @@ class Session:
         return {"type": "state", "data": state}
 
     async def task_ids(self) -> dict[str, Any]:
-        ids = await self.run("task_ids", lambda: list(self.env.unwrapped.task_ids()))
+        ids = await self.run(lambda: list(self.env.unwrapped.task_ids()))
         return {"type": "task_ids", "data": {"task_ids": json_safe(ids)}}
 
     async def expert_actions(self) -> dict[str, Any]:
         if self._last is None:
             return error(WSErrorCode.EXECUTION_ERROR, "call reset before expert_actions")
-        actions = await self.run("expert_actions", lambda: list(self.env.unwrapped.expert_actions()))
+        actions = await self.run(lambda: list(self.env.unwrapped.expert_actions()))
         return {"type": "expert_actions", "data": {"actions": [str(a) for a in actions]}}
 
     def _sent(self, reply: dict[str, Any]) -> dict[str, Any]:
