@@ -326,12 +326,30 @@ def test_fault_injection_leaves_the_server_unharmed(tmp_path):
 
     out = tmp_path / "faults.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "150", "--sessions", "4",
-                    "--sample-every", "50", "--out", str(out)], check=True, timeout=600, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    "--sample-every", "50", "--attacks", "none", "--out", str(out)], check=True, timeout=600,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     result = json.loads(out.read_text())
     assert result["episodes"] >= 150 and result["server_crashes"] == 0 and result["wrong_answer_count"] == 0
     assert result["health_after"]["sessions"] == 0 and result["health_after"]["snapshots"] == 0
     assert sum(result["faults"].values()) > 20 and result["faults"].get("vanish_mid_step", 0) > 0
+
+
+@pytest.mark.slow
+def test_fault_script_attacks_all_hold(tmp_path):
+    """scripts/fault_serve.py's hostile clients (each also a test in test_serve_hostile.py), with
+    short timeouts: every attack held, and the attacks' server answered throughout."""
+    from serve_support import ROOT
+
+    out = tmp_path / "faults.json"
+    fast = "--header-timeout 2 --body-timeout 2 --evict-idle-after 2 --session-snapshot-cap 20"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "8", "--sessions", "2",
+                    "--attack-sessions", "3", "--attack-server-args", fast, "--out", str(out)], check=True,
+                   timeout=300, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    attacks = json.loads(out.read_text())["attacks"]
+    failed = {k: v for k, v in attacks.items() if isinstance(v, dict) and v.get("held") is False}
+    assert not failed, failed
+    assert attacks["silent_sessions"]["seconds_to_a_session"] is not None
+    assert attacks["sigterm"]["returncode"] == 128 + 15
 
 
 def test_deploy_layouts_pass_openenv_validate():
