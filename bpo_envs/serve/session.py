@@ -1,7 +1,7 @@
 """One client's session: its env, its episode, and where its env calls run.
 
 Where an env call (reset, step, snapshot, restore, ...) runs is the env's declared capability,
-read from its class (``SnapshotEnv.step_may_block``, docs/envs.md), never probed: an env whose
+read from its class (``bpo_envs.core.SnapshotEnv.step_may_block``), never probed: an env whose
 every call is bounded by construction (WebShop, TreeMDP: ``step_may_block = False``) is called
 on the event loop, with no hand-off to a thread (the hop costs about as much as a WebShop step);
 every other env (ALFWorld, SWE-bench, a remote env, anything not a ``SnapshotEnv``) is called
@@ -52,7 +52,7 @@ def _step(env: gym.Env, text: str) -> dict[str, Any]:
 
 def runs_inline(env: gym.Env) -> bool:
     """Whether ``env``'s calls may run on the event loop: its class is a ``SnapshotEnv`` that
-    declares ``step_may_block = False`` (read from the class, as declared; docs/envs.md)."""
+    declares ``step_may_block = False`` (read from the class, as declared)."""
     cls = type(env.unwrapped)
     return issubclass(cls, SnapshotEnv) and not cls.step_may_block
 
