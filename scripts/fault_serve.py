@@ -45,7 +45,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as connect_sync
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import rss_mb, start_server  # noqa: E402
+from bench_serve import rss_mb, start_server, uptime  # noqa: E402
 
 from bpo_envs.serve.protocol import dumps, loads  # noqa: E402
 
@@ -248,7 +248,7 @@ def attack_slow_body(base: str, health: dict[str, Any]) -> dict[str, Any]:
 def attack_flood(base: str, health: dict[str, Any]) -> dict[str, Any]:
     """The connection cap plus 100 half-open connections (today: past a 1,024-file limit every
     connection was reset); /health and a WebSocket session meanwhile."""
-    count = int(health["max_connections"]) + 100
+    count = int(health.get("max_connections", 264)) + 100  # 264: today's default cap, for a server without one
     t0 = time.monotonic()
     socks = partial_requests(base, count)
     opened = time.monotonic() - t0
@@ -295,7 +295,7 @@ def attack_silent_sessions(base: str, health: dict[str, Any]) -> dict[str, Any]:
 def attack_snapshot_quota(base: str, health: dict[str, Any]) -> dict[str, Any]:
     """One session calls ``state`` past its quota; another session's snapshots must survive."""
     ws_url = base.replace("http://", "ws://") + "/ws"
-    quota = int(health["session_snapshot_cap"])
+    quota = int(health.get("session_snapshot_cap", 1000))
     with ws_sync(ws_url) as victim, ws_sync(ws_url) as hog:
         ask_sync(victim, {"type": "reset", "data": {"seed": 3}})
         ask_sync(hog, {"type": "reset", "data": {"seed": 4}})
@@ -361,12 +361,12 @@ def attack_sigterm(proc: Any, base: str) -> dict[str, Any]:
     return {"returncode": rc, "seconds_to_exit": round(time.monotonic() - t0, 2), "held": rc == 128 + signal.SIGTERM}
 
 
-def attack_sigterm_swebench() -> dict[str, Any]:
+def attack_sigterm_swebench(code: Path | None = None) -> dict[str, Any]:
     """SIGTERM to a SWE-bench server (local backend) mid-session: no run folder may stay."""
     try:
         from bpo_envs.swebench.owners import RUN_DIR_PREFIX
 
-        proc, ws_url = start_server("BPO-SWEBench-v0", {"step_timeout": 20}, [])
+        proc, ws_url = start_server("BPO-SWEBench-v0", {"step_timeout": 20}, [], code)
     except Exception as exc:  # noqa: BLE001 - the SWE-bench extra or its sandbox is absent here
         return {"skipped": f"{type(exc).__name__}: {exc}"[:300]}
     try:
@@ -399,13 +399,13 @@ ATTACKS = {
 }
 
 
-def run_attacks(max_sessions: int, server_args: list[str]) -> dict[str, Any]:
+def run_attacks(max_sessions: int, server_args: list[str], code: Path | None = None) -> dict[str, Any]:
     """Every attack on a fresh WebShop server (a bearer token, default limits unless
     ``server_args`` sets them), then SIGTERM."""
     environ_token = os.environ.get("BPO_SERVE_TOKEN")
     os.environ["BPO_SERVE_TOKEN"] = ATTACK_TOKEN
     try:
-        proc, ws_url = start_server("BPO-WebShop-v0", ATTACK_KWARGS, ["--max-sessions", str(max_sessions), *server_args])
+        proc, ws_url = start_server("BPO-WebShop-v0", ATTACK_KWARGS, ["--max-sessions", str(max_sessions), *server_args], code)
     finally:
         if environ_token is None:
             os.environ.pop("BPO_SERVE_TOKEN", None)
@@ -430,7 +430,7 @@ def run_attacks(max_sessions: int, server_args: list[str]) -> dict[str, Any]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    results["sigterm_swebench"] = attack_sigterm_swebench()
+    results["sigterm_swebench"] = attack_sigterm_swebench(code)
     return results
 
 
@@ -443,28 +443,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--attacks", choices=("all", "none"), default="all", help="then the hostile clients (docs/serving.md)")
     p.add_argument("--attack-sessions", type=int, default=8, help="--max-sessions of the attacks' server")
     p.add_argument("--attack-server-args", default="", help="more bpo-serve flags for the attacks' server")
+    p.add_argument("--attacks-only", action="store_true", help="skip the fault-injection episodes")
+    p.add_argument("--server-code", type=Path, default=None,
+                   help="run the attacks' servers from another checkout (PYTHONPATH=DIR), e.g. the code before a change")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    flags = ["--max-sessions", str(args.sessions + 4), "--max-message-bytes", str(LIMIT), "--idle-timeout", "30"]
-    proc, url = start_server("BPO-WebShop-v0", {}, flags)
-    try:
-        result = asyncio.run(run(url, proc.pid, args.sessions, args.episodes, args.max_seconds, args.sample_every))
-        time.sleep(1.0)
-        with urllib.request.urlopen(url.replace("ws://", "http://").removesuffix("/ws") + "/health", timeout=10) as r:
-            health = json.loads(r.read())
-        result["server_alive"] = proc.poll() is None
-        result["server_crashes"] = 0 if result["server_alive"] else 1
-        result["health_after"] = health
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    if args.attacks == "all":
-        result["attacks"] = run_attacks(args.attack_sessions, args.attack_server_args.split())
+    result: dict[str, Any] = {}
+    if not args.attacks_only:
+        flags = ["--max-sessions", str(args.sessions + 4), "--max-message-bytes", str(LIMIT), "--idle-timeout", "30"]
+        proc, url = start_server("BPO-WebShop-v0", {}, flags)
+        try:
+            result = asyncio.run(run(url, proc.pid, args.sessions, args.episodes, args.max_seconds, args.sample_every))
+            time.sleep(1.0)
+            with urllib.request.urlopen(url.replace("ws://", "http://").removesuffix("/ws") + "/health", timeout=10) as r:
+                health = json.loads(r.read())
+            result["server_alive"] = proc.poll() is None
+            result["server_crashes"] = 0 if result["server_alive"] else 1
+            result["health_after"] = health
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    if args.attacks == "all" or args.attacks_only:
+        result["attack_server_code"] = str(args.server_code or "this checkout")
+        result["attacks"] = run_attacks(args.attack_sessions, args.attack_server_args.split(), args.server_code)
         result["attacks_held"] = all(
             a.get("held", True) for k, a in result["attacks"].items() if isinstance(a, dict) and k != "final_health"
         )
     result["command"] = " ".join(["python", *sys.argv])
     result["loadavg"] = os.getloadavg()
+    result["uptime"] = uptime()
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -143,7 +143,13 @@ class EnvServer:
         self.store.release_owner(session.id)
         self.sessions.pop(session.id, None)
         env = session.env
-        if session.broken or self._closing or len(self._idle_envs) >= self.config.max_sessions:
+        if self._closing:  # the server shuts down (its pool too): close the env here
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - shutting down: the rest still closes
+                log.warning("closing an env at shutdown failed", exc_info=True)
+            return
+        if session.broken or len(self._idle_envs) >= self.config.max_sessions:
             if session.pending is not None and not session.pending.done():
                 await asyncio.wait([session.pending])
             await asyncio.get_running_loop().run_in_executor(self.executor, env.close)
@@ -243,8 +249,9 @@ class EnvServer:
         await send({"type": "websocket.accept"})
         if len(self.sessions) >= self.config.max_sessions and not self._evict_idlest():
             self.refused += 1
-            message = f"the server is at its session limit ({self.config.max_sessions}) and no session has been " \
-                      f"idle {self.config.evict_idle_after or 0:g} s; try again later"
+            after = self.config.evict_idle_after
+            silent = "" if after is None else f" and no session has been silent {after:g} s"
+            message = f"the server is at its session limit ({self.config.max_sessions}){silent}; try again later"
             await _send_text(send, error(
                 WSErrorCode.CAPACITY_REACHED, message,
                 active_sessions=len(self.sessions), max_sessions=self.config.max_sessions,
