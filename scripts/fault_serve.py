@@ -293,19 +293,20 @@ def attack_silent_sessions(base: str, health: dict[str, Any]) -> dict[str, Any]:
 
 
 def attack_snapshot_quota(base: str, health: dict[str, Any]) -> dict[str, Any]:
-    """One session calls ``state`` past its quota; another session's snapshots must survive."""
+    """One session calls ``state`` past the server's snapshot cap (and its own quota); another
+    session's snapshots must survive."""
     ws_url = base.replace("http://", "ws://") + "/ws"
-    quota = int(health.get("session_snapshot_cap", 1000))
+    count = max(int(health.get("session_snapshot_cap", 0)), int(health["snapshot_cap"])) + 50
     with ws_sync(ws_url) as victim, ws_sync(ws_url) as hog:
         ask_sync(victim, {"type": "reset", "data": {"seed": 3}})
         ask_sync(hog, {"type": "reset", "data": {"seed": 4}})
         kept = [ask_sync(victim, {"type": "state"})["data"]["snapshot_id"] for _ in range(3)]
         t0 = time.monotonic()
-        for _ in range(quota + 50):
+        for _ in range(count):
             ask_sync(hog, {"type": "state"})
         seconds = time.monotonic() - t0
         survived = sum(ask_sync(hog, {"type": "reset", "data": {"snapshot_id": i}}).get("type") == "observation" for i in kept)
-    return {"hog_states": quota + 50, "seconds": round(seconds, 2), "victim_snapshots": 3,
+    return {"hog_states": count, "seconds": round(seconds, 2), "victim_snapshots": 3,
             "victim_snapshots_alive": survived, "held": survived == 3}
 
 
