@@ -9,7 +9,8 @@ makes the protocol class ``bpo-serve`` runs with three bounds:
   ``body_timeout`` seconds of its headers; otherwise the connection is answered
   ``408 Request Timeout`` and closed (a half-open connection holds a file for that long at most);
 * at most ``max_connections`` connections are open at once, HTTP and WebSocket together, kept
-  below the process's file limit (:func:`connection_cap`). A connection beyond the cap takes the
+  below the process's file limit (:func:`connection_cap`; the soft limit is first raised toward
+  what the cap needs, where the hard limit allows). A connection beyond the cap takes the
   place of the one that has waited longest for its request headers (a slow or half-open client);
   where none is waiting, it is answered ``503 Service Unavailable`` with the reason and closed at
   once, so the server never runs out of files and keeps answering the connections it holds.
@@ -34,29 +35,42 @@ SPARE_CONNECTIONS = 256
 """Connections beyond one per session in the default cap: ``/health`` and other HTTP requests."""
 
 
-def file_limit() -> int:
-    """The process's soft limit on open files (``RLIMIT_NOFILE``)."""
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+def file_limit(at_least: int = 0) -> int:
+    """The process's soft limit on open files (``RLIMIT_NOFILE``), first raised toward
+    ``at_least`` where the hard limit allows (any process may raise its own soft limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < at_least and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = at_least if hard == resource.RLIM_INFINITY else min(at_least, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # a platform that refuses: keep the limit there is
+            pass
+    return soft
 
 
 def connection_cap(max_sessions: int, requested: int | None = None) -> int:
     """The connection cap: ``requested`` or ``max_sessions + SPARE_CONNECTIONS``, and never above
-    the file limit less :data:`FILES_RESERVED` and :data:`FILES_PER_SESSION` per session (a
-    requested cap above that raises ``ValueError``, naming the limit)."""
-    files = file_limit()
-    room = files - FILES_RESERVED - FILES_PER_SESSION * max_sessions
+    the file limit less :data:`FILES_RESERVED` and :data:`FILES_PER_SESSION` per session (the
+    soft limit is raised toward what that needs where the hard limit allows; a requested cap
+    that still does not fit raises ``ValueError``, naming the limit)."""
+    overhead = FILES_RESERVED + FILES_PER_SESSION * max_sessions
+    files = file_limit(at_least=overhead + (requested or max_sessions + SPARE_CONNECTIONS))
+    room = files - overhead
     if requested is None:
         requested = min(max_sessions + SPARE_CONNECTIONS, room)
+        if requested <= max_sessions:
+            raise ValueError(
+                f"the process's file limit ({files}) leaves room for {max(room, 0)} connections after {overhead} "
+                f"files for {max_sessions} sessions' envs: raise `ulimit -n` or lower max_sessions"
+            )
     elif requested > room:
         raise ValueError(
             f"max_connections {requested} does not fit under the process's file limit ({files}) less "
             f"{FILES_RESERVED} + {FILES_PER_SESSION} per session: at most {room}; raise `ulimit -n` or lower it"
         )
     if requested <= max_sessions:
-        raise ValueError(
-            f"the connection cap ({requested}) must be above max_sessions ({max_sessions}) "
-            f"(file limit {files}: raise `ulimit -n` or lower max_sessions)"
-        )
+        raise ValueError(f"max_connections ({requested}) must be above max_sessions ({max_sessions})")
     return requested
 
 
