@@ -240,3 +240,36 @@ def test_sigterm_closes_everything_and_leaves_no_run_folder():
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 128 + signal.SIGTERM  # exited by itself, its exit handlers run
         assert glob.glob(pattern) == []
+
+
+def test_the_connection_cap_fits_under_the_file_limit():
+    """In a child process (its limits are its own): a cap that cannot fit is a clear error at
+    start; a soft limit under what the cap needs is raised where the hard limit allows."""
+    import subprocess
+    import sys
+
+    from serve_support import ROOT
+
+    code = """
+import resource
+from bpo_envs.serve.connections import connection_cap
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 4096))
+print(connection_cap(128), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+print(connection_cap(4))
+for sessions, cap in ((64, None), (4, 500), (4, 4)):
+    try:
+        connection_cap(sessions, cap)
+    except ValueError as exc:
+        print("refused:", exc)
+"""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip("needs a hard file limit of 4096")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "384 1472"  # 128 + 256 connections, 64 + 8 x 128 files for the rest: raised to fit
+    assert lines[1] == "160"  # 256 - 64 - 8 x 4: under the limit, not the default 260
+    assert "file limit (256)" in lines[2] and "raise `ulimit -n`" in lines[2]
+    assert "does not fit under the process's file limit (256)" in lines[3] and "at most 160" in lines[3]
+    assert "must be above max_sessions" in lines[4]
