@@ -28,6 +28,7 @@ import asyncio
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -381,6 +382,8 @@ def attack_sigterm_swebench(code: Path | None = None) -> dict[str, Any]:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(120)
         left = glob.glob(pattern)
+        for path in left:  # recorded; then removed, so that the host keeps nothing of the attack
+            shutil.rmtree(path, ignore_errors=True)
     finally:
         if proc.poll() is None:
             proc.kill()
