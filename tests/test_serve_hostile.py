@@ -12,6 +12,7 @@ evicted, the 0.9 MB id is echoed back in ``state``, the kwargs are shown, the ru
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import resource
@@ -137,14 +138,14 @@ def test_a_flood_past_the_file_limit_leaves_the_server_answering():
 
 
 def test_silent_websockets_give_their_slots_to_newcomers():
-    with served(*TREE, "--max-sessions", "3", "--evict-idle-after", "1") as (url, _):
-        silent = [ws(url) for _ in range(3)]  # connect, then never send anything
-        try:
+    with served(*TREE, "--max-sessions", "3", "--evict-idle-after", "3") as (url, _):
+        with contextlib.ExitStack() as stack:
+            silent = [stack.enter_context(ws(url)) for _ in range(3)]  # connect, then never send anything
             time.sleep(0.3)
             with ws(url) as early:  # not silent long enough yet: refused, clearly
                 reply = json.loads(early.recv(timeout=30))
                 assert reply["data"]["code"] == "CAPACITY_REACHED"
-            time.sleep(1.2)
+            time.sleep(3.2)
             with ws(url) as newcomer:
                 assert ask(newcomer, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
             evicted = []
@@ -155,9 +156,6 @@ def test_silent_websockets_give_their_slots_to_newcomers():
                     pass
             assert len(evicted) == 1
             assert evicted[0]["data"]["code"] == "SESSION_ERROR" and "make room" in evicted[0]["data"]["message"]
-        finally:
-            for s in silent:
-                s.close()
         health = json.loads(get(url, "/health")[1])
         assert health["evicted_idle"] == 1 and health["refused"] == 1
 
