@@ -17,6 +17,9 @@ their ratio (this / baseline) and the machine's load (``uptime``) around each me
 
     python scripts/bench_serve.py --out docs/results/serve/bench.json
     python scripts/bench_serve.py --envs webshop --baseline /path/to/old/checkout --out docs/results/serve/bench-webshop-ab.json
+
+``--glue`` measures the server's own layer alone (:func:`glue_cost`): recorded messages replayed
+through the app's message handler in process, against the same env calls made directly.
 """
 
 from __future__ import annotations
@@ -236,6 +239,56 @@ def bench_env(name: str, seconds: float, memory_sessions: int | None, forks: int
     return out
 
 
+def glue_cost(name: str, messages: int = 3000, repeats: int = 3) -> dict[str, Any]:
+    """CPU per message of the server's own layer, without the network: ``messages`` recorded
+    messages of a random walk replayed through ``EnvServer._answer`` (and the reply's JSON), against
+    the same env calls made directly; the rest of a served step's CPU is the WebSocket transport."""
+    from bpo_envs.serve.app import EnvServer, ServeConfig
+    from bpo_envs.serve.session import Session
+
+    env_id, kwargs = ENVS[name]
+    server = EnvServer(ServeConfig(env_id, kwargs))
+    server.warm()
+
+    async def replay() -> dict[str, Any]:
+        session = Session("bench", server._idle_envs.pop(), server.calls, server.store)
+        rng = np.random.default_rng(0)
+        recorded = [dumps({"type": "reset", "data": {"seed": 0}})]
+        reply = await server._answer(session, recorded[0])
+        episode = 0
+        while len(recorded) < messages:
+            actions = reply["data"]["observation"]["admissible_actions"] or ["look"]
+            recorded.append(dumps({"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}}))
+            reply = await server._answer(session, recorded[-1])
+            if reply["data"]["done"]:
+                episode += 1
+                recorded.append(dumps({"type": "reset", "data": {"seed": episode}}))
+                reply = await server._answer(session, recorded[-1])
+        served, direct = [], []
+        env = gym.make(env_id, **kwargs)
+        for _ in range(repeats):
+            t = time.process_time()
+            for raw in recorded:
+                dumps(await server._answer(session, raw))
+            served.append(time.process_time() - t)
+            t = time.process_time()
+            for raw in recorded:
+                message = loads(raw)
+                if message["type"] == "reset":
+                    env.reset(seed=message["data"]["seed"])
+                else:
+                    env.step(message["data"]["text"])
+            direct.append(time.process_time() - t)
+        env.close()
+        return {"messages": len(recorded), "server_layer_and_env_us_per_message": round(min(served) / len(recorded) * 1e6, 1),
+                "env_alone_us_per_message": round(min(direct) / len(recorded) * 1e6, 1)}
+
+    try:
+        return asyncio.run(replay())
+    finally:
+        server.close()
+
+
 def uptime() -> str:
     """``uptime``'s line (the load averages of the shared machine)."""
     try:
@@ -284,6 +337,7 @@ def main() -> None:
     p.add_argument("--baseline", type=Path, default=None, help="another checkout: compare its server with this one's")
     p.add_argument("--rounds", type=int, default=3, help="alternations with --baseline")
     p.add_argument("--ab-sessions", type=int, default=32, help="concurrent sessions with --baseline")
+    p.add_argument("--glue", action="store_true", help="only the server layer's CPU per message, without the network")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     result: dict[str, Any] = {
@@ -293,6 +347,10 @@ def main() -> None:
         "envs": {},
     }
     for name in args.envs:
+        if args.glue:
+            result["envs"][name] = {"glue": glue_cost(name)}
+            print(json.dumps({name: result["envs"][name]}), flush=True)
+            continue
         if args.baseline is not None:
             result["envs"][name] = compare_checkouts(
                 name, args.baseline.resolve(), args.rounds, args.ab_sessions, args.seconds, args.server_args.split()
