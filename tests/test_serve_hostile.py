@@ -87,11 +87,9 @@ def test_half_open_connections_are_answered_408_and_closed():
         headers = half_open(url, 20)
         bodies = half_open(url, 5, body=True)
         assert get(url, "/health")[0] == 200  # everyone else is served meanwhile
-        t0 = time.monotonic()
         for s in headers + bodies:
             reply = answer_and_close(s, within=10)  # socket.timeout here: the connection stayed open
             assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
-        assert time.monotonic() - t0 < 10
         status, text = get(url, "/health")
         assert status == 200 and json.loads(text)["connections_timed_out"] >= 25
 
