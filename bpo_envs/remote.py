@@ -28,10 +28,12 @@ PORTABLE_FORMAT = "bpo-remote-snapshot/1"
 ENV_ID = "BPO-Remote-v0"
 
 
-def describe_server(base_url: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The server's ``/health``: ``env_id``, ``env_kwargs``, sessions, snapshots, ..."""
+def describe_server(base_url: str, timeout: float = 30.0, token: str | None = None) -> dict[str, Any]:
+    """The server's ``/health``: ``env_id``, ``env_kwargs``, sessions, snapshots, ... (a server
+    with a bearer token shows ``env_kwargs`` only to a request that sends it)."""
     url = _ws_url(base_url).replace("ws://", "http://", 1).replace("wss://", "https://", 1).removesuffix("/ws")
-    with urllib.request.urlopen(url + "/health", timeout=timeout) as reply:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url + "/health", headers=headers), timeout=timeout) as reply:
         return json.loads(reply.read())
 
 

@@ -10,7 +10,16 @@ resident set with 0 and with ``--memory-sessions`` reset sessions open. The clie
 uvloop, as the server does; the load average is recorded with each row.
 The in-process figure is the same walk calling ``env.step`` directly, one env.
 
+``--baseline DIR`` compares two checkouts on one env instead: ``--rounds`` times, a server of
+``DIR``'s code (``PYTHONPATH=DIR``) and one of this checkout's, alternated, each measured with
+``--ab-sessions`` concurrent sessions for ``--seconds``; the JSON has every round, the medians,
+their ratio (this / baseline) and the machine's load (``uptime``) around each measurement.
+
     python scripts/bench_serve.py --out docs/results/serve/bench.json
+    python scripts/bench_serve.py --envs webshop --baseline /path/to/old/checkout --out docs/results/serve/bench-webshop-ab.json
+
+``--glue`` measures the server's own layer alone (:func:`glue_cost`): recorded messages replayed
+through the app's message handler in process, against the same env calls made directly.
 """
 
 from __future__ import annotations
@@ -68,11 +77,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(env_id: str, kwargs: dict[str, Any], extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(
+    env_id: str, kwargs: dict[str, Any], extra: list[str], code: Path | None = None
+) -> tuple[subprocess.Popen, str]:
+    """A ``bpo-serve`` process on 127.0.0.1 (of the checkout ``code``, default this one's)."""
     words = [f"{k}={json.dumps(v)}" for k, v in kwargs.items()]
+    environ = None if code is None else {**os.environ, "PYTHONPATH": str(code)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bpo_envs.serve.cli", env_id, *words, "--port", "0", *extra],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, env=environ, cwd=None if code is None else code,
     )
     line = proc.stdout.readline()
     if not line.startswith("serving"):
@@ -227,6 +240,94 @@ def bench_env(name: str, seconds: float, memory_sessions: int | None, forks: int
     return out
 
 
+def glue_cost(name: str, messages: int = 3000, repeats: int = 3) -> dict[str, Any]:
+    """CPU per message of the server's own layer, without the network: ``messages`` recorded
+    messages of a random walk replayed through ``EnvServer._answer`` (and the reply's JSON), against
+    the same env calls made directly; the rest of a served step's CPU is the WebSocket transport."""
+    from bpo_envs.serve.app import EnvServer, ServeConfig
+    from bpo_envs.serve.session import Session
+
+    env_id, kwargs = ENVS[name]
+    server = EnvServer(ServeConfig(env_id, kwargs))
+    server.warm()
+
+    async def replay() -> dict[str, Any]:
+        session = Session("bench", server._idle_envs.pop(), server.calls, server.store)
+        rng = np.random.default_rng(0)
+        recorded = [dumps({"type": "reset", "data": {"seed": 0}})]
+        reply = await server._answer(session, recorded[0])
+        episode = 0
+        while len(recorded) < messages:
+            actions = reply["data"]["observation"]["admissible_actions"] or ["look"]
+            recorded.append(dumps({"type": "step", "data": {"text": actions[int(rng.integers(len(actions)))]}}))
+            reply = await server._answer(session, recorded[-1])
+            if reply["data"]["done"]:
+                episode += 1
+                recorded.append(dumps({"type": "reset", "data": {"seed": episode}}))
+                reply = await server._answer(session, recorded[-1])
+        served, direct = [], []
+        env = gym.make(env_id, **kwargs)
+        for _ in range(repeats):
+            t = time.process_time()
+            for raw in recorded:
+                dumps(await server._answer(session, raw))
+            served.append(time.process_time() - t)
+            t = time.process_time()
+            for raw in recorded:
+                message = loads(raw)
+                if message["type"] == "reset":
+                    env.reset(seed=message["data"]["seed"])
+                else:
+                    env.step(message["data"]["text"])
+            direct.append(time.process_time() - t)
+        env.close()
+        return {"messages": len(recorded), "server_layer_and_env_us_per_message": round(min(served) / len(recorded) * 1e6, 1),
+                "env_alone_us_per_message": round(min(direct) / len(recorded) * 1e6, 1)}
+
+    try:
+        return asyncio.run(replay())
+    finally:
+        server.close()
+
+
+def uptime() -> str:
+    """``uptime``'s line (the load averages of the shared machine)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def compare_checkouts(name: str, baseline: Path, rounds: int, sessions: int, seconds: float, extra: list[str]) -> dict[str, Any]:
+    """Throughput of ``baseline``'s server and this checkout's, alternated ``rounds`` times."""
+    env_id, kwargs = ENVS[name]
+    here = Path(__file__).resolve().parents[1]
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    for r in range(rounds):
+        order = ("baseline", "this") if r % 2 == 0 else ("this", "baseline")  # neither always goes first
+        for which in order:
+            proc, url = start_server(env_id, kwargs, extra, baseline if which == "baseline" else here)
+            try:
+                before = uptime()
+                row = run(served_throughput(url, proc.pid, sessions, seconds))
+                runs[which].append({"round": r, **row, "uptime_before": before, "uptime_after": uptime()})
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            print(json.dumps({which: runs[which][-1]}), flush=True)
+
+    def median(which: str, key: str) -> float:
+        return float(np.median([row[key] for row in runs[which]]))
+
+    keys = ("steps_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_step")
+    medians = {which: {k: round(median(which, k), 3) for k in keys} for which in runs}
+    return {
+        "env_id": env_id, "kwargs": kwargs, "sessions": sessions, "seconds_each": seconds, "rounds": rounds,
+        "baseline": str(baseline), "this": str(here), "runs": runs, "medians": medians,
+        "ratio_this_over_baseline": {k: round(medians["this"][k] / medians["baseline"][k], 3) for k in keys},
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
@@ -234,18 +335,33 @@ def main() -> None:
     p.add_argument("--forks", type=int, default=None, help="default: WebShop 300, ALFWorld 20")
     p.add_argument("--memory-sessions", type=int, default=None, help="default: WebShop 128, ALFWorld 16")
     p.add_argument("--server-args", default="", help="extra bpo-serve flags, e.g. '--threads 2'")
+    p.add_argument("--baseline", type=Path, default=None, help="another checkout: compare its server with this one's")
+    p.add_argument("--rounds", type=int, default=3, help="alternations with --baseline")
+    p.add_argument("--ab-sessions", type=int, default=32, help="concurrent sessions with --baseline")
+    p.add_argument("--glue", action="store_true", help="only the server layer's CPU per message, without the network")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     result: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "loadavg_before": os.getloadavg(),
-                    "nice": os.nice(0), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())},
+                    "nice": os.nice(0), "uptime_before": uptime(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())},
         "envs": {},
     }
     for name in args.envs:
+        if args.glue:
+            result["envs"][name] = {"glue": glue_cost(name)}
+            print(json.dumps({name: result["envs"][name]}), flush=True)
+            continue
+        if args.baseline is not None:
+            result["envs"][name] = compare_checkouts(
+                name, args.baseline.resolve(), args.rounds, args.ab_sessions, args.seconds, args.server_args.split()
+            )
+            print(json.dumps({name: result["envs"][name]["ratio_this_over_baseline"]}), flush=True)
+            continue
         result["envs"][name] = bench_env(name, args.seconds, args.memory_sessions, args.forks, args.server_args.split())
         print(json.dumps({name: result["envs"][name]}, indent=1), flush=True)
     result["machine"]["loadavg_after"] = os.getloadavg()
+    result["machine"]["uptime_after"] = uptime()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -70,7 +70,8 @@ def test_too_few_variance_seeds_is_an_error() -> None:
 def test_the_replicate_runs_share_no_seed_and_the_predictor_reads_no_measured_batch() -> None:
     args = regime.argparse.Namespace(seeds=10, tuning_seeds=2, variance_seeds=5, predictor_seeds=2)
     first, second = regime.map_seeds(args, 0), regime.map_seeds(args, 1)
-    assert first.evaluation == tuple(range(10)) and first.tuning == (1000, 1001)  # the unreplicated map's seeds
+    assert first.evaluation == tuple(range(10))  # the unreplicated map's seeds
+    assert first.tuning == (regime.tuning_seed(0), regime.tuning_seed(1))  # the key (s, tuning), no offset arithmetic
     for kind in ("evaluation", "tuning", "variance", "predictor"):
         assert not set(getattr(first, kind)) & set(getattr(second, kind)), kind
     for seeds in (first, second):

@@ -247,6 +247,7 @@ def test_remote_snapshot_errors_are_snapshot_errors(limited):
 # ---- the per-step deadline: a server in this process on an env that can hang -------------
 class SlowTree(TreeMDPEnv):
     closed = 0
+    step_may_block = True  # its "hang" action blocks: it runs in the pool, under the deadline
 
     def step(self, action):
         if action == "hang":
@@ -325,12 +326,30 @@ def test_fault_injection_leaves_the_server_unharmed(tmp_path):
 
     out = tmp_path / "faults.json"
     subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "150", "--sessions", "4",
-                    "--sample-every", "50", "--out", str(out)], check=True, timeout=600, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+                    "--sample-every", "50", "--attacks", "none", "--out", str(out)], check=True, timeout=600,
+                   capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     result = json.loads(out.read_text())
     assert result["episodes"] >= 150 and result["server_crashes"] == 0 and result["wrong_answer_count"] == 0
     assert result["health_after"]["sessions"] == 0 and result["health_after"]["snapshots"] == 0
     assert sum(result["faults"].values()) > 20 and result["faults"].get("vanish_mid_step", 0) > 0
+
+
+@pytest.mark.slow
+def test_fault_script_attacks_all_hold(tmp_path):
+    """scripts/fault_serve.py's hostile clients (each also a test in test_serve_hostile.py), with
+    short timeouts: every attack held, and the attacks' server answered throughout."""
+    from serve_support import ROOT
+
+    out = tmp_path / "faults.json"
+    fast = "--header-timeout 2 --body-timeout 2 --evict-idle-after 2 --session-snapshot-cap 20"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "8", "--sessions", "2",
+                    "--attack-sessions", "3", "--attack-server-args", fast, "--out", str(out)], check=True,
+                   timeout=300, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    attacks = json.loads(out.read_text())["attacks"]
+    failed = {k: v for k, v in attacks.items() if isinstance(v, dict) and v.get("held") is False}
+    assert not failed, failed
+    assert attacks["silent_sessions"]["seconds_to_a_session"] is not None
+    assert attacks["sigterm"]["returncode"] == 128 + 15
 
 
 def test_deploy_layouts_pass_openenv_validate():
@@ -344,28 +363,38 @@ def test_deploy_layouts_pass_openenv_validate():
         assert ok, (env, issues)
 
 
-# ---- where env calls run: the event loop for a quick kind, the pool otherwise --------------
-def test_quick_calls_run_on_the_event_loop_and_a_blocking_one_goes_back_to_the_pool():
+# ---- where env calls run: the event loop for an env that declares them bounded, else the pool --
+def test_env_calls_run_where_the_env_class_declares():
     from concurrent.futures import ThreadPoolExecutor
     from types import SimpleNamespace
 
-    from bpo_envs.serve.session import BLOCKING_FACTOR, INLINE_STREAK, EnvCalls
+    from bpo_envs.core import SnapshotEnv
+    from bpo_envs.serve.session import EnvCalls, runs_inline
 
-    async def play(inline_ms):
+    class Undeclared(TreeMDPEnv):  # a subclass keeps its parent's declaration
+        pass
+
+    class MayBlock(SnapshotEnv):  # the base class's default: may block
+        pass
+
+    assert runs_inline(gym.make(*TREE[:1], **TREE[1])) and runs_inline(gym.make("BPO-WebShop-v0"))
+    assert issubclass(Undeclared, TreeMDPEnv) and runs_inline(SimpleNamespace(unwrapped=Undeclared(depth=2)))
+    assert not runs_inline(SimpleNamespace(unwrapped=SlowTree(depth=2)))  # declares True
+    assert MayBlock.step_may_block and not runs_inline(SimpleNamespace(unwrapped=object.__new__(MayBlock)))
+    assert not runs_inline(gym.make("CartPole-v1"))  # not a SnapshotEnv: never inline
+
+    async def where(inline):
         loop_thread = threading.get_ident()
-        calls = EnvCalls(ThreadPoolExecutor(2), deadline=None, inline_ms=inline_ms)
+        calls = EnvCalls(ThreadPoolExecutor(2), deadline=5.0, inline=inline)
         session = SimpleNamespace(pending=None, broken=False)
-        where = [await calls.run(session, "step", threading.get_ident) == loop_thread for _ in range(INLINE_STREAK + 3)]
-        blocking = (BLOCKING_FACTOR * (inline_ms or 1) + 5) / 1000
-        await calls.run(session, "step", time.sleep, blocking)  # runs where "step" runs now, then counts
-        after = await calls.run(session, "step", threading.get_ident) == loop_thread
-        other_kind = await calls.run(session, "reset", threading.get_ident) == loop_thread
+        ran = [await calls.run(session, threading.get_ident) == loop_thread for _ in range(3)]
         calls.executor.shutdown()
-        return where, after, other_kind, calls
+        return ran
 
-    where, after, other_kind, calls = asyncio.run(play(2.0))
-    assert where == [False] * INLINE_STREAK + [True] * 3  # pooled until the streak, then inline
-    assert not after and not other_kind  # a blocking call sends its kind back; kinds are apart
-    assert calls.inline["step"] == 4 and calls.pooled["step"] == INLINE_STREAK + 1
-    where, after, _, calls = asyncio.run(play(None))  # inline_ms=None: always the pool
-    assert not any(where) and not after and not calls.inline
+    assert asyncio.run(where(True)) == [True] * 3  # on the event loop, no hand-off
+    assert asyncio.run(where(False)) == [False] * 3  # in the pool
+
+
+def test_the_server_reports_where_it_calls_the_env(limited):
+    url, _ = limited
+    assert health(url)["env_calls_inline"] is True  # TreeMDP declares step_may_block = False

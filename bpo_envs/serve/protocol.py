@@ -33,6 +33,17 @@ RESET_ARGS = ("task_id", "seed", "snapshot_id", "episode_id")
 
 PROMOTED_INFO_KEYS = ("task_id", "won", "admissible_actions", "invalid_action")
 
+MAX_ID_CHARS = 256
+"""Longest ``episode_id`` and ``snapshot_id`` (characters); a longer one is refused."""
+MAX_TASK_ID_BYTES = 1024
+"""Longest ``task_id``, as JSON text; a longer one is refused (every env's ids are far shorter)."""
+MAX_SEED = 2**64 - 1
+"""Largest ``seed`` (numpy's seeds are unsigned 64-bit words)."""
+MAX_ECHO_CHARS = 80
+"""How much of a refused value an error message quotes."""
+MAX_ERROR_CHARS = 8192
+"""Longest error message sent (an env's exception text is cut there)."""
+
 
 class WSErrorCode(StrEnum):
     """OpenEnv's error codes (``openenv.core.env_server.types.WSErrorCode``; the same values,
@@ -58,13 +69,26 @@ def dumps(message: dict[str, Any]) -> str:
 
 
 def loads(text: str | bytes) -> Any:
-    """Parse one message; raises ``ValueError`` on anything that is not JSON."""
+    """Parse one message; raises ``ValueError`` on anything that is not JSON (including nesting
+    too deep to parse and integers too long to read)."""
     if orjson is not None:
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
             pass  # e.g. a lone surrogate escape, which json accepts
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to :data:`MAX_ECHO_CHARS` characters, for quoting client input in an
+    error message (a refused 1 MB field is not sent back)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO_CHARS else f"{text[:MAX_ECHO_CHARS]}... ({len(text):,} characters)"
 
 
 def json_safe(value: Any) -> Any:
@@ -128,11 +152,13 @@ def info_from_observation(observation: dict[str, Any]) -> dict[str, Any]:
 
 
 def error(code: WSErrorCode | str, message: str, **extra: Any) -> dict[str, Any]:
-    """An OpenEnv error message (``WSErrorResponse``)."""
+    """An OpenEnv error message (``WSErrorResponse``), the message cut to :data:`MAX_ERROR_CHARS`."""
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[: MAX_ERROR_CHARS - 20] + " ... (cut)"
     return {"type": "error", "data": {"message": message, "code": str(getattr(code, "value", code)), **extra}}
 
 
 __all__ = [
-    "RESET_ARGS", "WSErrorCode", "dumps", "error", "info_from_observation", "json_safe", "loads",
-    "observation_data",
+    "MAX_ECHO_CHARS", "MAX_ERROR_CHARS", "MAX_ID_CHARS", "MAX_SEED", "MAX_TASK_ID_BYTES", "RESET_ARGS", "WSErrorCode",
+    "dumps", "error", "info_from_observation", "json_safe", "loads", "observation_data", "shown",
 ]  # fmt: skip

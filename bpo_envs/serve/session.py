@@ -1,29 +1,38 @@
 """One client's session: its env, its episode, and where its env calls run.
 
-An env call (reset, step, snapshot, restore, ...) runs in the server's thread pool, so one slow
-step does not stall the other sessions; a call that runs past the per-step deadline is answered
-with an error and ends the session (the env, in an unknown state, is closed once the call
-returns, not reused). The hop to a pool thread and back costs about as much as a WebShop step,
-so :class:`EnvCalls` runs a kind of call on the event loop instead while that kind stays quick
-(docs/serving.md). A call on the event loop cannot be interrupted, so the deadline guards the
-pool's calls only: one call that blocks sends its kind back to the pool, and an env whose calls
-may hang without warning is served with ``inline_ms=None``. SWE-bench's and ALFWorld's calls
-(milliseconds and more) never qualify.
+Where an env call (reset, step, snapshot, restore, ...) runs is the env's declared capability,
+read from its class (``bpo_envs.core.SnapshotEnv.step_may_block``), never probed: an env whose
+every call is bounded by construction (WebShop, TreeMDP: ``step_may_block = False``) is called
+on the event loop, with no hand-off to a thread (the hop costs about as much as a WebShop step);
+every other env (ALFWorld, SWE-bench, a remote env, anything not a ``SnapshotEnv``) is called
+in the server's thread pool, so one slow step does not stall the other sessions, and a call that
+runs past the per-step deadline is answered with an error and ends the session (the env, in an
+unknown state, is closed once the call returns, not reused). A call on the event loop cannot be
+interrupted, which is why only a declared-bounded env runs there (docs/serving.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections import Counter
 from concurrent.futures import Executor
 from typing import Any
 
 import gymnasium as gym
 
-from bpo_envs.core import restore, snapshot
-from bpo_envs.serve.protocol import RESET_ARGS, WSErrorCode, error, json_safe, observation_data
+from bpo_envs.core import SnapshotEnv, restore, snapshot
+from bpo_envs.serve.protocol import (
+    MAX_ID_CHARS,
+    MAX_SEED,
+    MAX_TASK_ID_BYTES,
+    RESET_ARGS,
+    WSErrorCode,
+    dumps,
+    error,
+    json_safe,
+    observation_data,
+    shown,
+)
 from bpo_envs.serve.snapshots import SnapshotStore
 
 
@@ -41,65 +50,29 @@ def _step(env: gym.Env, text: str) -> dict[str, Any]:
     return {"type": "observation", "data": observation_data(obs, reward, terminated, truncated, info)}
 
 
-INLINE_STREAK = 64
-"""Calls of a kind, none of them blocking, after which that kind may run on the event loop."""
-BLOCKING_FACTOR = 20
-"""A call that took this many times ``inline_ms`` blocked (it waited on a subprocess, the network
-or a lock, or the machine starved it): its kind goes back to the thread pool."""
-EWMA_WEIGHT = 1 / 16
+def runs_inline(env: gym.Env) -> bool:
+    """Whether ``env``'s calls may run on the event loop: its class is a ``SnapshotEnv`` that
+    declares ``step_may_block = False`` (read from the class, as declared)."""
+    cls = type(env.unwrapped)
+    return issubclass(cls, SnapshotEnv) and not cls.step_may_block
 
 
 class EnvCalls:
-    """Runs the env calls of all sessions of a server, in the thread pool or on the event loop.
+    """Runs the env calls of all sessions of a server: on the event loop when ``inline`` (the
+    served env declares its calls bounded, :func:`runs_inline`), else in the thread pool under
+    the per-step deadline (``None``: no deadline)."""
 
-    A kind of call (``"step"``, ``"reset"``, ...) runs on the event loop while it is quick: its
-    last :data:`INLINE_STREAK` calls blocked none (each under ``BLOCKING_FACTOR * inline_ms``)
-    and the moving average of their durations (weight :data:`EWMA_WEIGHT`) is under
-    ``inline_ms`` milliseconds. Wall time, not CPU time: a thread's CPU clock costs a system call
-    per read, and a call the machine preempts holds the GIL in a pool thread just the same.
-    ``inline_ms=None``: always the pool.
-    """
-
-    def __init__(self, executor: Executor, deadline: float | None, inline_ms: float | None) -> None:
+    def __init__(self, executor: Executor, deadline: float | None, inline: bool) -> None:
         self.executor = executor
         self.deadline = deadline
-        self.inline_s = None if inline_ms is None else inline_ms / 1000
-        self._streak: dict[str, int] = {}
-        self._mean: dict[str, float] = {}
-        self.inline: Counter[str] = Counter()
-        """Calls run on the event loop, by kind (``/health``)."""
-        self.pooled: Counter[str] = Counter()
-        """Calls run in the thread pool, by kind (``/health``)."""
+        self.inline = inline
 
-    def _timed(self, kind: str, fn: Any, *args: Any) -> Any:
-        t = time.perf_counter()
-        try:
+    async def run(self, session: Session, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` for ``session``: on the event loop when ``inline``, else in the thread
+        pool under the per-step deadline."""
+        if self.inline:
             return fn(*args)
-        finally:  # updates from pool threads may interleave: at worst a kind is inlined later
-            took = time.perf_counter() - t
-            mean = self._mean.get(kind)
-            self._mean[kind] = took if mean is None else mean + EWMA_WEIGHT * (took - mean)
-            self._streak[kind] = 0 if took >= BLOCKING_FACTOR * self.inline_s else self._streak.get(kind, 0) + 1
-
-    def quick(self, kind: str) -> bool:
-        """Whether calls of ``kind`` run on the event loop now."""
-        return (
-            self.inline_s is not None
-            and self._streak.get(kind, 0) >= INLINE_STREAK
-            and self._mean[kind] < self.inline_s
-        )
-
-    async def run(self, session: Session, kind: str, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` for ``session``: on the event loop while ``kind`` is quick, else in the
-        thread pool under the per-step deadline."""
-        if self.inline_s is None:
-            future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-        elif self.quick(kind):
-            self.inline[kind] += 1
-            return self._timed(kind, fn, *args)
-        else:
-            future = asyncio.get_running_loop().run_in_executor(self.executor, self._timed, kind, fn, *args)
-        self.pooled[kind] += 1
+        future = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         session.pending = future
         if self.deadline is None:
             return await future
@@ -113,6 +86,25 @@ class EnvCalls:
             ) from None
 
 
+def _reset_problem(data: dict[str, Any]) -> str | None:
+    """What is wrong with ``reset``'s arguments (types and sizes; protocol.py's limits), or None."""
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        return f"seed must be an integer from 0 to 2**64 - 1, got {shown(seed)}"
+    episode_id = data.get("episode_id")
+    if episode_id is not None and (
+        isinstance(episode_id, bool) or not isinstance(episode_id, str | int) or len(str(episode_id)) > MAX_ID_CHARS
+    ):
+        return f"episode_id must be a string (or integer) of at most {MAX_ID_CHARS} characters, got {shown(episode_id)}"
+    task_id = data.get("task_id")
+    if task_id is not None and len(dumps(task_id)) > MAX_TASK_ID_BYTES:
+        return f"task_id must be at most {MAX_TASK_ID_BYTES} bytes of JSON, got {shown(task_id)}"
+    snapshot_id = data.get("snapshot_id")
+    if snapshot_id is not None and (not isinstance(snapshot_id, str) or len(snapshot_id) > MAX_ID_CHARS):
+        return f"snapshot_id must be a string of at most {MAX_ID_CHARS} characters, got {shown(snapshot_id)}"
+    return None
+
+
 class Session:
     """The state of one WebSocket session (the server's event loop only touches it)."""
 
@@ -122,6 +114,15 @@ class Session:
         self.broken = False
         """An env call failed its deadline: the env must not be reused."""
         self.pending: asyncio.Future | None = None
+        self.idle_since = 0.0
+        """Event-loop time of the session's last message (or its start)."""
+        self.waiting = False
+        """The session waits for its next message (nothing of it runs)."""
+        self.stopper: asyncio.Timeout | None = None
+        """Ends the session's wait for a message when rescheduled (the server's event loop)."""
+        self.stop_reason: str | None = None
+        """Why the server ended the session (idle, or its slot went to a newcomer)."""
+        self.idle_timer: asyncio.TimerHandle | None = None
         self._calls = calls
         self._store = store
         self._episode_id: str | None = None
@@ -129,9 +130,20 @@ class Session:
         self._last: dict[str, Any] | None = None  # the last observation message sent
         self._done = False
 
-    async def run(self, kind: str, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``, an env call of ``kind``, where :class:`EnvCalls` puts it."""
-        return await self._calls.run(self, kind, fn, *args)
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, an env call, where :class:`EnvCalls` puts it."""
+        if self._calls.inline:  # the hot path: no coroutine between the loop and the env
+            return fn(*args)
+        return await self._calls.run(self, fn, *args)
+
+    def stop(self, reason: str) -> bool:
+        """End the session's wait for its next message (it then ends, sending ``reason``);
+        False where it is not waiting (it is running a call: the wait is never cut into one)."""
+        if not self.waiting or self.stopper is None or self.stop_reason is not None:
+            return False
+        self.stop_reason = reason
+        self.stopper.reschedule(asyncio.get_running_loop().time())
+        return True
 
     async def reset(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -140,17 +152,17 @@ class Session:
         if unknown:
             return error(
                 WSErrorCode.VALIDATION_ERROR,
-                f"unknown reset argument(s) {unknown}; supported: {list(RESET_ARGS)}",
+                f"unknown reset argument(s) {shown(unknown)}; supported: {list(RESET_ARGS)}",
             )
+        problem = _reset_problem(data)
+        if problem is not None:
+            return error(WSErrorCode.VALIDATION_ERROR, problem)
         if data.get("snapshot_id") is not None:
             if data.get("task_id") is not None or data.get("seed") is not None:
                 return error(WSErrorCode.VALIDATION_ERROR, "reset takes snapshot_id alone, or task_id/seed")
             return await self._fork(data["snapshot_id"])
-        seed = data.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            return error(WSErrorCode.VALIDATION_ERROR, f"seed must be a non-negative integer, got {seed!r}")
         options = {"task_id": data["task_id"]} if data.get("task_id") is not None else None
-        reply = await self.run("reset", _reset, self.env, seed, options)
+        reply = await self.run(_reset, self.env, data.get("seed"), options)
         episode_id = data.get("episode_id")
         self._episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
         self._steps = 0
@@ -158,22 +170,27 @@ class Session:
 
     async def _fork(self, snapshot_id: Any) -> dict[str, Any]:
         entry = self._store.get(snapshot_id)  # UnknownSnapshotError names the id
-        await self.run("restore", restore, self.env, entry.snapshot)
+        await self.run(restore, self.env, entry.snapshot)
         self._episode_id, self._steps = entry.episode_id, entry.steps
         reply = entry.reply
         return self._sent({"type": "observation", "data": {**reply["data"], "reward": None}})
 
     async def step(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        text = data.get("text") if isinstance(data, dict) else None
+        if not isinstance(text, str):
             return error(WSErrorCode.VALIDATION_ERROR, 'step\'s data must be an action {"text": str}')
-        extra = sorted(set(data) - {"text", "metadata"})
-        if extra:
-            return error(WSErrorCode.VALIDATION_ERROR, f"unknown action field(s) {extra}; an action is {{\"text\": str}}")
+        if len(data) > 1:
+            extra = sorted(set(data) - {"text", "metadata"})
+            if extra:
+                return error(WSErrorCode.VALIDATION_ERROR, f"unknown action field(s) {shown(extra)}; an action is {{\"text\": str}}")
+            if not isinstance(data.get("metadata", {}), dict):
+                return error(WSErrorCode.VALIDATION_ERROR, "an action's metadata, where sent, is a JSON object")
         if self._last is None:
             return error(WSErrorCode.EXECUTION_ERROR, "call reset before step")
         if self._done:
             return error(WSErrorCode.EXECUTION_ERROR, "the episode has ended; reset (or reset to a snapshot_id)")
-        reply = await self.run("step", _step, self.env, data["text"])
+        calls = self._calls
+        reply = _step(self.env, text) if calls.inline else await calls.run(self, _step, self.env, text)
         self._steps += 1
         return self._sent(reply)
 
@@ -181,7 +198,7 @@ class Session:
         snapshot_id = None
         task_id = None
         if self._last is not None:
-            snap = await self.run("snapshot", snapshot, self.env)
+            snap = await self.run(snapshot, self.env)
             snapshot_id = self._store.put(self.id, snap, self._last, self._episode_id, self._steps)
             task_id = self._last["data"]["observation"]["task_id"]
         # models.ServedState's fields, built as a dict on the hot path
@@ -189,13 +206,13 @@ class Session:
         return {"type": "state", "data": state}
 
     async def task_ids(self) -> dict[str, Any]:
-        ids = await self.run("task_ids", lambda: list(self.env.unwrapped.task_ids()))
+        ids = await self.run(lambda: list(self.env.unwrapped.task_ids()))
         return {"type": "task_ids", "data": {"task_ids": json_safe(ids)}}
 
     async def expert_actions(self) -> dict[str, Any]:
         if self._last is None:
             return error(WSErrorCode.EXECUTION_ERROR, "call reset before expert_actions")
-        actions = await self.run("expert_actions", lambda: list(self.env.unwrapped.expert_actions()))
+        actions = await self.run(lambda: list(self.env.unwrapped.expert_actions()))
         return {"type": "expert_actions", "data": {"actions": [str(a) for a in actions]}}
 
     def _sent(self, reply: dict[str, Any]) -> dict[str, Any]:
@@ -204,4 +221,4 @@ class Session:
         return reply
 
 
-__all__ = ["BLOCKING_FACTOR", "EWMA_WEIGHT", "INLINE_STREAK", "DeadlineExceeded", "EnvCalls", "Session"]
+__all__ = ["DeadlineExceeded", "EnvCalls", "Session", "runs_inline"]
