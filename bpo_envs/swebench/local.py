@@ -66,6 +66,7 @@ import re
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -308,6 +309,45 @@ def _python_dirs(python: str) -> list[str]:
     return dirs
 
 
+SECRET_NAMES = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "opasswd", "private",
+                "krb5.keytab", "key.json", "credentials", "credstore", "credstore.encrypted", "secrets")
+"""Names under ``/etc`` the sandbox never sees, whatever their mode (the password and group
+shadows, sudo's rules, TLS and Kerberos keys, credential stores)."""
+SECRET_SUFFIXES = ("_key", ".key", ".keytab", ".pem-key", ".secret", ".token")
+"""Name endings under ``/etc`` the sandbox never sees (SSH host keys ``ssh_host_*_key``, ...)."""
+
+
+def host_secrets(root: str = "/etc", max_entries: int = 100_000) -> list[tuple[str, bool]]:
+    """The paths under ``root`` the sandbox hides, each with whether it is a folder: every entry
+    other users may not read (``o+r``; folders: ``o+rx``), and every one named in
+    :data:`SECRET_NAMES` or ending in :data:`SECRET_SUFFIXES`. Links are left as they are
+    (they point into what the sandbox binds, or nowhere it can reach)."""
+    hidden: list[tuple[str, bool]] = []
+    stack = [root]
+    seen = 0
+    while stack and seen < max_entries:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                folder = stat.S_ISDIR(st.st_mode)
+                readable = (st.st_mode & 0o005) == 0o005 if folder else bool(st.st_mode & 0o004)
+                if (not readable or entry.name in SECRET_NAMES or entry.name.endswith(SECRET_SUFFIXES)):
+                    hidden.append((entry.path, folder))
+                elif folder:
+                    stack.append(entry.path)
+    return sorted(hidden)
+
+
 class BwrapSandbox:
     """Runs one bash command in a fresh bubblewrap sandbox with a given dir as ``/testbed``."""
 
@@ -334,6 +374,10 @@ class BwrapSandbox:
         self._shim = scratch_dir("shim-")
         (self._shim / "bin").mkdir()
         (self._shim / "bin" / "activate").write_text(CONDA_SHIM)
+        # what hides the host's secrets in /etc: an empty file and an empty folder, bound over them
+        (self._shim / "hidden-folder").mkdir()
+        (self._shim / "hidden-file").write_bytes(b"")
+        self._secrets = host_secrets("/etc")
         atexit.register(remove_tree, self._shim)
 
     def args(self, testbed: Path, ro_binds: Sequence[tuple[str, str]] = (),
@@ -349,6 +393,8 @@ class BwrapSandbox:
                 a += ["--symlink", os.readlink(p), "/" + name]
             elif p.is_dir():
                 a += ["--ro-bind", str(p), "/" + name]
+        for path, folder in self._secrets:
+            a += ["--ro-bind", str(self._shim / ("hidden-folder" if folder else "hidden-file")), path]
         tmp_size = str(self.limits.disk_quota_bytes)
         a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/tmp",
               "--size", tmp_size, "--tmpfs", "/dev/shm"]
@@ -809,7 +855,38 @@ def state_from_portable(store: ObjectStore, obj: Any) -> TreeState:
         raise SnapshotError("portable bytes: the tree ids are not git object ids")
     state = TreeState(worktree, gitdir, _relative_dirs(tree.get("empty_dirs")), _relative_dirs(tree.get("gitdir_empty_dirs")))
     store.unpack(obj["pack"])
+    _check_empty_dirs(store, state.worktree, state.empty_dirs)
+    if state.gitdir is not None:
+        _check_empty_dirs(store, state.gitdir, state.gitdir_empty_dirs)
     return state
+
+
+def _check_empty_dirs(store: ObjectStore, tree: str, dirs: Sequence[str]) -> None:
+    """Refuse (:class:`SnapshotError` naming the path) an empty folder that the tree's own
+    entries would put below a link, a file or a submodule: made after the checkout, it would be
+    made through the link (outside the testbed)."""
+    if not dirs:
+        return
+    try:
+        listing = git("ls-tree", "-r", "-z", "--full-tree", tree, env={"GIT_DIR": str(store.path)})
+    except GitError as exc:
+        raise SnapshotError(f"portable bytes: the tree {tree} is not in the bytes' pack ({exc})") from None
+    not_folders: dict[str, str] = {}
+    for line in listing.split(b"\0"):
+        if not line:
+            continue
+        meta, _, name = line.partition(b"\t")
+        mode = meta.split(b" ", 1)[0]
+        kind = {b"120000": "a link", b"160000": "a submodule"}.get(mode, "a file")
+        not_folders[name.decode("utf-8", "surrogateescape")] = kind
+    for d in dirs:
+        parts = PurePosixPath(d).parts
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if prefix in not_folders:
+                raise SnapshotError(
+                    f"portable bytes: the empty folder {d!r} lies below {prefix!r}, which the same state "
+                    f"makes {not_folders[prefix]}: refused (a crafted tree; it would be made outside the testbed)")
 
 
 class LocalBackend:
