@@ -682,11 +682,15 @@ class Workspace:
             return self._current
         deadline = None if timeout is None else time.monotonic() + timeout
         since = time.time() - CTIME_SLACK_S
-        wt, wt_empty = self._tree_of(self.testbed, self._idx_wt, deadline)
-        gd: str | None = None
-        gd_empty: tuple[str, ...] = ()
-        if self._gitdir().is_dir() and not self._gitdir().is_symlink():
-            gd, gd_empty = self._tree_of(self._gitdir(), self._idx_gd, deadline)
+        try:
+            wt, wt_empty = self._tree_of(self.testbed, self._idx_wt, deadline)
+            gd: str | None = None
+            gd_empty: tuple[str, ...] = ()
+            if self._gitdir().is_dir() and not self._gitdir().is_symlink():
+                gd, gd_empty = self._tree_of(self._gitdir(), self._idx_gd, deadline)
+        except GitError:
+            self._drop_locks()  # a git killed at its deadline leaves its index locked
+            raise
         self._current = self.last = TreeState(wt, gd, wt_empty, gd_empty)
         self._since = since
         return self._current
@@ -738,8 +742,13 @@ class Workspace:
             gitdir.mkdir(exist_ok=True)
             self._checkout(gitdir, self._idx_gd, state.gitdir, state.gitdir_empty_dirs)
 
+    def _drop_locks(self) -> None:
+        for idx in (self._idx_wt, self._idx_gd, self.root / "index-patch"):
+            Path(f"{idx}.lock").unlink(missing_ok=True)
+
     def _rebuild(self, state: TreeState) -> None:
         """Check ``state`` out into an empty testbed (every file written anew)."""
+        self._drop_locks()
         self.trash.discard(self.testbed)
         self.testbed.mkdir()
         for idx in (self._idx_wt, self._idx_gd):
@@ -767,6 +776,14 @@ class Workspace:
         state = self.capture(timeout)
         tmp_index = self.root / "index-patch"
         shutil.copyfile(self._idx_wt, tmp_index)
+        try:
+            return self._diff(state, base_commit, tmp_index, left)
+        finally:
+            tmp_index.unlink(missing_ok=True)
+            self._drop_locks()
+
+    def _diff(self, state: TreeState, base_commit: str, tmp_index: Path,
+              left: Callable[[], float | None]) -> str:
         env = self.store.env(tmp_index)
         wt = str(self.testbed)
         ignored = git("--work-tree", wt, "ls-files", "-z", "-c", "-i", "--exclude-standard",
@@ -781,7 +798,6 @@ class Workspace:
                     "--pathspec-file-nul", env=env, input=b"\0".join(drop), cwd=self.testbed,
                     timeout=left())
         tree = git_text("write-tree", env=env, timeout=left()) if ignored else state.worktree
-        tmp_index.unlink(missing_ok=True)
         return git("diff", "--binary", "--full-index", base_commit, tree,
                    env={"GIT_DIR": str(self.store.path)}, timeout=left()).decode("utf-8", "replace")
 
