@@ -626,6 +626,9 @@ class ObjectStore:
         git("index-pack", "--stdin", env={"GIT_DIR": str(self.path)}, input=data)
 
 
+DIFF_TIMEOUT_S = 120.0
+"""Seconds the host's git may take to diff the testbed for grading (as the docker backend's
+diff; the testbed was recorded within each step's deadline, so this is rarely near)."""
 CTIME_SLACK_S = 2.0
 """Seconds before a recorded moment from which files count as changed (file timestamps come
 from a coarse clock)."""
@@ -1018,7 +1021,9 @@ class LocalBackend:
     def release(self, state: TreeState) -> None:
         self.store.release(state)
 
-    def model_patch(self, row: dict[str, Any], timeout: float | None = None) -> str:
+    def model_patch(self, row: dict[str, Any], timeout: float = DIFF_TIMEOUT_S) -> str:
+        """The testbed's diff against the row's base commit; the host's git is killed past
+        ``timeout`` seconds (:class:`GitTimeoutError`)."""
         return self.ws.model_patch(row["base_commit"], timeout)
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
