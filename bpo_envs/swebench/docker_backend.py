@@ -31,8 +31,10 @@ binary gains anything) and only the capabilities a test suite run as root uses
 of Docker's default set (raw sockets, ``mknod``, ``chroot``, audit, file capabilities, binding
 ports below 1024) is dropped. The disk quota (disk_quota_bytes) bounds the container's writable layer since
 its last reset or restore: with overlay2 its upper directory is measured on the host once a
-second during a step, and a step that exceeds it is killed (its files are kept, the observation
-says so; docker's own ``storage_opt`` needs xfs project quotas). Under another storage driver the
+second during a step (``bpo_envs.swebench.tree.disk_usage``: apparent sizes count, so sparse
+files do; a tree deeper than the host measures counts as over), and a step that exceeds it is
+killed (its files are kept, the observation says so; docker's own ``storage_opt`` needs xfs
+project quotas). Under another storage driver the
 quota is not enforced (logged once). CPU seconds are not limited per process: the step timeout
 bounds a command.
 

@@ -2,7 +2,9 @@
 
 Sandbox (one ``bwrap`` per command, so nothing an agent starts outlives its step): tmpfs root,
 read-only binds of ``/usr``, ``/etc`` and the Python in use (its venv and base prefix, with this
-package's own directory hidden), a fresh tmpfs ``/tmp`` per command, ``/testbed`` bound
+package's own directory hidden), the host's secrets in ``/etc`` bound over with an empty file or
+folder (:func:`host_secrets`: what other users may not read, the shadows, sudoers, keys and
+credential stores; ``passwd``, ``group``, the resolver and ``/etc/alternatives`` stay), a fresh tmpfs ``/tmp`` per command, ``/testbed`` bound
 read-write, every namespace unshared (no network but loopback), all capabilities dropped, the
 root remounted read-only. ``/opt/miniconda3/bin/activate`` is a shim so that swebench's eval
 scripts (which ``conda activate testbed``) run unchanged with the Python in use.
@@ -12,8 +14,17 @@ bare object store outside the sandbox (shared by the envs of one kind in this pr
 index files that act as stat caches, so a snapshot hashes only what changed. Restore is
 ``read-tree --reset -u`` plus ``clean``: byte-identical contents, deletions, new files, ignored
 files, symlinks, the executable bit and empty directories. Not captured: other permission bits,
-ownership, timestamps, nested git repositories (stored as gitlinks), and processes (none
-survive a step anyway).
+ownership, timestamps, nested git repositories (stored as gitlinks), FIFOs, sockets and device
+files (git records none; the host never opens one), and processes (none survive a step anyway).
+
+The host's side of a step (docs/reliability.md#the-host-side-of-a-step): after each command the
+testbed is measured (``bpo_envs.swebench.tree``: no recursion, no link followed) and recorded in
+the store within the step's timeout (git is killed past it); a testbed over the disk quota, with
+a path longer than ``MAX_PATH_BYTES``, or that git cannot record in time is restored to its state
+before the command and the observation says so. So a snapshot never reads more than the quota
+allows, and a restore first removes what the agent changed (by ``ctime``) instead of reading it.
+Portable bytes whose empty folders lie below one of the state's own links are refused, naming the
+path, and empty folders are made one level at a time without following a link.
 
 Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
 
@@ -43,8 +54,10 @@ Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
   (``BwrapSandbox.memory`` is None) only ``RLIMIT_AS`` bounds memory, per process;
 * the host's OOM killer takes the sandbox first: ``oom_score_adj`` 1000 for every process in it;
 * no new user namespaces (``--unshare-user --disable-userns``): ``unshare -U`` fails inside;
-* the disk quota counts every entry as at least ``INODE_BYTES`` (inodes cost space) and a
-  folder the host cannot read as over quota (``UNREADABLE``).
+* the disk quota counts every entry as at least ``INODE_BYTES`` (inodes cost space), a file at
+  its apparent size when that is more than its allocated blocks (a sparse 1 GiB file costs
+  1 GiB: reading it costs that much), and a folder the host cannot read as over quota
+  (``UNREADABLE``).
 
 Not limited: disk bandwidth, CPU shares.
 

@@ -29,7 +29,6 @@ import atexit
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import tempfile
