@@ -126,6 +126,12 @@ else:
         out["next_step_ok"] = False
         out["next_step_error"] = f"{type(exc).__name__}: {exc}"[:400]
     out["next_step_seconds"] = round(time.monotonic() - t0, 2)
+    t0 = time.monotonic()  # what the engine does next: a snapshot (it reads what the attack left)
+    try:
+        env.unwrapped.snapshot().release()
+        out["snapshot_seconds"] = round(time.monotonic() - t0, 2)
+    except Exception as exc:
+        out["snapshot_error"] = f"{type(exc).__name__}: {exc}"[:300]
 t0 = time.monotonic()
 try:
     env.close()
@@ -213,6 +219,7 @@ def main() -> None:
             out["results"].setdefault(backend, {})[name] = res
             print(f"{backend:6s} {name:45s} {res['answer']:12s} {res.get('seconds')} s  "
                   f"next step ok: {res.get('next_step_ok')} ({res.get('next_step_seconds')} s)  "
+                  f"snapshot: {res.get('snapshot_seconds', res.get('snapshot_error'))} s  "
                   f"close: {res.get('close')}  left behind: {res.get('left_behind')}", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(out, indent=2))

@@ -108,6 +108,7 @@ from bpo_envs.swebench.tree import (  # noqa: F401 - the quota's units, re-expor
     Trash,
     TreeScan,
     disk_usage,
+    largest_files,
     remove_tree,
     scan_tree,
     scrub_changed,

@@ -129,6 +129,35 @@ def scan_tree(root: str | os.PathLike[str], stop_above: int | None = None, max_s
     return scan
 
 
+def largest_files(root: str | os.PathLike[str], max_files: int = 10_000) -> list[tuple[int, str]]:
+    """``(bytes, path)`` of the regular files below ``root`` (:func:`entry_bytes` each, paths
+    relative to it), largest first; at most ``max_files`` of them, and none past
+    :data:`MAX_PATH_BYTES`."""
+    found: list[tuple[int, str]] = []
+    base = os.fspath(root)
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = os.scandir(os.path.join(base, rel) if rel else base)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    if len(path.encode("utf-8", "surrogateescape")) <= MAX_PATH_BYTES - 256:
+                        stack.append(path)
+                elif stat.S_ISREG(st.st_mode):
+                    found.append((entry_bytes(st), path))
+    found.sort(reverse=True)
+    return found[:max_files]
+
+
 def disk_usage(root: str | os.PathLike[str]) -> int:
     """Bytes ``root`` takes (:meth:`TreeScan.usage` of :func:`scan_tree`): apparent sizes
     count as allocated ones; :data:`UNREADABLE` when part of it cannot be measured."""
