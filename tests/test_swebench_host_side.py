@@ -40,6 +40,8 @@ NO_BWRAP = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bubblewr
 _DOCKER = docker_problem()
 DOCKER = pytest.mark.skipif(_DOCKER is not None, reason=_DOCKER or "")
 BACKENDS = [pytest.param("local", marks=NO_BWRAP), pytest.param("docker", marks=DOCKER)]
+BACKENDS_DOCKER_SLOW = [pytest.param("local", marks=NO_BWRAP),
+                        pytest.param("docker", marks=[DOCKER, pytest.mark.slow])]  # 12-15 s there
 DEEP = "mkdir -p $(printf 'd/%.0s' $(seq 3000)) && echo made"
 
 
@@ -78,7 +80,10 @@ def test_sparse_files_count_at_their_apparent_size(env):
     if env.unwrapped.backend_name == "local":
         assert "changes undone" in obs
         assert "No such file" in step(env, "ls s1")[0]  # undone: nothing left to read
-    else:  # docker keeps the files and says so: the agent deletes them
+    else:  # docker removes what the command wrote past the quota, largest first, and says so
+        assert "the host removed, largest first, /testbed/s" in obs
+        left = step(env, "ls s1 s2 s3 s4 2>/dev/null | wc -l")[0].split()[0]
+        assert int(left) <= 2  # at most 2 GiB of them kept: a snapshot reads no more
         step(env, "rm -f s1 s2 s3 s4")
     still_works(env)
 
@@ -105,15 +110,20 @@ def test_what_git_cannot_record_within_the_deadline_is_undone_or_kept_whole():
 
 
 # ---- tree shapes ----------------------------------------------------------------------------------
-def test_three_thousand_nested_folders_are_an_observation(env):
-    obs, info = _attack(env, DEEP)
-    assert "[exit code:" in obs
-    if env.unwrapped.backend_name == "local":
-        assert f"longer than {MAX_PATH_BYTES} bytes" in obs and "changes undone" in obs
+@pytest.mark.parametrize("backend", BACKENDS_DOCKER_SLOW)
+def test_three_thousand_nested_folders_are_an_observation(backend):
+    env = _make(backend)
+    try:
+        obs, info = _attack(env, DEEP)
+        assert "[exit code:" in obs
+        if backend == "local":
+            assert f"longer than {MAX_PATH_BYTES} bytes" in obs and "changes undone" in obs
+        else:  # too deep to measure: removed from its first folder the image does not have
+            assert "the host removed, largest first, /testbed/d" in obs
         assert "No such file" in step(env, "ls d")[0]
-    else:
-        step(env, "rm -rf d")
-    still_works(env)
+        still_works(env)
+    finally:
+        env.close()
 
 
 def test_fifos_sockets_and_long_names_are_observations(env):
@@ -138,8 +148,8 @@ def test_a_150000_file_folder_is_an_observation(env):
     still_works(env)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_close_after_a_deep_tree_never_raises_and_leaves_nothing(backend, monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS_DOCKER_SLOW)
+def test_close_after_a_deep_tree_never_raises_and_leaves_nothing(backend):
     env = _make(backend)
     env.reset(options={"task_id": TASK})
     if backend == "local":
