@@ -9,6 +9,11 @@ none within ``--cap`` seconds), its time, and whether the next step worked with 
 
     python scripts/swebench_attacks.py --backends local docker \
         --out docs/results/swebench-hostile/attacks.json
+
+``--sandbox`` runs only the attacks on the host's side of a step (``SANDBOX_ATTACKS``: sparse
+files, 3,000 nested folders, 150,000 files, FIFOs and sockets, ``/etc/shadow``, crafted portable
+bytes, ``bpo-gym-setup clean`` after a crash); their children also time a snapshot after the next
+step (what the engine does next), ``close()``, and check that the run folder is gone after exit.
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ else:
     except Exception as exc:
         out = {"answer": "raised", "error": f"{type(exc).__name__}: {exc}"[:400]}
     out["seconds"] = round(time.monotonic() - t0, 2)
+print(json.dumps({"stage": "attack answered", **out}), flush=True)
 if action == "submit" and out["answer"] == "observation":
     out["next_step_ok"] = None
 else:
@@ -126,6 +132,7 @@ else:
         out["next_step_ok"] = False
         out["next_step_error"] = f"{type(exc).__name__}: {exc}"[:400]
     out["next_step_seconds"] = round(time.monotonic() - t0, 2)
+    print(json.dumps({"stage": "next step answered", **out}), flush=True)
     t0 = time.monotonic()  # what the engine does next: a snapshot (it reads what the attack left)
     try:
         env.unwrapped.snapshot().release()
@@ -139,7 +146,7 @@ try:
 except Exception as exc:
     out["close"] = f"{type(exc).__name__}: {exc}"[:200]
 out["close_seconds"] = round(time.monotonic() - t0, 2)
-print(json.dumps(out), flush=True)
+print(json.dumps({"stage": "closed", **out}), flush=True)
 '''
 
 
@@ -186,11 +193,17 @@ def run_one(backend: str, attack: str | tuple[str, str], code: str, cap: float) 
         stdout, stderr = proc.communicate()
     lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     run_folder = next((m["run_dir"] for m in lines if "run_dir" in m), None)
-    result = lines[-1] if lines and "answer" in lines[-1] else None
-    if result is None:
+    result: dict = {}
+    for msg in lines:  # each stage's report: what was answered before a hang is kept
+        if "answer" in msg:
+            result.update(msg)
+    if not result:
         answer = f"none within {cap:g} s" if hung else "the child failed" if lines else "the env did not start"
-        result = {"answer": answer, "seconds": None, "stderr_tail": stderr[-300:],
-                  "wall_s": round(time.monotonic() - t0, 1)}
+        result = {"answer": answer, "seconds": None, "stderr_tail": stderr[-300:]}
+    stage = result.pop("stage", "the start")
+    if hung and lines:
+        result["hung_after"] = f"{stage}: nothing more within {cap + 30:g} s"
+    result["wall_s"] = round(time.monotonic() - t0, 1)
     # the child has exited: its run folder must be gone
     result["left_behind"] = bool(run_folder) and os.path.exists(run_folder)
     if result["left_behind"]:
@@ -220,7 +233,8 @@ def main() -> None:
             print(f"{backend:6s} {name:45s} {res['answer']:12s} {res.get('seconds')} s  "
                   f"next step ok: {res.get('next_step_ok')} ({res.get('next_step_seconds')} s)  "
                   f"snapshot: {res.get('snapshot_seconds', res.get('snapshot_error'))} s  "
-                  f"close: {res.get('close')}  left behind: {res.get('left_behind')}", flush=True)
+                  f"close: {res.get('close')}  left behind: {res.get('left_behind')}  "
+                  f"{res.get('hung_after', '')}", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(out, indent=2))
     out["load_avg_at_end"] = os.getloadavg()
