@@ -47,7 +47,8 @@ DEEP = "mkdir -p $(printf 'd/%.0s' $(seq 3000)) && echo made"
 
 def _make(backend: str, **kwargs):
     pytest.importorskip("swebench", reason="needs the swe extra: pip install 'bpo-gym[swe]'")
-    return gym.make("BPO-SWEBench-v0", backend=backend, step_timeout=STEP_TIMEOUT, instance_ids=[TASK], **kwargs)
+    kwargs.setdefault("step_timeout", STEP_TIMEOUT)
+    return gym.make("BPO-SWEBench-v0", backend=backend, instance_ids=[TASK], **kwargs)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -140,12 +141,24 @@ def test_fifos_sockets_and_long_names_are_observations(env):
 
 
 @pytest.mark.slow
-def test_a_150000_file_folder_is_an_observation(env):
-    obs, _ = _attack(env, "python3 -c \"import os; os.mkdir('many'); "
-                          "[open(f'many/{i}', 'w').close() for i in range(150000)]\" && echo made")
-    assert "[exit code:" in obs
-    step(env, "rm -rf many")
-    still_works(env)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_150000_file_folder_is_an_observation(backend):
+    # 150,000 empty files: 600 MB of the quota (4 KiB each), within it. Given 30 s to make them,
+    # the step is answered (recorded, or undone when the host cannot record it in time), and
+    # the env goes on (the restore contract on such a folder: scripts/swebench_attacks.py)
+    env = _make(backend, step_timeout=30)
+    try:
+        env.reset(options={"task_id": TASK})
+        t0 = time.monotonic()
+        obs, info = step(env, "python3 -c \"import os; os.mkdir('many'); "
+                              "[open(f'many/{i}', 'w').close() for i in range(150000)]\" && echo made")
+        assert time.monotonic() - t0 < 2 * 30 + 15 and "[exit code:" in obs, obs
+        count, _ = step(env, "ls many 2>/dev/null | wc -l")
+        assert "made" not in obs or "changes were undone" in obs or "150000" in count, (obs, count)
+        step(env, "rm -rf many")
+        still_works(env)
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize("backend", BACKENDS_DOCKER_SLOW)
