@@ -6,6 +6,11 @@ progress: the policy and optimizer state (under FSDP the full state, gathered to
 algorithm's state (e.g. BPO's adaptive threshold and the budget's tree-cost estimate), the
 trainer's, policy's and torch's RNG states, the metrics so far, the compute total and the
 configuration.
+
+A checkpoint that does not load (truncated by a crash, a pickle of someone else's, any bytes
+``torch.load(weights_only=True)`` refuses) raises :class:`CheckpointUnreadableError` naming the
+file before anything of the trainer is changed: a resuming trainer then redoes its run from the
+start with a warning (docs/main-job.md), as a bad ``policy.pt`` is redone.
 """
 
 from __future__ import annotations
@@ -67,9 +72,29 @@ def save_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
     atomic_write(Path(path), lambda fh: torch.save(state, fh))
 
 
+class CheckpointUnreadableError(ValueError):
+    """A checkpoint file that does not load (truncated, or not a checkpoint); the message names it."""
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The state saved in ``path`` (tensors and plain data only: loading runs no code);
+    :class:`CheckpointUnreadableError` naming the file for anything that does not load as one."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise  # not the file's bytes: nothing to redo
+    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for bad bytes (pickle, zip, EOF)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointUnreadableError(f"{path} does not load as a checkpoint ({type(exc).__name__}: {why[:300]})") from None
+    if not isinstance(state, dict) or "update" not in state:
+        raise CheckpointUnreadableError(f"{path} does not load as a checkpoint (it holds no trainer state)")
+    return state
+
+
 def load_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> None:
-    """Restore ``trainer`` from a checkpoint written by :func:`save_checkpoint`."""
-    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: runs no code
+    """Restore ``trainer`` from a checkpoint written by :func:`save_checkpoint`
+    (:class:`CheckpointUnreadableError` before anything changes when it does not load)."""
+    state = read_checkpoint(path)
     if state.get("algorithm_name") != trainer.algorithm.name:
         raise ValueError(
             f"{path} is a checkpoint of {state.get('algorithm_name')!r}, not of "

@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,15 @@ class Trainer:
             wandb_group=cfg.wandb_group, wandb_config={"algorithm": algorithm.config(), **(cfg.wandb_config or {})},
         )
         dp.barrier()
+        resumed = False
         if self._resume_dir is not None and cfg.resume and (self._resume_dir / "checkpoint.pt").exists():
-            self.load_checkpoint(self._resume_dir / "checkpoint.pt")  # every rank: the same state
-        elif self.log.path is not None and self.log.path.exists():
+            try:
+                self.load_checkpoint(self._resume_dir / "checkpoint.pt")  # every rank: the same state
+                resumed = True
+            except checkpoints.CheckpointUnreadableError as exc:
+                # as a bad policy.pt: the run is redone from its start (nothing was loaded)
+                warnings.warn(f"{exc}; redoing this run from its start", RuntimeWarning, stacklevel=2)
+        if not resumed and self.log.path is not None and self.log.path.exists():
             # rows without a checkpoint: a run killed during its first update, or an old run
             # this one replaces; either way they are not part of this run's history
             self.log.rewrite([])

@@ -172,7 +172,30 @@ def load_initial(folder: Path) -> dict[str, Any] | None:
         except SealError as exc:
             print(f"warning: {exc}; redoing it", file=sys.stderr)
             return None
-    return {"warm": warm, "policy": policy, "reference": read("reference")}
+    reference = read("reference")
+    if reference is not None:
+        problem = reference_problem(reference)
+        if problem is not None:
+            print(f"warning: {folder / 'reference.pt'} does not load ({problem}); redoing it", file=sys.stderr)
+            return None
+    return {"warm": warm, "policy": policy, "reference": reference}
+
+
+def reference_problem(data: bytes) -> str | None:
+    """Why ``reference.pt``'s bytes do not load as the reference gradient (tensors only, never
+    unpickled), or None when they do."""
+    import io
+
+    import torch
+
+    try:
+        value = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many kinds for bad bytes (pickle, zip, EOF)
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+    if not isinstance(value, dict) or not {"mean", "signal"} <= set(value):
+        return "it holds no reference gradient"
+    return None
 
 
 REMOVED_FIELDS: dict[str, Any] = {"algorithm_options": {}}

@@ -14,6 +14,7 @@ import sys
 import tarfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,33 @@ def test_resume_names_a_truncated_file_and_redoes_that_job(tmp_path, capsys):
     compare.main(["--out", str(out), "--resume", *TINY])
     assert f"{policy_pt} is not sealed by bpo_envs" in capsys.readouterr().err and not marker.exists()
     assert resumed["per_env"]["treemdp"]["algorithms"]["rloo"]["curve"] == first["per_env"]["treemdp"]["algorithms"]["rloo"]["curve"]
+
+
+@pytest.mark.parametrize("name, damage", [
+    ("checkpoint.pt", "truncated"), ("reference.pt", "pickle"),
+    pytest.param("checkpoint.pt", "pickle", marks=pytest.mark.slow),
+    pytest.param("reference.pt", "truncated", marks=pytest.mark.slow),
+])
+def test_resume_redoes_a_checkpoint_or_reference_that_does_not_load(tmp_path, capsys, name, damage):
+    out = tmp_path / "cmp"
+    first = compare.main(["--out", str(out), *TINY])
+    run = out / "runs" / "treemdp" / "rloo" / "seed0"
+    path = run / name if name == "checkpoint.pt" else next(out.rglob(name))
+    assert path.exists()
+    marker = tmp_path / "pwned"
+    path.write_bytes(_payload(marker) if damage == "pickle" else path.read_bytes()[: path.stat().st_size // 2])
+    (run / "run.json").unlink()  # the run is unfinished: a resume loads its checkpoint and the reference
+    (out / "results.json").unlink()
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = compare.main(["--out", str(out), "--resume", *TINY])
+    said = capsys.readouterr().err + "".join(str(w.message) for w in caught)
+    assert f"{path} does not load" in said and "redoing" in said, said
+    assert not marker.exists()
+    # the run (and for reference.pt the initial job) was redone to the same result
+    assert resumed["per_env"]["treemdp"]["algorithms"]["rloo"]["curve"] == first["per_env"]["treemdp"]["algorithms"]["rloo"]["curve"]
+    assert (run / "run.json").exists()
 
 
 # ---- one env, one thread ----------------------------------------------------------------------
@@ -269,13 +297,14 @@ def test_trl_and_skyrl_state_inputs_refuse_a_pickle(tmp_path):
 
 
 def test_checkpoints_and_sealed_files_refuse_a_pickle(tmp_path, monkeypatch):
-    from bpo_algos.checkpoints import load_checkpoint
+    from bpo_algos.checkpoints import CheckpointUnreadableError, load_checkpoint
     from bpo_envs import sealed
 
     marker = tmp_path / "pwned"
     ckpt = tmp_path / "checkpoint.pt"
     ckpt.write_bytes(_payload(marker))
-    _check_refused(lambda: load_checkpoint(None, ckpt), marker, pickle.UnpicklingError, match="Weights only load failed")
+    _check_refused(lambda: load_checkpoint(None, ckpt), marker, CheckpointUnreadableError,
+                   match=f"{ckpt} does not load as a checkpoint .*Weights only load failed")
 
     monkeypatch.setenv("BPO_GYM_KEY_FILE", str(tmp_path / "key"))
     data = sealed.seal(b"policy bytes", "p")

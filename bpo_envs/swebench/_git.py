@@ -15,6 +15,10 @@ class GitError(RuntimeError):
     """A git command failed; the message has its stderr."""
 
 
+class GitTimeoutError(GitError):
+    """A git command ran past its deadline and was killed (docs/reliability.md#the-host-side-of-a-step)."""
+
+
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """An environment that makes git ignore system/global config and never prompt."""
     env = {
@@ -49,16 +53,16 @@ def git(
     cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     input: bytes | None = None,
+    timeout: float | None = None,
 ) -> bytes:
-    """Run ``git args`` and return stdout; raise :class:`GitError` with stderr on failure."""
-    proc = subprocess.run(
-        ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", *args],
-        cwd=cwd,
-        env=git_env(env),
-        input=input,
-        capture_output=True,
-        check=False,
-    )
+    """Run ``git args`` and return stdout; raise :class:`GitError` with stderr on failure and
+    :class:`GitTimeoutError` when it runs past ``timeout`` seconds (it is killed then)."""
+    argv = ["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", *args]
+    try:
+        proc = subprocess.run(argv, cwd=cwd, env=git_env(env), input=input, capture_output=True,
+                              check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GitTimeoutError(f"git {' '.join(args[:4])} ran past its deadline of {timeout:.3g} s") from None
     if proc.returncode != 0:
         raise GitError(
             f"git {' '.join(args[:4])} failed ({proc.returncode}): "

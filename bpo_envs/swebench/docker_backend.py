@@ -31,8 +31,10 @@ binary gains anything) and only the capabilities a test suite run as root uses
 of Docker's default set (raw sockets, ``mknod``, ``chroot``, audit, file capabilities, binding
 ports below 1024) is dropped. The disk quota (disk_quota_bytes) bounds the container's writable layer since
 its last reset or restore: with overlay2 its upper directory is measured on the host once a
-second during a step, and a step that exceeds it is killed (its files are kept, the observation
-says so; docker's own ``storage_opt`` needs xfs project quotas). Under another storage driver the
+second during a step (``bpo_envs.swebench.tree.disk_usage``: apparent sizes count, so sparse
+files do; a tree deeper than the host measures counts as over), and a step that exceeds it is
+killed (its files are kept, the observation says so; docker's own ``storage_opt`` needs xfs
+project quotas). Under another storage driver the
 quota is not enforced (logged once). CPU seconds are not limited per process: the step timeout
 bounds a command.
 
@@ -84,7 +86,7 @@ from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-ex
     set_max_docker_calls,
 )
 from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, row_image_names
-from bpo_envs.swebench.local import SandboxLimits, disk_usage
+from bpo_envs.swebench.local import SandboxLimits, disk_usage, largest_files, scan_tree
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 from bpo_envs.swebench.owners import (
     LABEL_KIND,
@@ -548,12 +550,48 @@ class DockerBackend:
             text = _note(text, f"[the command killed every process of the sandbox ({stopped[1]}){again}]")
         elif upper is not None and (over.is_set() or disk_usage(upper) > quota):
             what = "the command was killed" if over.is_set() else "after this command"
+            removed = self._trim_to_quota(box, upper, quota)
             text = _note(text, f"[disk quota exceeded ({what}): the container's writes since its last "
-                               f"reset or restore exceed {quota} bytes; delete files before going on]")
+                               f"reset or restore exceed {quota} bytes; the host removed, largest first, "
+                               f"{', '.join('/' + p for p in removed[:5]) or 'nothing'}"
+                               f"{f' and {len(removed) - 5} more' if len(removed) > 5 else ''}]")
         elif agent and rc == 137 and not timed_out:
             text = _note(text, f"[killed by SIGKILL: by a kill, or by the container's memory limit of "
                                f"{self.limits.memory_bytes} bytes]")
         return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
+
+    def _trim_to_quota(self, box: Any, upper: Path, quota: int) -> list[str]:
+        """Remove, in ``box``, what its writable layer holds past ``quota`` (largest files first;
+        a tree too deep to measure from its first folder the image does not have), so that a
+        snapshot (``docker commit`` reads the whole layer, sparse files at their apparent size)
+        never reads more than the quota allows. Returns the paths removed (relative to ``/``)."""
+        scan = scan_tree(upper)
+        doomed: list[str] = []
+        if scan.too_long is not None or scan.unreadable is not None:
+            doomed.append(self._new_ancestor(box, scan.too_long or scan.unreadable or ""))
+        else:
+            excess = scan.bytes - quota
+            for size, path in largest_files(upper):
+                if excess <= 0:
+                    break
+                doomed.append(path)
+                excess -= size
+        doomed = [p for p in doomed if p and p != "."]
+        if doomed:
+            self._exec(box, "rm -rf -- " + " ".join(shlex.quote("/" + p) for p in doomed), 60, 1 << 16, agent=False)
+        return doomed
+
+    @staticmethod
+    def _new_ancestor(box: Any, path: str) -> str:
+        """The shallowest folder on ``path`` that none of ``box``'s image layers has."""
+        data = (box.attrs.get("GraphDriver") or {}).get("Data") or {}
+        lowers = [d for d in (data.get("LowerDir") or "").split(":") if d]
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if not any(os.path.lexists(os.path.join(low, prefix)) for low in lowers):
+                return prefix
+        return path
 
     def _kill_from_host(self, box: Any, ended: threading.Event) -> str:
         """Kill a command that outlived its deadline; say how. First every process but the

@@ -2,7 +2,9 @@
 
 Sandbox (one ``bwrap`` per command, so nothing an agent starts outlives its step): tmpfs root,
 read-only binds of ``/usr``, ``/etc`` and the Python in use (its venv and base prefix, with this
-package's own directory hidden), a fresh tmpfs ``/tmp`` per command, ``/testbed`` bound
+package's own directory hidden), the host's secrets in ``/etc`` bound over with an empty file or
+folder (:func:`host_secrets`: what other users may not read, the shadows, sudoers, keys and
+credential stores; ``passwd``, ``group``, the resolver and ``/etc/alternatives`` stay), a fresh tmpfs ``/tmp`` per command, ``/testbed`` bound
 read-write, every namespace unshared (no network but loopback), all capabilities dropped, the
 root remounted read-only. ``/opt/miniconda3/bin/activate`` is a shim so that swebench's eval
 scripts (which ``conda activate testbed``) run unchanged with the Python in use.
@@ -12,8 +14,17 @@ bare object store outside the sandbox (shared by the envs of one kind in this pr
 index files that act as stat caches, so a snapshot hashes only what changed. Restore is
 ``read-tree --reset -u`` plus ``clean``: byte-identical contents, deletions, new files, ignored
 files, symlinks, the executable bit and empty directories. Not captured: other permission bits,
-ownership, timestamps, nested git repositories (stored as gitlinks), and processes (none
-survive a step anyway).
+ownership, timestamps, nested git repositories (stored as gitlinks), FIFOs, sockets and device
+files (git records none; the host never opens one), and processes (none survive a step anyway).
+
+The host's side of a step (docs/reliability.md#the-host-side-of-a-step): after each command the
+testbed is measured (``bpo_envs.swebench.tree``: no recursion, no link followed) and recorded in
+the store within the step's timeout (git is killed past it); a testbed over the disk quota, with
+a path longer than ``MAX_PATH_BYTES``, or that git cannot record in time is restored to its state
+before the command and the observation says so. So a snapshot never reads more than the quota
+allows, and a restore first removes what the agent changed (by ``ctime``) instead of reading it.
+Portable bytes whose empty folders lie below one of the state's own links are refused, naming the
+path, and empty folders are made one level at a time without following a link.
 
 Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
 
@@ -43,8 +54,10 @@ Limits (``SandboxLimits``, one set per env; each a ``SWEBenchEnv`` kwarg):
   (``BwrapSandbox.memory`` is None) only ``RLIMIT_AS`` bounds memory, per process;
 * the host's OOM killer takes the sandbox first: ``oom_score_adj`` 1000 for every process in it;
 * no new user namespaces (``--unshare-user --disable-userns``): ``unshare -U`` fails inside;
-* the disk quota counts every entry as at least ``INODE_BYTES`` (inodes cost space) and a
-  folder the host cannot read as over quota (``UNREADABLE``).
+* the disk quota counts every entry as at least ``INODE_BYTES`` (inodes cost space), a file at
+  its apparent size when that is more than its allocated blocks (a sparse 1 GiB file costs
+  1 GiB: reading it costs that much), and a folder the host cannot read as over quota
+  (``UNREADABLE``).
 
 Not limited: disk bandwidth, CPU shares.
 
@@ -66,6 +79,7 @@ import re
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -78,7 +92,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from bpo_envs.core import SnapshotError
-from bpo_envs.swebench._git import git, git_text, require_git
+from bpo_envs.swebench._git import GitError, GitTimeoutError, git, git_text, require_git
 from bpo_envs.swebench.harness import CONDA_SHIM
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 from bpo_envs.swebench.owners import (
@@ -86,6 +100,18 @@ from bpo_envs.swebench.owners import (
     clean_up_now_and_then,
     process_start,
     scratch_dir,
+)
+from bpo_envs.swebench.tree import (  # noqa: F401 - the quota's units, re-exported
+    INODE_BYTES,
+    MAX_PATH_BYTES,
+    UNREADABLE,
+    Trash,
+    TreeScan,
+    disk_usage,
+    largest_files,
+    remove_tree,
+    scan_tree,
+    scrub_changed,
 )
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -134,47 +160,6 @@ class SandboxLimits:
 
     def cpu_for(self, timeout: float) -> int:
         return self.cpu_seconds if self.cpu_seconds is not None else max(1, math.ceil(timeout))
-
-
-INODE_BYTES = 4096
-"""What a file, folder or link counts at least in the disk quota: an inode costs space even
-when its file is empty (100,000 empty files are 400 MB of quota, not zero)."""
-UNREADABLE = 1 << 62
-"""The usage :func:`disk_usage` reports for a tree with a folder it cannot read: over any quota
-(what cannot be measured cannot be allowed)."""
-
-
-def disk_usage(root: Path) -> int:
-    """Bytes ``root`` takes: each entry's allocated blocks, at least :data:`INODE_BYTES` (not
-    following links; each hard-linked inode once). :data:`UNREADABLE` when a folder in it
-    cannot be read (one removed meanwhile is skipped)."""
-    total = 0
-    seen: set[tuple[int, int]] = set()
-    stack = [str(root)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return UNREADABLE
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                except OSError:
-                    return UNREADABLE
-                if st.st_nlink > 1 and not entry.is_dir(follow_symlinks=False):
-                    key = (st.st_dev, st.st_ino)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                total += max(st.st_blocks * 512, INODE_BYTES)
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-    return total
 
 
 class PidsCgroup:
@@ -338,6 +323,45 @@ def _python_dirs(python: str) -> list[str]:
     return dirs
 
 
+SECRET_NAMES = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "opasswd", "private",
+                "krb5.keytab", "key.json", "credentials", "credstore", "credstore.encrypted", "secrets")
+"""Names under ``/etc`` the sandbox never sees, whatever their mode (the password and group
+shadows, sudo's rules, TLS and Kerberos keys, credential stores)."""
+SECRET_SUFFIXES = ("_key", ".key", ".keytab", ".pem-key", ".secret", ".token")
+"""Name endings under ``/etc`` the sandbox never sees (SSH host keys ``ssh_host_*_key``, ...)."""
+
+
+def host_secrets(root: str = "/etc", max_entries: int = 100_000) -> list[tuple[str, bool]]:
+    """The paths under ``root`` the sandbox hides, each with whether it is a folder: every entry
+    other users may not read (``o+r``; folders: ``o+rx``), and every one named in
+    :data:`SECRET_NAMES` or ending in :data:`SECRET_SUFFIXES`. Links are left as they are
+    (they point into what the sandbox binds, or nowhere it can reach)."""
+    hidden: list[tuple[str, bool]] = []
+    stack = [root]
+    seen = 0
+    while stack and seen < max_entries:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                folder = stat.S_ISDIR(st.st_mode)
+                readable = (st.st_mode & 0o005) == 0o005 if folder else bool(st.st_mode & 0o004)
+                if (not readable or entry.name in SECRET_NAMES or entry.name.endswith(SECRET_SUFFIXES)):
+                    hidden.append((entry.path, folder))
+                elif folder:
+                    stack.append(entry.path)
+    return sorted(hidden)
+
+
 class BwrapSandbox:
     """Runs one bash command in a fresh bubblewrap sandbox with a given dir as ``/testbed``."""
 
@@ -364,7 +388,11 @@ class BwrapSandbox:
         self._shim = scratch_dir("shim-")
         (self._shim / "bin").mkdir()
         (self._shim / "bin" / "activate").write_text(CONDA_SHIM)
-        atexit.register(shutil.rmtree, self._shim, True)
+        # what hides the host's secrets in /etc: an empty file and an empty folder, bound over them
+        (self._shim / "hidden-folder").mkdir()
+        (self._shim / "hidden-file").write_bytes(b"")
+        self._secrets = host_secrets("/etc")
+        atexit.register(remove_tree, self._shim)
 
     def args(self, testbed: Path, ro_binds: Sequence[tuple[str, str]] = (),
              rw_binds: Sequence[tuple[str, str]] = ()) -> list[str]:
@@ -379,6 +407,8 @@ class BwrapSandbox:
                 a += ["--symlink", os.readlink(p), "/" + name]
             elif p.is_dir():
                 a += ["--ro-bind", str(p), "/" + name]
+        for path, folder in self._secrets:
+            a += ["--ro-bind", str(self._shim / ("hidden-folder" if folder else "hidden-file")), path]
         tmp_size = str(self.limits.disk_quota_bytes)
         a += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/tmp",
               "--size", tmp_size, "--tmpfs", "/dev/shm"]
@@ -541,7 +571,7 @@ class ObjectStore:
         self._kept: dict[TreeState, int] = {}  # live snapshots' states, counted
         self._workspaces: weakref.WeakSet[Workspace] = weakref.WeakSet()
         self._releases = 0
-        atexit.register(shutil.rmtree, self.path, True)
+        atexit.register(remove_tree, self.path)
 
     PRUNE_EVERY = 16
     """Releases between two prunes of the store's unreachable objects."""
@@ -610,8 +640,22 @@ class ObjectStore:
         git("index-pack", "--stdin", env={"GIT_DIR": str(self.path)}, input=data)
 
 
+DIFF_TIMEOUT_S = 120.0
+"""Seconds the host's git may take to diff the testbed for grading (as the docker backend's
+diff; the testbed was recorded within each step's deadline, so this is rarely near)."""
+CTIME_SLACK_S = 2.0
+"""Seconds before a recorded moment from which files count as changed (file timestamps come
+from a coarse clock)."""
+
+
 class Workspace:
-    """One working copy (``testbed/``) with its stat-cache indexes, over a shared store."""
+    """One working copy (``testbed/``) with its stat-cache indexes, over a shared store.
+
+    Host-side work on the agent's tree never recurses and never reads more than it must:
+    before the stat caches are refreshed on a tree the agent changed, every file changed since
+    the tree last matched a recorded state is removed (:func:`scrub_changed`: git then checks
+    it out again from the store if the target state has it), so a restore reads nothing the
+    agent wrote; a capture reads what the agent wrote, within a deadline."""
 
     def __init__(self, store: ObjectStore, root: Path | None = None) -> None:
         self.store = store
@@ -623,6 +667,8 @@ class Workspace:
         self._current: TreeState | None = None  # what the testbed holds, when known
         # the state last written or checked out: its objects back the stat-cache indexes
         self.last: TreeState | None = None
+        self._since = 0.0  # files with a later ctime changed after the testbed last matched a state
+        self.trash = Trash(self.root / "trash")
         store._workspaces.add(self)
 
     # ---- the working copy ------------------------------------------------------------
@@ -632,26 +678,38 @@ class Workspace:
     def _gitdir(self) -> Path:
         return self.testbed / ".git"
 
-    def _tree_of(self, work_tree: Path, index: Path) -> tuple[str, tuple[str, ...]]:
+    def _tree_of(self, work_tree: Path, index: Path, deadline: float | None) -> tuple[str, tuple[str, ...]]:
         env = self.store.env(index)
-        git("--work-tree", str(work_tree), "add", "-A", "-f", "--", ".", env=env)
-        tree = git_text("--work-tree", str(work_tree), "write-tree", env=env)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.01, deadline - time.monotonic())
+
+        git("--work-tree", str(work_tree), "add", "-A", "-f", "--", ".", env=env, timeout=left())
+        tree = git_text("--work-tree", str(work_tree), "write-tree", env=env, timeout=left())
         others = git("--work-tree", str(work_tree), "ls-files", "-z", "-o", "--directory",
-                     env=env, cwd=work_tree)
+                     env=env, cwd=work_tree, timeout=left())
         empty = tuple(p.rstrip("/") for p in others.decode("utf-8", "surrogateescape").split("\0")
                       if p.endswith("/"))
         return tree, empty
 
-    def capture(self) -> TreeState:
-        """The state of the testbed, written into the store."""
+    def capture(self, timeout: float | None = None) -> TreeState:
+        """The state of the testbed, written into the store; ``timeout``: seconds git may take
+        (:class:`GitTimeoutError` past them: the testbed is then as it was, its state unknown)."""
         if self._current is not None:
             return self._current
-        wt, wt_empty = self._tree_of(self.testbed, self._idx_wt)
-        gd: str | None = None
-        gd_empty: tuple[str, ...] = ()
-        if self._gitdir().is_dir() and not self._gitdir().is_symlink():
-            gd, gd_empty = self._tree_of(self._gitdir(), self._idx_gd)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        since = time.time() - CTIME_SLACK_S
+        try:
+            wt, wt_empty = self._tree_of(self.testbed, self._idx_wt, deadline)
+            gd: str | None = None
+            gd_empty: tuple[str, ...] = ()
+            if self._gitdir().is_dir() and not self._gitdir().is_symlink():
+                gd, gd_empty = self._tree_of(self._gitdir(), self._idx_gd, deadline)
+        except GitError:
+            self._drop_locks()  # a git killed at its deadline leaves its index locked
+            raise
         self._current = self.last = TreeState(wt, gd, wt_empty, gd_empty)
+        self._since = since
         return self._current
 
     def _checkout(self, work_tree: Path, index: Path, tree: str, empty: Sequence[str]) -> None:
@@ -661,20 +719,36 @@ class Workspace:
         git("--work-tree", str(work_tree), "read-tree", "--reset", "-u", tree, env=env)
         git("--work-tree", str(work_tree), "clean", "-ffdxq", env=env, cwd=work_tree)
         for d in empty:
-            (work_tree / d).mkdir(parents=True, exist_ok=True)
+            make_dirs_inside(work_tree, d)
 
     def apply(self, state: TreeState) -> None:
         """Make the testbed hold exactly ``state``."""
         if self._current == state:
             return
+        dirty = self._current is None
         self._current = None
+        since = time.time() - CTIME_SLACK_S
         if self.testbed.is_symlink() or not self.testbed.is_dir():
             self.testbed.unlink(missing_ok=True)
             self.testbed.mkdir()
+        elif dirty:
+            # what the agent changed is removed, not read: git writes back what the state has
+            scrub_changed(self.testbed, self._since, discard=self.trash.discard)
+        try:
+            self._apply(state)
+        except SnapshotError:
+            raise
+        except (GitError, OSError):
+            # a tree git could not walk (a folder it cannot read, say): start from an empty testbed
+            self._rebuild(state)
+        self._current = self.last = state
+        self._since = since
+
+    def _apply(self, state: TreeState) -> None:
         gitdir = self._gitdir()
         if state.gitdir is None:
             if gitdir.is_dir() and not gitdir.is_symlink():
-                shutil.rmtree(gitdir)
+                self.trash.discard(gitdir)
             elif gitdir.exists() or gitdir.is_symlink():
                 gitdir.unlink()
             self._idx_gd.unlink(missing_ok=True)
@@ -684,42 +758,102 @@ class Workspace:
                 gitdir.unlink()
             gitdir.mkdir(exist_ok=True)
             self._checkout(gitdir, self._idx_gd, state.gitdir, state.gitdir_empty_dirs)
-        self._current = self.last = state
+
+    def _drop_locks(self) -> None:
+        for idx in (self._idx_wt, self._idx_gd, self.root / "index-patch"):
+            Path(f"{idx}.lock").unlink(missing_ok=True)
+
+    def _rebuild(self, state: TreeState) -> None:
+        """Check ``state`` out into an empty testbed (every file written anew)."""
+        self._drop_locks()
+        self.trash.discard(self.testbed)
+        self.testbed.mkdir()
+        for idx in (self._idx_wt, self._idx_gd):
+            idx.unlink(missing_ok=True)
+        self._apply(state)
 
     def init_from_repo(self, repo_path: str, base_commit: str) -> TreeState:
         """Fill the testbed with ``repo_path`` at ``base_commit`` (history up to it, nothing after)."""
         if self.testbed.exists():
-            shutil.rmtree(self.testbed)
+            remove_tree(self.testbed)
         for idx in (self._idx_wt, self._idx_gd):
             idx.unlink(missing_ok=True)
         make_testbed(self.testbed, repo_path, base_commit)
         self._current = None
         return self.capture()
 
-    def model_patch(self, base_commit: str) -> str:
-        """``git diff --binary`` of the testbed against ``base_commit``, honouring .gitignore."""
-        state = self.capture()
+    def model_patch(self, base_commit: str, timeout: float | None = None) -> str:
+        """``git diff --binary`` of the testbed against ``base_commit``, honouring .gitignore;
+        ``timeout``: seconds the host's git may take in all (:class:`GitTimeoutError` past them)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.01, deadline - time.monotonic())
+
+        state = self.capture(timeout)
         tmp_index = self.root / "index-patch"
         shutil.copyfile(self._idx_wt, tmp_index)
+        try:
+            return self._diff(state, base_commit, tmp_index, left)
+        finally:
+            tmp_index.unlink(missing_ok=True)
+            self._drop_locks()
+
+    def _diff(self, state: TreeState, base_commit: str, tmp_index: Path,
+              left: Callable[[], float | None]) -> str:
         env = self.store.env(tmp_index)
         wt = str(self.testbed)
         ignored = git("--work-tree", wt, "ls-files", "-z", "-c", "-i", "--exclude-standard",
-                      env=env, cwd=self.testbed).split(b"\0")
+                      env=env, cwd=self.testbed, timeout=left()).split(b"\0")
         ignored = [p for p in ignored if p]
         if ignored:
             in_base = set(git("ls-tree", "-r", "-z", "--name-only", base_commit,
-                              env=env).split(b"\0"))
+                              env=env, timeout=left()).split(b"\0"))
             drop = [p for p in ignored if p not in in_base]
             if drop:
                 git("--work-tree", wt, "rm", "-q", "--cached", "--pathspec-from-file=-",
-                    "--pathspec-file-nul", env=env, input=b"\0".join(drop), cwd=self.testbed)
-        tree = git_text("write-tree", env=env) if ignored else state.worktree
-        tmp_index.unlink(missing_ok=True)
+                    "--pathspec-file-nul", env=env, input=b"\0".join(drop), cwd=self.testbed,
+                    timeout=left())
+        tree = git_text("write-tree", env=env, timeout=left()) if ignored else state.worktree
         return git("diff", "--binary", "--full-index", base_commit, tree,
-                   env={"GIT_DIR": str(self.store.path)}).decode("utf-8", "replace")
+                   env={"GIT_DIR": str(self.store.path)}, timeout=left()).decode("utf-8", "replace")
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Remove the working copy (any depth, any shape; never raises)."""
+        try:
+            self.trash.empty()
+        except OSError:
+            pass
+        remove_tree(self.root)
+
+
+def make_dirs_inside(root: Path, relative: str) -> None:
+    """``mkdir -p root/relative`` one folder at a time, each opened without following a link:
+    :class:`SnapshotError` naming the path when a part of it is not a folder (a link to
+    elsewhere, a file), so nothing outside ``root`` is created or followed."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(root, flags)
+    try:
+        done: list[str] = []
+        for part in PurePosixPath(relative).parts:
+            if part in ("", ".", "..") or "/" in part:
+                raise SnapshotError(f"portable bytes: {relative!r} is not a path inside the testbed")
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            done.append(part)
+            try:
+                child = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                raise SnapshotError(
+                    f"the empty folder {relative!r} would be made below {'/'.join(done)!r}, which is not a "
+                    f"folder of the testbed (a link or a file: {exc.strerror}); refused"
+                ) from None
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
 
 
 def portable_state(store: ObjectStore, state: TreeState, base_commit: str) -> dict[str, Any]:
@@ -754,7 +888,57 @@ def state_from_portable(store: ObjectStore, obj: Any) -> TreeState:
         raise SnapshotError("portable bytes: the tree ids are not git object ids")
     state = TreeState(worktree, gitdir, _relative_dirs(tree.get("empty_dirs")), _relative_dirs(tree.get("gitdir_empty_dirs")))
     store.unpack(obj["pack"])
+    _check_empty_dirs(store, state.worktree, state.empty_dirs)
+    if state.gitdir is not None:
+        _check_empty_dirs(store, state.gitdir, state.gitdir_empty_dirs)
     return state
+
+
+def _check_empty_dirs(store: ObjectStore, tree: str, dirs: Sequence[str]) -> None:
+    """Refuse (:class:`SnapshotError` naming the path) an empty folder that the tree's own
+    entries would put below a link, a file or a submodule: made after the checkout, it would be
+    made through the link (outside the testbed)."""
+    if not dirs:
+        return
+    try:
+        listing = git("ls-tree", "-r", "-z", "--full-tree", tree, env={"GIT_DIR": str(store.path)})
+    except GitError as exc:
+        raise SnapshotError(f"portable bytes: the tree {tree} is not in the bytes' pack ({exc})") from None
+    not_folders: dict[str, str] = {}
+    for line in listing.split(b"\0"):
+        if not line:
+            continue
+        meta, _, name = line.partition(b"\t")
+        mode = meta.split(b" ", 1)[0]
+        kind = {b"120000": "a link", b"160000": "a submodule"}.get(mode, "a file")
+        not_folders[name.decode("utf-8", "surrogateescape")] = kind
+    for d in dirs:
+        parts = PurePosixPath(d).parts
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if prefix in not_folders:
+                raise SnapshotError(
+                    f"portable bytes: the empty folder {d!r} lies below {prefix!r}, which the same state "
+                    f"makes {not_folders[prefix]}: refused (a crafted tree; it would be made outside the testbed)")
+
+
+class QuotaWatch:
+    """The disk-quota check polled during a command (True: over, kill it). A scan costs time in
+    proportion to the tree (and holds each folder's lock while it lists it), so after a scan
+    that took ``t`` seconds the next one waits ``3 t``: the watch takes at most a quarter of
+    the time, and a command making 150,000 files is not slowed down by it."""
+
+    def __init__(self, root: Path, limit: int) -> None:
+        self.root, self.limit = root, limit
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        over = scan_tree(self.root, stop_above=self.limit).usage > self.limit
+        self._next = time.monotonic() + 3 * (time.monotonic() - now)
+        return over
 
 
 class LocalBackend:
@@ -806,24 +990,48 @@ class LocalBackend:
         self._set_base(row)
 
     def run(self, command: str, timeout: float, kill_after_bytes: int) -> CommandResult:
+        """Run ``command``; then measure the testbed and record it in the store, both bounded:
+        a testbed over the quota (apparent sizes count), with a path longer than
+        :data:`MAX_PATH_BYTES`, with a folder the host cannot read, or that git cannot record
+        within ``timeout`` seconds is restored to its state before the command, and the
+        observation says so (docs/reliability.md#the-host-side-of-a-step)."""
         quota = self.limits.disk_quota_bytes
         limit = self._base_size + quota
-        before = self.ws.capture()  # cheap: the stat caches hash only what changed
+        before = self.ws.capture()  # recorded at the end of the previous step (or a restore)
         self.ws.mark_dirty()
         testbed = self.ws.testbed
         result = self.sandbox.run(testbed, command, timeout, kill_after_bytes,
-                                  watch=lambda: disk_usage(testbed) > limit)
-        used = disk_usage(testbed)
-        if used > limit:
+                                  watch=QuotaWatch(testbed, limit))
+        scan = scan_tree(testbed, stop_above=limit)
+        why = self._over(scan, limit)
+        if why is None:
+            try:
+                self.ws.capture(timeout)  # what the next step, a snapshot or grading starts from
+            except GitError as exc:
+                why = (f"[the host could not record /testbed within the step's timeout of {timeout:g} s"
+                       if isinstance(exc, GitTimeoutError) else
+                       f"[the host could not record /testbed ({str(exc)[:300]})") + "; the command's changes were undone]"
+        if why is not None:
             self.ws.apply(before)
             sep = "" if not result.output or result.output.endswith("\n") else "\n"
-            grew = "has a folder the quota check cannot read" if used >= UNREADABLE else f"grew by {used - self._base_size} bytes"
-            result = replace(result, output=(
-                f"{result.output}{sep}[disk quota exceeded: /testbed {grew}"
-                f" (files and folders count at least {INODE_BYTES} bytes each), the limit is {quota};"
-                " the command was killed and its changes undone]"
-            ))
+            result = replace(result, output=f"{result.output}{sep}{why}")
         return result
+
+    def _over(self, scan: TreeScan, limit: int) -> str | None:
+        """Why the testbed cannot be kept (the observation's note), or None."""
+        quota = self.limits.disk_quota_bytes
+        if scan.too_long is not None:
+            return (f"[/testbed holds a path longer than {MAX_PATH_BYTES} bytes "
+                    f"({scan.too_long[:60]!r}...), which the host does not record; the command was killed and "
+                    "its changes undone]")
+        if scan.unreadable is not None:
+            return (f"[disk quota exceeded: /testbed has a folder the quota check cannot read "
+                    f"({scan.unreadable[:80]!r}), the limit is {quota}; the command was killed and its changes undone]")
+        if scan.bytes > limit:
+            return (f"[disk quota exceeded: /testbed grew by at least {scan.bytes - self._base_size} bytes"
+                    f" (files count their apparent size, sparse ones too, and files and folders at least"
+                    f" {INODE_BYTES} bytes each), the limit is {quota}; the command was killed and its changes undone]")
+        return None
 
     def capture(self) -> TreeState:
         state = self.ws.capture()
@@ -846,8 +1054,10 @@ class LocalBackend:
     def release(self, state: TreeState) -> None:
         self.store.release(state)
 
-    def model_patch(self, row: dict[str, Any]) -> str:
-        return self.ws.model_patch(row["base_commit"])
+    def model_patch(self, row: dict[str, Any], timeout: float = DIFF_TIMEOUT_S) -> str:
+        """The testbed's diff against the row's base commit; the host's git is killed past
+        ``timeout`` seconds (:class:`GitTimeoutError`)."""
+        return self.ws.model_patch(row["base_commit"], timeout)
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
                  log_path: Path) -> CommandResult:

@@ -29,7 +29,6 @@ import atexit
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import tempfile
@@ -39,6 +38,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bpo_envs.swebench.tree import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def run_dir() -> Path:
 
 def _remove_run_dir(path: Path, pid: int) -> None:
     if os.getpid() == pid:  # not from a forked child's exit
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)  # any depth the agent made, never raising
 
 
 def scratch_dir(prefix: str) -> Path:
@@ -283,7 +284,7 @@ def _clean_local(report: CleanReport, dry_run: bool) -> None:
     for path in dead_dirs:
         report.run_dirs.append(str(path))
         if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
 
 
 def clean_up(*, docker: bool = True, local: bool = True, dry_run: bool = False,
