@@ -130,7 +130,8 @@ class ChoicePolicy(TablePolicy, nn.Module):
         """:meth:`log_probs_of` without gradient (through :meth:`_scores_no_grad`)."""
         for context in contexts:
             self._admissible(context)
-        return [torch.log_softmax(s / self.temperature, dim=-1) for s in self._scores_no_grad(contexts)]
+        with torch.no_grad():
+            return [torch.log_softmax(s / self.temperature, dim=-1) for s in self._scores_no_grad(contexts)]
 
     def action_distribution(self, context: Any) -> dict[str, float]:
         """``{action: probability}`` at one context (for inspection)."""
@@ -190,7 +191,8 @@ class ChoicePolicy(TablePolicy, nn.Module):
             raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
         for context in contexts:
             self._admissible(context)
-        all_logp = [torch.log_softmax(s.double() / self.temperature, dim=-1).numpy() for s in self._scores_no_grad(contexts)]
+        with torch.no_grad():
+            all_logp = [torch.log_softmax(s.double() / self.temperature, dim=-1).numpy() for s in self._scores_no_grad(contexts)]
         out: list[list[Action]] = []
         for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
             actions = self._admissible(context)
