@@ -1,5 +1,5 @@
 """One policy pass per engine step, features built in one go, inline stepping and batched
-evaluation give the numbers the engine gave before them (docs/training.md, "One policy pass per
+evaluation give the numbers the engine gave before them (docs/algorithms.md, "One policy pass per
 engine step").
 
 ``tests/data/engine_reference.json`` was written by ``tests/engine_reference.py`` on the engine
