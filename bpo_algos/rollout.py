@@ -309,9 +309,9 @@ class RolloutEngine:
         tokens = {k: v for k, v in amounts.items() if k in _TOKEN_FIELDS}
         if tokens:
             amounts = {**amounts, "flops": amounts.get("flops", 0.0) + cost_flops(self._params, **tokens)}
-        cost = ComputeMeter(**amounts)
-        self._meter.add(cost)
-        build.tree.compute.add(cost)
+        for meter in (self._meter, build.tree.compute):  # only the fields charged (x + 0 == x)
+            for unit, amount in amounts.items():
+                setattr(meter, unit, getattr(meter, unit) + amount)
 
     def _restore(self, build: TreeBuild, env: gym.Env, snap: Any) -> None:
         """Restore ``snap`` into ``env``, metering the restore and the steps it replayed."""
