@@ -5,7 +5,9 @@ gets (``N`` or ``K0``) and, for every other decision point, whether to ask the p
 decision entropy and how many actions to sample there given that entropy. The engine:
 
 1. resets an env of the pool on the task, then repeatedly, for every path that holds an env:
-2. asks ``policy.decision_entropy`` for the paths the topology wants it for (before any
+2. opens one policy pass over every path that decides at this step, of every tree in flight
+   (``policy.shared_pass``: the calls below read it; docs/algorithms.md), asks
+   ``policy.decision_entropy`` for the paths the topology wants it for (before any
    sampling: docs/unbiasedness.md, rule 1), lets the topology choose ``n`` per path;
 3. samples ``n`` i.i.d. actions per path (one batched ``policy.sample`` call per distinct
    ``n``; rule 2: never deduplicated), or, where the topology ``draws_distinct`` there, up to
@@ -13,8 +15,10 @@ decision entropy and how many actions to sample there given that entropy. The en
 4. where ``n > 1``, snapshots the env (a branch node) and queues ``n - 1`` sibling paths, each
    carrying its already-sampled action and the snapshot; the path itself continues with the
    first sample, so the backbone's own action is one of the siblings;
-5. steps the envs (``pool.step_many``); a finished path frees its env, onto which a queued
-   sibling is restored (preferring the env that took its snapshot);
+5. steps the envs (``pool.step_many``: in this thread for envs that declare
+   ``step_may_block = False``, on the pool's threads under its deadline for the others); a
+   finished path frees its env, onto which a queued sibling is restored (preferring the env
+   that took its snapshot);
 6. when a tree's last path ends, the topology's ``expansions`` hook (Tree-GRPO) may name
    nodes of the finished tree to grow again: each gets a fresh path from that node (one new
    i.i.d. action, rolled to the end), its env brought there by restoring the node's snapshot
