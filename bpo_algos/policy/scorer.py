@@ -230,7 +230,10 @@ class _Candidates:
 
 @lru_cache(maxsize=1 << 16)
 def _bag_ids(text: str, max_chars: int, buckets: int) -> np.ndarray:
-    return np.asarray(hashed_ngrams(text[:max_chars], buckets), dtype=np.int64)
+    # hashed_ngrams' own cache is bypassed: this one keeps the ids (as a compact array)
+    ids = np.asarray(hashed_ngrams.__wrapped__(text[:max_chars], buckets), dtype=np.int64)
+    ids.setflags(write=False)  # shared by every call that hits the cache
+    return ids
 
 
 @lru_cache(maxsize=1 << 14)
