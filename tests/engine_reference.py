@@ -2,8 +2,8 @@
 
 ``tests/test_engine_batching.py`` compares today's engine with ``tests/data/engine_reference.json``,
 which this module wrote when run on the engine before one policy pass per engine step, inline
-stepping and batched evaluation (``PYTHONPATH=<that checkout> python tests/engine_reference.py
-OUT.json``): the same trees (actions, rewards, structure), the same log-probs and entropies up
+stepping and batched evaluation (commit 98bf6ee: ``PYTHONPATH=<that checkout> python
+tests/engine_reference.py OUT.json``): the same trees (actions, rewards, structure), the same log-probs and entropies up
 to float rounding, and the same meters.
 """
 
