@@ -23,7 +23,7 @@ The cost model (docs/main-job.md, "Cost units"), one for every policy:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -121,7 +121,7 @@ class ComputeMeter:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def copy(self) -> ComputeMeter:
-        return ComputeMeter(**asdict(self))
+        return replace(self)  # every field is a number: a shallow copy is a copy
 
     def get(self, unit: str) -> float:
         if unit not in COMPUTE_UNITS and unit != "resets":

@@ -57,7 +57,9 @@ class TreeBuild:
     """Snapshots still held, by ``id`` of their node (rebuild sources after a failure)."""
     batch_seed: int = 0
     index: int = 0
-    """The tree's index in the batch (with ``batch_seed``: its random stream)."""
+    """With ``batch_seed``, the key of the tree's random stream (:func:`path_stream`): the
+    engine's seed and the tree's index in the batch, or a tree's own seed and 0 (the engine's
+    ``run(seeds=...)``)."""
     child_keys: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
     """Per node (by ``id``), the keys of the paths that made its child edges, in order."""
 

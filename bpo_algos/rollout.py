@@ -5,7 +5,9 @@ gets (``N`` or ``K0``) and, for every other decision point, whether to ask the p
 decision entropy and how many actions to sample there given that entropy. The engine:
 
 1. resets an env of the pool on the task, then repeatedly, for every path that holds an env:
-2. asks ``policy.decision_entropy`` for the paths the topology wants it for (before any
+2. opens one policy pass over every path that decides at this step, of every tree in flight
+   (``policy.shared_pass``: the calls below read it; docs/algorithms.md), asks
+   ``policy.decision_entropy`` for the paths the topology wants it for (before any
    sampling: docs/unbiasedness.md, rule 1), lets the topology choose ``n`` per path;
 3. samples ``n`` i.i.d. actions per path (one batched ``policy.sample`` call per distinct
    ``n``; rule 2: never deduplicated), or, where the topology ``draws_distinct`` there, up to
@@ -13,8 +15,10 @@ decision entropy and how many actions to sample there given that entropy. The en
 4. where ``n > 1``, snapshots the env (a branch node) and queues ``n - 1`` sibling paths, each
    carrying its already-sampled action and the snapshot; the path itself continues with the
    first sample, so the backbone's own action is one of the siblings;
-5. steps the envs (``pool.step_many``); a finished path frees its env, onto which a queued
-   sibling is restored (preferring the env that took its snapshot);
+5. steps the envs (``pool.step_many``: in this thread for envs that declare
+   ``step_may_block = False``, on the pool's threads under its deadline for the others); a
+   finished path frees its env, onto which a queued sibling is restored (preferring the env
+   that took its snapshot);
 6. when a tree's last path ends, the topology's ``expansions`` hook (Tree-GRPO) may name
    nodes of the finished tree to grow again: each gets a fresh path from that node (one new
    i.i.d. action, rolled to the end), its env brought there by restoring the node's snapshot
@@ -62,6 +66,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,6 +177,7 @@ class RolloutEngine:
         if self.max_parallel_trees < 1:
             raise ValueError(f"max_parallel_trees must be >= 1, got {max_parallel_trees}")
         self.seed = int(seed)
+        self._seeds: list[int] | None = None  # a run's per-tree seeds (run's seeds=)
         self.retries = pool.retries
         self.max_failures = pool.max_failures
 
@@ -184,6 +190,7 @@ class RolloutEngine:
         prior_costs: Sequence[float] | None = None,
         *,
         tree_indices: Iterable[int] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> EngineResult:
         """Build trees for ``tasks``: tree ``i`` on ``tasks[i % len(tasks)]``, for ``i`` in
         ``tree_indices`` (default: ``0 .. len(tasks) - 1``, or ``0, 1, 2, ...`` while a budget
@@ -191,11 +198,22 @@ class RolloutEngine:
 
         ``prior_costs``: the cost, in the budget's unit, of each tree of an earlier batch (the
         start rule's estimate of a tree not yet finished; see the module docstring).
+
+        ``seeds``: one seed per task; tree ``i`` then draws from the streams of tree 0 of an
+        engine seeded ``seeds[i]`` instead of tree ``i`` of this engine's, so it equals the tree
+        such an engine builds alone (evaluation episodes, each on its own seed, run in one
+        batch this way). Only without a budget, ``tree_indices`` or several trees per task.
         """
         if not tasks:
             raise ValueError("tasks must not be empty")
         if topology.root_branches < 1:
             raise ValueError("the root needs at least one branch")
+        if seeds is not None:
+            if len(seeds) != len(tasks):
+                raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
+            if budget is not None or tree_indices is not None or topology.trees_per_task != 1:
+                raise ValueError("seeds= builds one tree per task: no budget, tree_indices or trees_per_task > 1")
+        self._seeds = None if seeds is None else [int(s) for s in seeds]
         self._begin(policy, topology, prior_costs)
         meter, start = self._meter, self._start
         if tree_indices is None:
@@ -295,9 +313,9 @@ class RolloutEngine:
         tokens = {k: v for k, v in amounts.items() if k in _TOKEN_FIELDS}
         if tokens:
             amounts = {**amounts, "flops": amounts.get("flops", 0.0) + cost_flops(self._params, **tokens)}
-        cost = ComputeMeter(**amounts)
-        self._meter.add(cost)
-        build.tree.compute.add(cost)
+        for meter in (self._meter, build.tree.compute):  # only the fields charged (x + 0 == x)
+            for unit, amount in amounts.items():
+                setattr(meter, unit, getattr(meter, unit) + amount)
 
     def _restore(self, build: TreeBuild, env: gym.Env, snap: Any) -> None:
         """Restore ``snap`` into ``env``, metering the restore and the steps it replayed."""
@@ -347,8 +365,40 @@ class RolloutEngine:
     # ---- one step of every ready path ---------------------------------------------------
     def _advance(self, ready: list[PathState], waiting: deque[PathState], entropies: list[float]) -> None:
         """One step for every ready path (finished trees go to ``self._done``)."""
-        topology = self._topology
         deciding = [p for p in ready if p.pending is None]
+        if deciding:
+            with ExitStack() as scope:
+                # one forward pass over every path that decides here, of every tree in flight;
+                # the entropy and the samples below read it (Policy.shared_pass). It meters
+                # nothing: the calls that read it meter their tokens and calls as before
+                t0 = time.perf_counter()
+                scope.enter_context(self._policy.shared_pass([p.context for p in deciding]))
+                share = (time.perf_counter() - t0) / len(deciding)
+                for path in deciding:
+                    path.build.tree.compute.seconds += share
+                self._decide(deciding, waiting, entropies)
+
+        stepping = [p for p in ready if p.env is not None]
+        actions = [p.pending for p in stepping]
+        t0 = time.perf_counter()
+        results = self.pool.step_many([p.env for p in stepping], [a.command for a in actions])
+        share = (time.perf_counter() - t0) / max(len(stepping), 1)
+        for path, action, result in zip(stepping, actions, results, strict=True):
+            path.build.tree.compute.seconds += share
+            if isinstance(result, BaseException):
+                self._failures.fail(path, "step", result, waiting)  # path.pending stays: retried as is
+                continue
+            path.pending = None
+            if self._record(path, action, result):
+                self.pool.release(path.env)
+                path.env = None
+                if path.close():
+                    self._done.append(path.build)
+
+    def _decide(self, deciding: list[PathState], waiting: deque[PathState], entropies: list[float]) -> None:
+        """Entropy where the topology wants it, then the branch factor and the samples of every
+        deciding path (forks queued in ``waiting``)."""
+        topology = self._topology
         # rule 1: entropy (and so the branch decision) before any action is sampled here
         need_h = [p for p in deciding if not p.is_root and topology.wants_entropy(p)]
         if need_h:
@@ -376,23 +426,6 @@ class RolloutEngine:
                 path.pending = actions[0]
                 if len(actions) > 1:
                     self._fork(path, actions, waiting)
-
-        stepping = [p for p in ready if p.env is not None]
-        actions = [p.pending for p in stepping]
-        t0 = time.perf_counter()
-        results = self.pool.step_many([p.env for p in stepping], [a.command for a in actions])
-        share = (time.perf_counter() - t0) / max(len(stepping), 1)
-        for path, action, result in zip(stepping, actions, results, strict=True):
-            path.build.tree.compute.seconds += share
-            if isinstance(result, BaseException):
-                self._failures.fail(path, "step", result, waiting)  # path.pending stays: retried as is
-                continue
-            path.pending = None
-            if self._record(path, action, result):
-                self.pool.release(path.env)
-                path.env = None
-                if path.close():
-                    self._done.append(path.build)
 
     def _fork(self, path: PathState, actions: list[Action], waiting: deque[PathState]) -> None:
         node = path.node
@@ -503,7 +536,9 @@ class RolloutEngine:
     # ---- trees: start and finish --------------------------------------------------------
     def _start_tree(self, index: int, task: Any, trees: list[RolloutTree], builds: list[TreeBuild]) -> PathState | None:
         meter = self._meter
-        seed = int(path_stream(self.seed, index, ()).integers(2**31 - 1))
+        # the tree's stream: (engine seed, index), or (its own seed, 0) (see run's seeds=)
+        batch_seed, stream_index = (self.seed, index) if self._seeds is None else (self._seeds[index], 0)
+        seed = int(path_stream(batch_seed, stream_index, ()).integers(2**31 - 1))
         for attempt in range(self.retries + 1):
             env = self.pool.acquire()
             if env is None:
@@ -531,7 +566,7 @@ class RolloutEngine:
             tree.compute.seconds += time.perf_counter() - t0
             trees.append(tree)
             build = TreeBuild(tree, open_paths=1, started=time.perf_counter(), task=task, seed=seed,
-                              batch_seed=self.seed, index=index)
+                              batch_seed=batch_seed, index=stream_index)
             builds.append(build)
             return PathState(build, tree.root, env=env, is_root=True)
         return None

@@ -15,6 +15,17 @@ attributes over Ray actors. The engine (:mod:`bpo_algos.rollout`) uses only this
   its place (default :data:`DEFAULT_STEP_TIMEOUT_S`; None: no limit), a failure the engine's
   recovery handles like any other: the env is replaced and the path rebuilt.
 
+**Inline stepping.** An env whose class declares
+:attr:`SnapshotEnv.step_may_block = False <bpo_envs.core.SnapshotEnv.step_may_block>` (read from
+the unwrapped env's class, never probed) is stepped in the caller's thread: its step is bounded
+by construction (WebShop: ~0.1 ms of in-memory work), and handing it to a worker thread costs
+more than the step (a queue put, a lock, a wake-up; on loaded cores the hand-off dominated the
+collection). Such a step is outside ``workers`` and ``step_timeout_s``: no deadline can stop a
+call run inline, which is why only a bounded step may declare False (docs/envs.md). Every
+other env (SWE-bench, served and Ray envs, any plain Gymnasium env) keeps the threads, the
+deadline and the recovery; in a mixed call the blocking steps are handed to the threads
+first and the inline ones run while those are under way.
+
 Which slot ``acquire`` lends depends only on this free-slot bookkeeping, so two pools with the
 same number of envs give the engine the same schedule, and so the same batch for given seeds.
 """
@@ -32,7 +43,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from bpo_envs.core import check_step_limit
+from bpo_envs.core import SnapshotEnv, check_step_limit
 from bpo_envs.validation import check_count
 
 EnvFn = Callable[[], gym.Env]
@@ -91,6 +102,7 @@ class EnvPool:
         self._envs: list[gym.Env | None] = [None] * len(self._fns)
         self._free: list[int] = list(range(len(self._fns)))
         self._index: dict[int, int] = {}
+        self._inline: set[int] = set()  # ids of envs stepped in the caller's thread
 
     def __len__(self) -> int:
         return len(self._fns)
@@ -113,6 +125,8 @@ class EnvPool:
             check_step_limit(env)
             self._envs[slot] = env
             self._index[id(env)] = slot
+            if steps_inline(env):
+                self._inline.add(id(env))
         return env
 
     def is_free(self, env: gym.Env) -> bool:
@@ -130,6 +144,7 @@ class EnvPool:
             raise RuntimeError("env released twice")
         if failed:
             del self._index[id(env)]
+            self._inline.discard(id(env))
             self._envs[slot] = None
             if id(env) in self._stuck:
                 # a thread is still inside its step: close it beside that thread, not here
@@ -143,22 +158,47 @@ class EnvPool:
         """``env.step(action)`` for each pair, in order of the inputs.
 
         An env whose step raises gives its exception in its place: one failing env never
-        costs the others' results.
+        costs the others' results. Envs that declare ``step_may_block = False`` are stepped
+        inline (see the module docstring), the others on the pool's threads.
         """
-        if self.step_timeout_s is not None:
-            return self._step_many_timed(envs, actions)
-        if self.workers == 1 or len(envs) < 2:
+        if len(envs) != len(actions):
+            raise ValueError(f"{len(envs)} envs for {len(actions)} actions")
+        threaded = [i for i, env in enumerate(envs) if id(env) not in self._inline]
+        if not threaded:
             return [_step_or_error(env, action) for env, action in zip(envs, actions, strict=True)]
+        collect = self._submit([envs[i] for i in threaded], [actions[i] for i in threaded])
+        out: list[StepResult | Exception | None] = [None] * len(envs)
+        for i in sorted(set(range(len(envs))).difference(threaded)):  # while the threads step
+            out[i] = _step_or_error(envs[i], actions[i])
+        for i, result in zip(threaded, collect(), strict=True):
+            out[i] = result
+        return out  # type: ignore[return-value]  # every slot is filled
+
+    def _submit(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> Callable[[], list[StepResult | Exception]]:
+        """Start the steps of envs that may block; returns the call that waits for their
+        results. Without a deadline and with one worker (or one env) they run in turn, in the
+        caller's thread, when that call is made."""
+        if self.step_timeout_s is not None:
+            return self._submit_timed(envs, actions)
+        if self.workers == 1 or len(envs) < 2:
+            return lambda: [_step_or_error(env, action) for env, action in zip(envs, actions, strict=True)]
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="bpo-env")
-        return list(self._executor.map(lambda pair: _step_or_error(*pair), zip(envs, actions, strict=True)))
+        futures = [self._executor.submit(_step_or_error, env, action) for env, action in zip(envs, actions, strict=True)]
+        return lambda: [future.result() for future in futures]
 
-    def _step_many_timed(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> list[StepResult | Exception]:
+    def _submit_timed(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> Callable[[], list[StepResult | Exception]]:
+        """Hand the steps to the daemon workers; returns the call that waits for their results
+        (each bounded by ``step_timeout_s`` from its own start)."""
         assert self.step_timeout_s is not None
         if self._runner is None:
             self._runner = _DaemonWorkers(self.workers)
         jobs = [self._runner.submit(_step_or_error, env, action)
                 for env, action in zip(envs, actions, strict=True)]
+        return lambda: self._collect_timed(envs, jobs)
+
+    def _collect_timed(self, envs: Sequence[gym.Env], jobs: list[tuple[Future, list[float]]]) -> list[StepResult | Exception]:
+        assert self.step_timeout_s is not None and self._runner is not None
         out: list[StepResult | Exception] = []
         for env, (future, started) in zip(envs, jobs, strict=True):
             while True:
@@ -187,6 +227,7 @@ class EnvPool:
                 env.close()
         self._envs = [None] * len(self._fns)
         self._index.clear()
+        self._inline.clear()
         self._free = list(range(len(self._fns)))
 
 
@@ -233,6 +274,14 @@ class _DaemonWorkers:
     def shutdown(self) -> None:
         for _ in range(self._n):
             self._jobs.put(None)
+
+
+def steps_inline(env: gym.Env) -> bool:
+    """Whether ``env`` is stepped in the caller's thread: its unwrapped env is a
+    :class:`~bpo_envs.core.SnapshotEnv` whose class declares ``step_may_block = False``. Every
+    other env (served, Ray, plain Gymnasium) may block, so it keeps the threads and deadlines."""
+    owner = env.unwrapped
+    return isinstance(owner, SnapshotEnv) and type(owner).step_may_block is False
 
 
 def _step_or_error(env: gym.Env, action: str) -> StepResult | Exception:

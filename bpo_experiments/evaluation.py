@@ -46,21 +46,33 @@ def evaluate_episodes(policy: Any, pool: EnvPool, tasks: list[Any], episodes: in
     (the policy's own RNG state is put back afterwards), so two policies' successes differ by the
     policies, not by their luck; another ``seed`` shares no episode. Returns each episode's
     success (0 or 1), task by task.
+
+    All episodes advance together (one policy pass per engine step over every episode under
+    way, as many at once as ``pool`` has envs); each draws from its own streams, so the
+    result is the one-episode-at-a-time result. A policy that samples from a seed of its own
+    (:attr:`~bpo_algos.policy.base.Policy.samples_from_rngs` False: vLLM) runs them one at a
+    time, seeded with the episode's seed.
     """
     if not tasks:
         raise ValueError("no evaluation tasks")
     state = policy.rng_state()
-    per_task: dict[int, list[float]] = {}
+    # under torchrun each rank plays every world-size-th task (an episode depends only on its
+    # seeds, so which rank plays it changes nothing), then the ranks share them
+    per_task: dict[int, list[float]] = {i: [] for i in dp.shard_indices(len(tasks))}
+    episodes_of = [(i, j) for i in per_task for j in range(max(episodes, 1))]
+    seeds = [stream_seed(seed, EVALUATION, i, j, split) for i, j in episodes_of]
     try:
         with evaluation_sampling(policy):  # the preset's evaluation temperature (0: greedy)
-            # under torchrun each rank plays every world-size-th task (an episode depends only on
-            # its seeds, so which rank plays it changes nothing), then the ranks share them
-            for i in dp.shard_indices(len(tasks)):
-                per_task[i] = []
-                for j in range(max(episodes, 1)):
-                    episode_seed = stream_seed(seed, EVALUATION, i, j, split)
+            if policy.samples_from_rngs:
+                # every episode at once, one policy pass per step over all that are under way;
+                # episode k is tree 0 of an engine seeded seeds[k], as if it ran alone
+                result = RolloutEngine(pool, seed=0).run(policy, Topology(), [tasks[i] for i, _ in episodes_of], seeds=seeds)
+                for tree in result.trees:
+                    per_task[episodes_of[tree.index][0]] += [float(e.won) for e in tree.leaf_edges()]
+            else:  # the policy samples from its own seed: one episode at a time, each seeded
+                for (i, _), episode_seed in zip(episodes_of, seeds, strict=True):
                     policy.seed(episode_seed)
-                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, Topology(), [tasks[i]])  # one rollout from the root
+                    result = RolloutEngine(pool, max_parallel_trees=1, seed=episode_seed).run(policy, Topology(), [tasks[i]])
                     per_task[i] += [float(e.won) for t in result.trees for e in t.leaf_edges()]
     finally:
         policy.set_rng_state(state)

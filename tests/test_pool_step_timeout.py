@@ -19,11 +19,19 @@ from bpo_envs.pool import DEFAULT_STEP_TIMEOUT_S, EnvPool, StepTimeoutError
 TREE = {"depth": 3, "n_actions": 3, "seed": 7}
 
 
+class BlockingTreeMDP(bpo_envs.TreeMDPEnv):
+    """A TreeMDP that declares its step may block (the wrappers below make it stall): the pool
+    reads the declaration from the unwrapped env's class, so a bounded env stepped inline could
+    not be stalled by a wrapper and timed out."""
+
+    step_may_block = True
+
+
 class Stalling(gym.Wrapper):
     """A TreeMDP whose step sleeps ``delay`` s when ``stall(self)`` says so; records closes."""
 
     def __init__(self, stall, delay: float = 30.0) -> None:
-        super().__init__(gym.make("BPO-TreeMDP-v0", **TREE))
+        super().__init__(BlockingTreeMDP(**TREE))
         self.stall, self.delay = stall, delay
         self.closed = threading.Event()
         self.step_threads: list[str] = []
@@ -122,10 +130,12 @@ def test_a_stuck_step_does_not_keep_the_process_from_exiting():
     code = (
         "import time, gymnasium as gym, bpo_envs\n"
         "from bpo_envs.pool import EnvPool, StepTimeoutError\n"
+        "class Blocking(bpo_envs.TreeMDPEnv):\n"
+        "    step_may_block = True\n"
         "class Hang(gym.Wrapper):\n"
         "    def step(self, a):\n"
         "        time.sleep(3600)\n"
-        "pool = EnvPool([lambda: Hang(gym.make('BPO-TreeMDP-v0'))], step_timeout_s=0.2)\n"
+        "pool = EnvPool([lambda: Hang(Blocking())], step_timeout_s=0.2)\n"
         "env = pool.acquire(); env.reset(options={'task_id': 0})\n"
         "print(type(pool.step_many([env], ['a0'])[0]).__name__)\n"
     )

@@ -221,6 +221,20 @@ class Policy:
     def clear_cache(self) -> None:
         """Drop state kept between calls that an update makes stale; by default none."""
 
+    samples_from_rngs: bool = True
+    """Whether :meth:`sample` draws each context's samples from its generator in ``rngs`` alone,
+    so that an episode depends on its own streams and not on what else was in the batch (then
+    evaluation runs all its episodes in one batch: :mod:`bpo_experiments.evaluation`). False
+    for a policy that samples from a seed of its own (vLLM)."""
+
+    def shared_pass(self, contexts: Sequence[Context]) -> AbstractContextManager[None]:
+        """A context in which :meth:`decision_entropy`, :meth:`sample` and
+        :meth:`sample_distinct` over any of ``contexts`` may read one forward pass made over
+        all of them on entry (the engine opens one per engine step, over every path that decides
+        there). The results and the meter are those of the separate calls: only the work is
+        shared. By default nothing is shared (each call runs its own pass)."""
+        return nullcontext()
+
     def shardable_model(self) -> torch.nn.Module | None:
         """The transformers model FSDP shards (``TrainerConfig.fsdp``); None: nothing to shard."""
         return None

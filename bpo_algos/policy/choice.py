@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
         self.temperature = float(temperature)
         self._rng = np.random.default_rng(seed)
         self._reference: nn.Module | None = None
+        self._shared: dict[int, tuple[Context, torch.Tensor]] | None = None
 
     # ---- what a subclass provides --------------------------------------------------------
     def scores(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
@@ -94,6 +96,42 @@ class ChoicePolicy(TablePolicy, nn.Module):
         for context in contexts:
             self._admissible(context)
         return [torch.log_softmax(s / self.temperature, dim=-1) for s in self.scores(contexts)]
+
+    @contextmanager
+    def shared_pass(self, contexts: Sequence[Context]) -> Iterator[None]:
+        """One forward pass, without gradient, over all ``contexts`` on entry; inside,
+        :meth:`sample`, :meth:`sample_distinct` and :meth:`decision_entropy` read their scores
+        from it (the same numbers their own passes would give, up to float rounding in a larger
+        batch; the meter counts each call's tokens as before). Scores are keyed by the context
+        object, so a context the pass did not cover is scored on its own."""
+        contexts = [as_context(c) for c in contexts]
+        for context in contexts:
+            self._admissible(context)
+        with torch.no_grad():
+            scores = self.scores(contexts)
+        outer, self._shared = self._shared, {id(c): (c, s) for c, s in zip(contexts, scores, strict=True)}
+        try:
+            yield
+        finally:
+            self._shared = outer
+
+    def _scores_no_grad(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
+        """Scores without gradient: from the open :meth:`shared_pass` where it covers every
+        context, else one pass over them."""
+        shared = self._shared
+        if shared is not None:
+            found = [shared.get(id(c)) for c in contexts]
+            if all(f is not None and f[0] is c for f, c in zip(found, contexts, strict=True)):
+                return [f[1] for f in found]  # type: ignore[index]  # all found
+        with torch.no_grad():
+            return self.scores(contexts)
+
+    def _log_probs_no_grad(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
+        """:meth:`log_probs_of` without gradient (through :meth:`_scores_no_grad`)."""
+        for context in contexts:
+            self._admissible(context)
+        with torch.no_grad():
+            return [torch.log_softmax(s / self.temperature, dim=-1) for s in self._scores_no_grad(contexts)]
 
     def action_distribution(self, context: Any) -> dict[str, float]:
         """``{action: probability}`` at one context (for inspection)."""
@@ -123,8 +161,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
             return []
         if rngs is not None and len(rngs) != len(contexts):
             raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
-        with torch.no_grad():
-            all_logp = [lp.double().numpy() for lp in self.log_probs_of(contexts)]
+        all_logp = [lp.double().numpy() for lp in self._log_probs_no_grad(contexts)]
         out: list[list[Action]] = []
         for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
             actions = self._admissible(context)
@@ -155,7 +192,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
         for context in contexts:
             self._admissible(context)
         with torch.no_grad():
-            all_logp = [torch.log_softmax(s.double() / self.temperature, dim=-1).numpy() for s in self.scores(contexts)]
+            all_logp = [torch.log_softmax(s.double() / self.temperature, dim=-1).numpy() for s in self._scores_no_grad(contexts)]
         out: list[list[Action]] = []
         for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
             actions = self._admissible(context)
@@ -172,8 +209,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
         contexts = [as_context(c) for c in contexts]
         if not contexts:
             return []
-        with torch.no_grad():
-            all_logp = self.log_probs_of(contexts)
+        all_logp = self._log_probs_no_grad(contexts)
         # a scoring pass: the context (one token) and every candidate action (one each)
         self.meter.score_tokens += sum(1 + len(lp) for lp in all_logp)
         self.meter.policy_calls += 1

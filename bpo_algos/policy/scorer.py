@@ -35,8 +35,10 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -149,45 +151,108 @@ class TextScorerPolicy(ChoicePolicy):
                 layer.weight.uniform_(-bound, bound, generator=generator)
             self.hidden.bias.zero_()
 
-    def _bags(self, texts: Sequence[str]) -> torch.Tensor:
-        """``[len(texts), dim]`` mean embeddings of the texts' n-grams (zeros for none)."""
-        ids: list[int] = []
-        offsets: list[int] = []
-        for text in texts:
-            offsets.append(len(ids))
-            ids.extend(hashed_ngrams(text[: self.max_chars], self.buckets))
-        return self.embedding(torch.tensor(ids, dtype=torch.long), torch.tensor(offsets, dtype=torch.long))
+    def _ids(self, text: str) -> np.ndarray:
+        """The bag of ``text`` (cut at ``max_chars``) as an int64 array of bucket ids (cached)."""
+        return _bag_ids(text, self.max_chars, self.buckets)
+
+    def _candidates(self, task: str, observation: str, actions: tuple[str, ...]) -> _Candidates:
+        """What every context with this task, observation and admissible list shares (cached):
+        the bags of the actions and their mentions, and the word-overlap features."""
+        return _candidates(task, observation, actions, self.max_chars, self.mention_chars, self.buckets)
 
     def scores(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
+        """One batched forward over every context and candidate: the bags of all texts go
+        through the embedding in one call, the features are gathered per context (cached per
+        task, observation and admissible list), never per candidate."""
         if not contexts:
             return []
-        state_texts: list[str] = []
-        action_texts: list[str] = []
-        features: list[list[float]] = []
+        state_bags: list[np.ndarray] = []
+        pair_bags: list[np.ndarray] = []
+        pair_lengths: list[np.ndarray] = []
+        static: list[np.ndarray] = []
+        repeated: list[np.ndarray] = []
+        remembered: list[np.ndarray] = []
         sizes: list[int] = []
         for c in contexts:
             actions = c.admissible_actions or ()
             task = c.initial_observation or c.observation
             recent = [turn.action for turn in c.history[len(c.history) - self.history :]] if self.history else []
-            state_texts += [task, c.observation, "\n".join(recent)]
-            task_words, obs_words = _words(task[: self.max_chars]), _words(c.observation[: self.max_chars])
-            memory = context_features(c, actions) if self.memory else [[] for _ in actions]
-            for action, mention, remembered in zip(actions, mentions(c.observation, actions, self.mention_chars), memory, strict=True):
-                action_texts += [action, mention]
-                a_words, m_words = _words(action), _words(mention)
-                features.append([
-                    len(a_words & task_words) / max(len(a_words), 1),
-                    len(a_words & obs_words) / max(len(a_words), 1),
-                    len(m_words & task_words) / max(len(m_words), 1),
-                    float(action in recent),
-                    *remembered,
-                ])
+            found = self._candidates(task, c.observation, actions)
+            state_bags += [self._ids(task), self._ids(c.observation), self._ids("\n".join(recent))]
+            pair_bags.append(found.pair_ids)
+            pair_lengths.append(found.pair_lengths)
+            static.append(found.features)
+            taken = np.zeros(len(actions))
+            for action in recent:  # the repeat feature: ``action in recent``
+                taken[found.positions.get(action, [])] = 1.0
+            repeated.append(taken)
+            if self.memory:
+                remembered.append(np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1))
             sizes.append(len(actions))
-        states = self._bags(state_texts).view(len(contexts), 3, -1)
-        pairs = self._bags(action_texts).view(len(features), 2, -1)
-        per_action = torch.repeat_interleave(states, torch.tensor(sizes), dim=0)
+        state_lengths = np.fromiter((len(b) for b in state_bags), dtype=np.int64, count=len(state_bags))
+        lengths = np.concatenate([state_lengths, *pair_lengths])
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        ids = np.concatenate([*state_bags, *pair_bags])
+        embedded = self.embedding(torch.from_numpy(ids), torch.from_numpy(offsets))
+        n_states = len(state_bags)
+        states = embedded[:n_states].view(len(contexts), 3, -1)
+        n_actions = sum(sizes)
+        pairs = embedded[n_states:].view(n_actions, 2, -1)
+        columns = [np.concatenate(static), np.concatenate(repeated)[:, None]]
+        if self.memory:
+            columns.append(np.concatenate(remembered))
+        # float64 features rounded once to float32, as a tensor built from Python floats would be
+        features = torch.from_numpy(np.concatenate(columns, axis=1).astype(np.float32))
+        per_action = torch.repeat_interleave(states, torch.as_tensor(sizes), dim=0)
         t, o, r = per_action[:, 0], per_action[:, 1], per_action[:, 2]
         a, m = pairs[:, 0], pairs[:, 1]
-        x = torch.cat([a, m, a * t, a * o, m * t, a * r, torch.tensor(features)], dim=-1)
+        x = torch.cat([a, m, a * t, a * o, m * t, a * r, features], dim=-1)
         flat = self.out(torch.tanh(self.hidden(x))).squeeze(-1)
         return list(torch.split(flat, sizes))
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The parts of a context's scoring input that depend only on its task, observation and
+    admissible list."""
+
+    pair_ids: np.ndarray
+    """The bucket ids of ``a_0, m_0, a_1, m_1, ...`` (each action, then its mention), concatenated."""
+    pair_lengths: np.ndarray
+    """The length of each of those bags."""
+    features: np.ndarray
+    """``[n_actions, 3]`` float64: the share of the action's words in the task and in the
+    observation, the share of its mention's words in the task."""
+    positions: dict[str, list[int]]
+    """Where each action text stands in the admissible list (for the repeat feature)."""
+
+
+@lru_cache(maxsize=1 << 16)
+def _bag_ids(text: str, max_chars: int, buckets: int) -> np.ndarray:
+    # hashed_ngrams' own cache is bypassed: this one keeps the ids (as a compact array)
+    ids = np.asarray(hashed_ngrams.__wrapped__(text[:max_chars], buckets), dtype=np.int64)
+    ids.setflags(write=False)  # shared by every call that hits the cache
+    return ids
+
+
+@lru_cache(maxsize=1 << 14)
+def _candidates(task: str, observation: str, actions: tuple[str, ...], max_chars: int, mention_chars: int, buckets: int) -> _Candidates:
+    task_words, obs_words = _words(task[:max_chars]), _words(observation[:max_chars])
+    bags: list[np.ndarray] = []
+    features = np.zeros((len(actions), N_FEATURES - 1))
+    positions: dict[str, list[int]] = {}
+    for i, (action, mention) in enumerate(zip(actions, mentions(observation, actions, mention_chars), strict=True)):
+        bags += [_bag_ids(action, max_chars, buckets), _bag_ids(mention, max_chars, buckets)]
+        a_words, m_words = _words(action), _words(mention)
+        features[i] = (
+            len(a_words & task_words) / max(len(a_words), 1),
+            len(a_words & obs_words) / max(len(a_words), 1),
+            len(m_words & task_words) / max(len(m_words), 1),
+        )
+        positions.setdefault(action, []).append(i)
+    lengths = np.fromiter((len(b) for b in bags), dtype=np.int64, count=len(bags))
+    ids = np.concatenate(bags) if bags else np.zeros(0, dtype=np.int64)
+    for array in (ids, lengths, features):
+        array.setflags(write=False)  # shared by every context that hits the cache
+    return _Candidates(ids, lengths, features, positions)

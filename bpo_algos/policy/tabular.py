@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -71,6 +72,12 @@ class TabularPolicy(ChoicePolicy):
     # ---- ChoicePolicy ------------------------------------------------------------------
     def scores(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
         return [self.logits(c.observation, len(c.admissible_actions or ())) for c in contexts]
+
+    def shared_pass(self, contexts: Sequence[Context]) -> AbstractContextManager[None]:
+        """Nothing shared: a lookup has no pass to batch, and looking every deciding context up
+        first would create unseen entries in another order than the calls do (the order of
+        ``parameters()``)."""
+        return nullcontext()
 
     # ---- reference policy (k3 KL) --------------------------------------------------------
     def set_reference(self) -> None:

@@ -68,6 +68,8 @@ class VLLMPolicy(HFPolicy):
         **kwargs: :class:`HFPolicy` arguments (temperature, max_new_tokens, prompt, lora, ...).
     """
 
+    samples_from_rngs = False  # vLLM samples from its engine seed (see sample())
+
     def __init__(
         self,
         model: str | os.PathLike[str],
