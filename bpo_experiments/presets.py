@@ -182,7 +182,17 @@ class Preset:
     grad_seeds: int | None | dict[str, int | None] = None
     """The first this many seeds of each env probe their gradients (None: all; per env)."""
     reference_batches: int | dict[str, int] = 64
-    """RLOO batches whose mean is the reference gradient of the cosine diagnostic."""
+    """RLOO batches whose mean is the reference gradient of the cosine diagnostic (at most this
+    many where ``reference_precision`` is set)."""
+    grad_precision: float | None | dict[str, float | None] = None
+    """The precision target of each gradient probe: as many batches (at most ``grad_batches``)
+    as make the relative standard error of its signal-to-noise ratio at most this, predicted from
+    batches independent of the probe's (docs/main-job.md, "Gradient probes"); None:
+    ``grad_batches`` batches."""
+    reference_precision: float | None | dict[str, float | None] = None
+    """The precision target of the reference gradient: as many batches (at most
+    ``reference_batches``) as make the noise of their mean at most this squared of its signal;
+    None: ``reference_batches`` batches."""
     recorded_results: str | None = None
     """A saved ``results.json`` of this preset (a path relative to the repository root) that
     ``bpo-compare --plan`` takes the costs and the seed-to-seed spread from."""
@@ -386,6 +396,10 @@ PRESETS: dict[str, Preset] = {
         # algorithm would cost about as much as the whole comparison there
         grad_seeds={"webshop": 3, "alfworld": 0},
         reference_batches=32,
+        # the probes' SNR to +-25% (one standard error), the reference's noise at most 4% of its
+        # signal (docs/main-job.md, "Gradient probes")
+        grad_precision=0.25,
+        reference_precision=0.2,
         # compute_to_threshold: halfway from the warm start to these
         target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
