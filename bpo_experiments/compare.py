@@ -147,7 +147,9 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true", help="print the runs, their expected compute and wall time and the "
                         "effect the preset can detect, without training")
     parser.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json "
-                        "(default: the preset's recorded results, else a short pilot)")
+                        "(default: the preset's recorded results, else its recorded pilots, else a short pilot)")
+    parser.add_argument("--pilot", action="store_true", help="--plan: size every env by a pilot run now and save the pilots as "
+                        "the preset's recorded pilots (what --plan reads where no results are recorded)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -198,7 +200,7 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.plan:
         from bpo_experiments.plan import plan
 
-        return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
+        return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress, pilot=args.pilot)
     check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     comparison = _Comparison(args, preset, jobs)
     comparison.run_jobs()

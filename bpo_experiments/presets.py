@@ -193,9 +193,13 @@ class Preset:
     """The precision target of the reference gradient: as many batches (at most
     ``reference_batches``) as make the noise of their mean at most this squared of its signal;
     None: ``reference_batches`` batches."""
-    recorded_results: str | None = None
-    """A saved ``results.json`` of this preset (a path relative to the repository root) that
-    ``bpo-compare --plan`` takes the costs and the seed-to-seed spread from."""
+    recorded_results: str | None | dict[str, str | None] = None
+    """A saved ``results.json`` of this preset (a path relative to the repository root; per env)
+    that ``bpo-compare --plan`` takes the env's costs and seed-to-seed spread from."""
+    recorded_pilots: str | None = None
+    """The pilots of ``bpo-compare --plan`` measured for this preset (a JSON file relative to the
+    repository root, written by ``--plan --pilot``): an env with no recorded results is sized
+    from its recorded pilot instead of running one, while its settings are the pilot's."""
     policy: str = "tabular"
     """``scorer`` | ``tabular`` | ``tabular-prior`` | ``tiny`` | ``smollm2`` | a model name or folder."""
     sft_epochs: int = 0
@@ -403,7 +407,8 @@ PRESETS: dict[str, Preset] = {
         # compute_to_threshold: halfway from the warm start to these
         target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
-        recorded_results="docs/results/compare-cpu/results.json",
+        recorded_results={"webshop": "docs/results/compare-cpu/results.json", "alfworld": "docs/results/compare-cpu-alfworld/results.json"},
+        recorded_pilots="docs/results/plan-pilots/cpu.json",
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
     "cpu-tabular": Preset(
