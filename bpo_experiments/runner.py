@@ -26,6 +26,7 @@ the policy, the algorithm and the trainer's config (:mod:`bpo_experiments.build`
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 import weakref
@@ -94,6 +95,22 @@ def _save_policy(policy: Any) -> bytes | None:
     buffer = io.BytesIO()
     torch.save(policy, buffer)
     return buffer.getvalue()
+
+
+def state_digest(policy: Any) -> str | None:
+    """SHA-256 of ``policy``'s whole state (every parameter and buffer: names, dtypes, shapes and
+    bytes), or None for a policy whose evaluation depends on more than that (an LLM policy:
+    its engines and caches) or that is not a module. Two states with the same digest are the
+    same policy, so their evaluations on the same episodes are the same (docs/main-job.md,
+    "Scheduling": ``frozen``)."""
+    if reusable(policy) or not isinstance(policy, torch.nn.Module):
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in policy.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return digest.hexdigest()
 
 
 def _load_policy(data: bytes) -> Any:
@@ -177,6 +194,14 @@ class _Measurements:
         self.timing: dict[str, float] = read_json_or_redo(folder / "timing.json", {"eval": 0.0, "probe": 0.0})
         self.probe_rows: torch.Tensor | None = None
         """The last probe's batch gradients (this process's): the next probe is sized on them."""
+        self.initial_digest = state_digest(policy)
+
+    def unchanged(self) -> bool:
+        """Whether the policy's whole state is still the warm start's (:func:`state_digest`):
+        then every evaluation of it equals the initial job's, episode by episode, and is not
+        played again. The positive control ``frozen`` (a zero gradient: Adam's step is zero)
+        is; a learner after its first update is not."""
+        return self.initial_digest is not None and state_digest(self.policy) == self.initial_digest
 
     def __call__(self, trainer: Trainer) -> None:
         self.evaluate(trainer)
@@ -188,7 +213,8 @@ class _Measurements:
         if u not in self.config.eval_points or any(e["update"] == u for e in self.evals):
             return
         t0 = time.perf_counter()
-        if u == 0:  # the initial job's evaluation of this very policy
+        same = u > 0 and self.unchanged()  # still the warm start's very state (frozen): its evaluation is the warm start's
+        if u == 0 or same:  # the initial job's evaluation of this very policy
             success = self.warm["success"]
         else:
             trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
@@ -198,7 +224,7 @@ class _Measurements:
             finally:
                 trainer.parallel.shard_weights()
         compute = {k: float(v) for k, v in trainer.total_compute.to_dict().items()}
-        self.evals.append({"update": u, "success": success, "compute": compute})
+        self.evals.append({"update": u, "success": success, "compute": compute, **({"warm_start_state": True} if same else {})})
         write_on_rank0(self.folder / "evals.json", self.evals)
         self.timing["eval"] += time.perf_counter() - t0
         write_on_rank0(self.folder / "timing.json", self.timing)
@@ -303,7 +329,10 @@ def run_one(
         t0 = time.perf_counter()
         extra = read_json_or_redo(folder / "extra_eval.json", None)
         if extra is None:
-            extra = evaluate_extra(policy, setup, config.eval_episodes, config.pool_size, config.seed)
+            if measure.unchanged() and "extra" in warm:  # the warm start's policy: its evaluation
+                extra = warm["extra"]
+            else:
+                extra = evaluate_extra(policy, setup, config.eval_episodes, config.pool_size, config.seed)
             write_on_rank0(folder / "extra_eval.json", extra)
         measure.timing["eval"] += time.perf_counter() - t0
     result = _run_result(config, algorithm, warm, measure, extra, history)

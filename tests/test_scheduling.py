@@ -3,7 +3,6 @@ needs exists, so a seed's runs start when its own initial job ends, not after ev
 
 from __future__ import annotations
 
-import json
 import operator
 
 import pytest
