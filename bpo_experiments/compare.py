@@ -85,7 +85,7 @@ from bpo_experiments.report import example_trees, markdown, plots
 from bpo_experiments.run_config import RunConfig, check_same_config, run_config
 from bpo_experiments.runner import initial_job, run_one
 from bpo_experiments.stats import aggregate, run_metrics
-from bpo_experiments.tasks import task_order, task_split_with_provenance
+from bpo_experiments.tasks import task_order, task_sets, task_split_with_provenance
 from bpo_experiments.tuning import (
     DEFAULTS_SUFFIX,
     candidate_options,
@@ -93,6 +93,8 @@ from bpo_experiments.tuning import (
     tuning_tasks,
 )
 from bpo_experiments.tuning import label as tuning_label
+
+ALFWORLD_ID = "BPO-ALFWorld-v0"
 
 
 def _jobs(value: str) -> int:
@@ -203,6 +205,7 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
         return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress, pilot=args.pilot)
     check_launch_fits(preset, "smoke" if args.smoke else args.preset)
     comparison = _Comparison(args, preset, jobs)
+    comparison.prepare_envs()
     comparison.run_jobs()
     return comparison.compare(ranks)
 
@@ -262,6 +265,25 @@ class _Comparison:
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc=desc, disable=self.args.no_progress or not total)
+
+    def prepare_envs(self) -> None:
+        """What the envs need before their first episode and make slowly one at a time: ALFWorld's
+        game translations (:mod:`bpo_envs.alfworld.translations`), made here for every game the
+        comparison plays, in the ``--jobs`` workers, with a progress bar (docs/main-job.md,
+        "Scheduling")."""
+        if self.args.report_only:
+            return
+        from bpo_envs.alfworld.translations import make_translations
+
+        for env_name, setup in self.preset.envs.items():
+            if setup.env_id != ALFWORLD_ID:
+                continue
+            train_tasks, eval_tasks = self.splits[env_name][0], self.splits[env_name][1]
+            tuning = list(dict.fromkeys(t for e, _ in self.tune_pairs if e == env_name for t in self.tune_tasks[e]))  # training env's
+            for kwargs, tasks in task_sets(setup, [*train_tasks, *(t for t in tuning if t not in train_tasks)], eval_tasks):
+                made = make_translations(kwargs, tasks, self.workers, progress=not self.args.no_progress)
+                if made:
+                    print(f"{env_name}: translated {made} ALFWorld games ({kwargs.get('split', 'train')})", file=sys.stderr)
 
     def run_jobs(self) -> None:
         """The initial jobs, the tuning runs and the comparison's runs in one schedule

@@ -43,7 +43,7 @@ from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOP
 from bpo_experiments.presets import Preset
 from bpo_experiments.probes import probes_on
 from bpo_experiments.stats import METRICS, minimal_detectable_effect
-from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
+from bpo_experiments.tasks import env_factory, eval_env_factory, task_sets, task_split
 
 PILOT_UPDATES = 3
 """Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
@@ -210,6 +210,10 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
             if earlier is None:
                 measured[env] = {"pilot": entry["pilot"], "settings": pilot_settings(preset, env),
                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "uptime": _load()}
+        translations = translation_cost(preset, env)
+        if translations:
+            entry["translations"] = translations
+            run_seconds += translations["cpu_seconds"]
         extra_seconds = sum(entry["seconds_per_run"].get(a, 0.0) for a in extra["tuning"] + extra["defaults"])
         entry["seconds_extra"] = extra_seconds
         run_seconds += extra_seconds
@@ -240,6 +244,22 @@ def _load() -> str:
     """The machine's load when a pilot was measured (its costs depend on it)."""
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def translation_cost(preset: Preset, env: str) -> dict[str, Any] | None:
+    """The ALFWorld game translations ``env``'s comparison will make before it starts (the games
+    it plays that have none on disk, :mod:`bpo_envs.alfworld.translations`) and their CPU
+    seconds; None for another env or when every one is made."""
+    setup = preset.envs[env]
+    if setup.env_id != "BPO-ALFWorld-v0" or setup.servers:
+        return None
+    from bpo_envs.alfworld.translations import SECONDS_PER_TRANSLATION, untranslated
+
+    train_tasks, eval_tasks = task_split(setup)
+    missing = sum(len(untranslated(kwargs, tasks)) for kwargs, tasks in task_sets(setup, train_tasks, eval_tasks))
+    if not missing:
+        return None
+    return {"games": missing, "cpu_seconds": missing * SECONDS_PER_TRANSLATION}
 
 
 def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, saved: dict[str, Any],
@@ -341,6 +361,9 @@ def render(result: dict[str, Any]) -> str:
             f"of {e['eval_tasks']} tasks x {e['eval_episodes']} episodes; gradient probes on seeds {e['probe_seeds']}.",
             f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs",
         ]
+        if e.get("translations"):
+            lines.append(f"  ALFWorld game translations first: {e['translations']['games']} games not translated yet, "
+                         f"{e['translations']['cpu_seconds'] / 60:.1f} min of CPU (included; made in the --jobs workers)")
         if e.get("tuning_runs") or e.get("default_runs"):
             lines.append(f"  tuning: {e['tuning_runs']} candidate runs on the tuning seeds and {e['default_runs']} runs of the "
                          f"treatment and comparator at their defaults ({e['seconds_extra'] / 60:.1f} min, included)")
