@@ -5,7 +5,8 @@ For each round (``--rounds``), each env and each checkout (``--code``, default t
 the small job twice in a fresh process whose ``PYTHONPATH`` is that checkout: once plain (the
 wall time, decisions and env steps per second) and once under cProfile (the shares of wall time).
 Checkouts alternate inside a round, so a change in the machine's load hits both alike; the
-``uptime`` line is recorded beside every timing. Writes ``results.json`` and, per checkout and
+``uptime`` line is recorded beside every timing, and the job process's CPU seconds (user + system,
+its threads included), which a loaded machine disturbs far less than its wall time. Writes ``results.json`` and, per checkout and
 env, the profile's top functions (``profile-LABEL-ENV.txt``) into ``--out``::
 
     python scripts/bench_main_job.py --code /work/main --code . --labels before after \\
@@ -24,10 +25,11 @@ thread shows as the time the engine waits for it, which is what it costs the job
   last but the report), ``initial job`` (the initial policy and its evaluation and reference
   pool), ``training`` (collection and learner), ``evaluation``, ``probes`` (the gradient probes
   and every reference pool), ``report``;
-* by component: ``env`` (calls into ``bpo_envs``), ``policy forward`` (calls into
-  ``bpo_algos.policy`` but the backward pass), ``backward`` (autograd's backward pass),
-  ``engine bookkeeping`` (the rollout engine's own time: ``bpo_algos/rollout.py`` and the
-  tree/path code it calls, minus the env and the policy under it), ``other``.
+* by component: ``env`` (calls into the envs and the env pool), ``policy forward`` (calls into
+  ``bpo_algos.policy`` but the backward passes they make), ``backward`` (autograd's backward
+  pass), ``engine bookkeeping`` (the own time of the rollout engine, its paths, trees and meters,
+  with the built-ins they call directly), ``other`` (the rest: the algorithms' advantages and
+  losses outside the policy, optimizer steps, files, imports).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(str(profile_path))
-    result = {"wall_seconds": time.perf_counter() - started, "job_seconds": job_seconds,
+    result = {"wall_seconds": time.perf_counter() - started, "job_seconds": job_seconds, "cpu_seconds": time.process_time(),
               "env_steps": next(counts["env_steps"]), "decisions": counts["decisions"]}
     result_path.write_text(json.dumps(result))
 
@@ -115,17 +117,20 @@ def _where(func: tuple[str, int, str]) -> str:
 
 
 def _in(func: tuple[str, int, str], *parts: str) -> bool:
+    """Whether ``func`` is a function (not a module's import) of a file whose path holds one of ``parts``."""
     path = _where(func)
-    return any(p in path for p in parts)
+    return func[2] != "<module>" and any(p in path for p in parts)
 
 
-ENV = ("/bpo_envs/",)
+ENV = ("/bpo_envs/pool.py", "/bpo_envs/core.py", "/bpo_envs/replay.py", "/bpo_envs/text.py", "/bpo_envs/tree_mdp.py",
+       "/bpo_envs/webshop/", "/bpo_envs/alfworld/", "/bpo_envs/swebench/")
 POLICY = ("/bpo_algos/policy/",)
 ENGINE = ("/bpo_algos/rollout.py", "/bpo_algos/paths.py", "/bpo_algos/tree.py", "/bpo_algos/budget", "/bpo_algos/compute.py")
 
 
 def _is_backward(func: tuple[str, int, str]) -> bool:
-    return func[2] == "<method 'run_backward' of 'torch._C._EngineBase' objects>"
+    return func[2] == "<method 'run_backward' of 'torch._C._EngineBase' objects>" or (
+        func[2] in ("backward", "grad") and _in(func, "torch/_tensor.py", "torch/autograd/__init__.py"))
 
 
 def _entries(stats: dict[Any, Any], inside: Any) -> float:
@@ -151,6 +156,18 @@ def _edges(stats: dict[Any, Any], caller_in: Any, callee_in: Any) -> float:
         for caller, edge in callers.items():
             if caller_in(caller):
                 total += edge[3]
+    return total
+
+
+def _self_time(stats: dict[Any, Any], inside: Any) -> float:
+    """Seconds spent in the functions ``inside`` accepts themselves, and in the built-ins they
+    call directly (``len``, ``list.append``): their own work, none of the Python they call."""
+    total = 0.0
+    for func, (_, _, tottime, _, callers) in stats.items():
+        if inside(func):
+            total += tottime
+        elif func[0] == "~":
+            total += sum(edge[2] for caller, edge in callers.items() if inside(caller))
     return total
 
 
@@ -182,8 +199,7 @@ def shares(profile: Path) -> dict[str, Any]:
     env = _entries(raw, lambda f: _in(f, *ENV))
     backward = _entries(raw, _is_backward)
     policy = _entries(raw, lambda f: _in(f, *POLICY)) - _edges(raw, lambda f: _in(f, *POLICY), _is_backward)
-    engine = (_entries(raw, lambda f: _in(f, *ENGINE)) - _edges(raw, lambda f: _in(f, *ENGINE), lambda f: _in(f, *ENV))
-              - _edges(raw, lambda f: _in(f, *ENGINE), lambda f: _in(f, *POLICY)))
+    engine = _self_time(raw, lambda f: _in(f, *ENGINE))
     components = {"env": env, "policy forward": policy, "backward": backward, "engine bookkeeping": engine}
     components["other"] = total - sum(components.values())
     return {
@@ -220,6 +236,7 @@ def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: 
     results = json.loads((out / "job" / "results.json").read_text())
     return {"process_wall_seconds": wall, **child, "uptime_before": before, "uptime_after": _uptime(),
             "decisions_per_second": child["decisions"] / child["job_seconds"],
+            "decisions_per_cpu_second": child["decisions"] / child["cpu_seconds"],
             "env_steps_per_second": child["env_steps"] / child["job_seconds"],
             "job_wall_seconds_reported": results["timing"]["wall_seconds"]}
 
@@ -268,11 +285,14 @@ def main() -> None:
     summary: dict[str, Any] = {}
     for env in args.envs:
         walls = {label: [row["plain"]["job_seconds"] for row in rows if row["env"] == env and row["label"] == label] for label in labels}
-        summary[env] = {label: {"job_seconds_mean": sum(w) / len(w)} for label, w in walls.items()}
+        cpus = {label: [row["plain"]["cpu_seconds"] for row in rows if row["env"] == env and row["label"] == label] for label in labels}
+        summary[env] = {label: {"job_seconds_mean": sum(w) / len(w), "cpu_seconds_mean": sum(cpus[label]) / len(cpus[label])}
+                        for label, w in walls.items()}
         if len(labels) >= 2:
             first, last = labels[0], labels[-1]
-            ratios = [a / b for a, b in zip(walls[first], walls[last], strict=True)]
-            summary[env][f"speed-up {last} over {first}"] = {"per_round": ratios, "mean": sum(ratios) / len(ratios)}
+            for name, values in (("wall", walls), ("cpu", cpus)):
+                ratios = [a / b for a, b in zip(values[first], values[last], strict=True)]
+                summary[env][f"{name} speed-up {last} over {first}"] = {"per_round": ratios, "mean": sum(ratios) / len(ratios)}
     result = {"small_job": ["bpo-compare", "--envs", "ENV", *SMALL_JOB], "job_args": {**JOB_ARGS, "all": extra}, "warm_up": args.warm_up,
               "cpu_count": os.cpu_count(), "rows": rows, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
