@@ -80,7 +80,7 @@ from bpo_experiments.output import (
     save_initial,
     start_session,
 )
-from bpo_experiments.parallel import check_ray_address, execute
+from bpo_experiments.parallel import Ready, check_ray_address, execute_as_ready
 from bpo_experiments.presets import (
     PRESETS,
     Preset,
@@ -90,7 +90,7 @@ from bpo_experiments.report import PLOTS_WITHOUT_DATA, empty_plots, example_tree
 from bpo_experiments.run_config import RunConfig, check_same_config, run_config
 from bpo_experiments.runner import initial_job, run_one
 from bpo_experiments.stats import aggregate, run_metrics
-from bpo_experiments.tasks import task_order, task_split_with_provenance
+from bpo_experiments.tasks import task_order, task_sets, task_split_with_provenance
 from bpo_experiments.tuning import (
     DEFAULTS_SUFFIX,
     candidate_options,
@@ -98,6 +98,8 @@ from bpo_experiments.tuning import (
     tuning_tasks,
 )
 from bpo_experiments.tuning import label as tuning_label
+
+ALFWORLD_ID = "BPO-ALFWorld-v0"
 
 
 def _jobs(value: str) -> int:
@@ -181,7 +183,9 @@ def command_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true", help="print the runs, their expected compute and wall time and the "
                         "effect the preset can detect, without training")
     parser.add_argument("--plan-from", metavar="RESULTS_JSON", help="--plan: size the run from this saved results.json "
-                        "(default: the preset's recorded results, else a short pilot)")
+                        "(default: the preset's recorded results, else its recorded pilots, else a short pilot)")
+    parser.add_argument("--pilot", action="store_true", help="--plan: size every env by a pilot run now and save the pilots as "
+                        "the preset's recorded pilots (what --plan reads where no results are recorded)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -235,12 +239,12 @@ def _main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.plan:
         from bpo_experiments.plan import plan
 
-        return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress)
+        return plan(preset, jobs, Path(args.plan_from) if args.plan_from else None, progress=not args.no_progress, pilot=args.pilot)
     check_launch_fits(preset, args.preset)
     comparison = _Comparison(args, preset, jobs)
-    comparison.run_initials()
-    tuned, tuning_results = comparison.tune()
-    return comparison.compare(tuned, tuning_results, ranks)
+    comparison.prepare_envs()
+    comparison.run_jobs()
+    return comparison.compare(ranks)
 
 
 class _Comparison:
@@ -301,11 +305,132 @@ class _Comparison:
 
         return tqdm(total=total, desc=desc, disable=self.args.no_progress or not total)
 
-    def run_initials(self) -> None:
-        """1. The initial policies and their evaluation (the warm start), one per (env, seed): the
-        evaluation seeds' on the evaluation tasks, the tuning seeds' on the held-out training tasks."""
-        todo = []
-        for env_name, seed in self.pairs + self.tune_pairs:
+    def prepare_envs(self) -> None:
+        """What the envs need before their first episode and make slowly one at a time: ALFWorld's
+        game translations (:mod:`bpo_envs.alfworld.translations`), made here for every game the
+        comparison plays, in the ``--jobs`` workers, with a progress bar (docs/main-job.md,
+        "Scheduling")."""
+        if self.args.report_only:
+            return
+        from bpo_envs.alfworld.translations import make_translations
+
+        for env_name, setup in self.preset.envs.items():
+            if setup.env_id != ALFWORLD_ID:
+                continue
+            train_tasks, eval_tasks = self.splits[env_name][0], self.splits[env_name][1]
+            tuning = list(dict.fromkeys(t for e, _ in self.tune_pairs if e == env_name for t in self.tune_tasks[e]))  # training env's
+            for kwargs, tasks in task_sets(setup, [*train_tasks, *(t for t in tuning if t not in train_tasks)], eval_tasks):
+                made = make_translations(kwargs, tasks, self.workers, progress=not self.args.no_progress)
+                if made:
+                    print(f"{env_name}: translated {made} ALFWorld games ({kwargs.get('split', 'train')})", file=sys.stderr)
+
+    def run_jobs(self) -> None:
+        """The initial jobs, the tuning runs and the comparison's runs in one schedule
+        (docs/main-job.md, "Scheduling"): every job starts as soon as what it needs exists and a
+        worker is free. A seed's runs start when its own initial job ends; a tuned env's
+        comparison runs when its tuning has chosen (its tuning runs when their seed's initial job
+        ends). Free workers take tuning first (it gates a whole env), then the seeds whose
+        remaining work is longest (their initial job, then their runs, longest first), so with
+        ``--jobs 1`` whole seeds finish one after the other. Jobs already in the folder are read
+        back instead (``--resume``); under ``--report-only`` nothing new runs."""
+        preset, tuning = self.preset, self.preset.tuning
+        self.tuned = copy.deepcopy(preset)
+        self.tuning_results: dict[str, dict[str, Any]] = {}
+        self.same: set[tuple[str, str]] = set()
+        self.tuned_kinds = [k for k in dict.fromkeys(self.kinds.values()) if tuning is not None and k in tuning.grids]
+        # a kind's grid without the options the user pinned (TuningConfig.grid): a grid the pins
+        # leave with one candidate has nothing to choose and runs none
+        self.candidates = {(e, k): list(tuning.grid(k)) for e in self.tuned_envs for k in self.tuned_kinds}
+        self.default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator)
+                               if self.kinds.get(a) in self.tuned_kinds]
+        self.default_seeds = {e: list(preset.for_env("seeds", e))[: tuning.default_seeds] for e in self.tuned_envs}
+        tuning_runs: dict[tuple[str, int], list[tuple[tuple[str, str, int], Preset, list[Any]]]] = {}
+        for (env_name, kind), grid in self.candidates.items():
+            if len(grid) < 2:
+                continue
+            for i, candidate in enumerate(grid):
+                run_preset = with_options(self.tune_preset[env_name], env_name, kind, candidate)
+                for s in tuning.seeds:
+                    tuning_runs.setdefault((env_name, s), []).append(((env_name, tuning_label(kind, i), s), run_preset, self.tune_tasks[env_name]))
+        self.tuning_keys = [key for runs in tuning_runs.values() for key, _, _ in runs]
+        waiting = {e: {key for key in self.tuning_keys if key[0] == e} for e in self.tuned_envs}
+        chosen = {e for e in preset.envs if e not in self.tuned_envs}
+        chain = {pair: sum(_expected_cost(preset, pair[0], a, pair[1]) for a in preset.algorithms) for pair in self.pairs}
+        rank = {pair: i for i, pair in enumerate(sorted(self.pairs, key=lambda p: -chain[p]))}
+        todo_bar = self._bar(0, "jobs")
+
+        def priority(pair: tuple[str, int], cost: float = 0.0) -> tuple[Any, ...]:
+            return (0, 0, -cost) if pair in self.tune_pairs else (1, rank[pair], -cost)
+
+        def ready_runs(items: list[tuple[tuple[str, str, int], Preset, list[Any]]]) -> list[Ready]:
+            out: list[Ready] = []
+            loaded = []
+            for key, run_preset, eval_tasks in items:
+                config = run_config(run_preset, *key, len(self.splits[key[0]][0]))
+                check_same_config(run_dir(self.out, *key), config)  # a saved run was made with this configuration
+                saved_run = read_json_or_redo(run_dir(self.out, *key) / "run.json")
+                if saved_run is not None:
+                    self.runs[key] = saved_run
+                    loaded.append(key)
+                else:
+                    out.append(Ready(priority((key[0], key[2]), _expected_cost(preset, *key)), ("run", key),
+                                     self._run_call(config, run_preset, eval_tasks)))
+            for key in loaded:
+                out += tuning_progress(key)
+            return out
+
+        def comparison_runs(pair: tuple[str, int]) -> list[tuple[tuple[str, str, int], Preset, list[Any]]]:
+            e, s = pair
+            work = [((e, a, s), self.tuned, self.splits[e][1]) for a in preset.algorithms]
+            work += [((e, a, s), preset, self.splits[e][1]) for a in self.default_labels
+                     if s in self.default_seeds.get(e, ()) and (e, a) not in self.same]
+            return work
+
+        def tuning_progress(key: tuple[str, str, int]) -> list[Ready]:
+            """A finished tuning run: when it was its env's last, the env's choice and then
+            the comparison runs of its seeds whose initial job has ended."""
+            e = key[0]
+            if e not in waiting or key not in waiting[e]:
+                return []
+            waiting[e].discard(key)
+            if waiting[e]:
+                return []
+            self._choose(e)
+            chosen.add(e)
+            return [r for s in preset.for_env("seeds", e) if (e, s) in self.initials for r in ready_runs(comparison_runs((e, s)))]
+
+        def after_initial(pair: tuple[str, int]) -> list[Ready]:
+            if pair in self.tune_pairs:
+                return ready_runs(tuning_runs.get(pair, []))
+            return ready_runs(comparison_runs(pair)) if pair[0] in chosen else []
+
+        def finished(key: Any, value: dict[str, Any]) -> list[Ready]:
+            kind, item = key
+            if kind == "initial":
+                if self.writer:
+                    save_initial(initial_dir(self.out, *item), value)
+                self.initials[item] = value
+                made = after_initial(item)
+            else:
+                done = run_dir(self.out, *item) / "run.json"
+                if self.writer and not done.exists():  # a run on another machine (Ray): its result comes back here
+                    done.parent.mkdir(parents=True, exist_ok=True)
+                    write_json(done, value)
+                self.runs[item] = value
+                todo_bar.set_postfix(env=item[0], algorithm=item[1], seed=item[2])
+                made = tuning_progress(item)
+            todo_bar.update(1)
+            note_session(self.out, self.session)
+            return grow(made)
+
+        def grow(items: list[Ready]) -> list[Ready]:
+            if items:
+                todo_bar.total += len(items)
+                todo_bar.refresh()
+            return [] if self.args.report_only else items
+
+        first: list[Ready] = []
+        for env_name, seed in self.tune_pairs + self.pairs:
             loaded = load_initial(initial_dir(self.out, env_name, seed))
             if loaded is not None:
                 self.initials[(env_name, seed)] = loaded
@@ -314,51 +439,54 @@ class _Comparison:
             train_tasks = self.splits[env_name][0]
             eval_tasks = self.tune_tasks[env_name] if tuning_seed else self.splits[env_name][1]
             job_preset = self.tune_preset[env_name] if tuning_seed else self.preset
-            todo.append(((env_name, seed), (initial_job, (job_preset, env_name, seed, train_tasks, eval_tasks))))
-        bar = self._bar(len(todo), "initial policies")
+            first.append(Ready(priority((env_name, seed)), ("initial", (env_name, seed)),
+                               (initial_job, (job_preset, env_name, seed, train_tasks, eval_tasks))))
+        for e in self.tuned_envs:  # an env with no candidate to run chooses at once
+            if not waiting[e]:
+                self._choose(e)
+                chosen.add(e)
+        for pair in self.tune_pairs + self.pairs:
+            if pair in self.initials:
+                first += after_initial(pair)
+        first = grow(first)
+        execute_as_ready(first, self.workers, self.args.ray, self.modules, finished)
+        todo_bar.close()
+        missing = [key for key in self.tuning_keys if key not in self.runs]
+        if missing:
+            raise SystemExit(f"--report-only: the tuning has not finished ({len(missing)} tuning run(s) missing, e.g. {missing[0]})")
 
-        def initial_done(i: int, value: dict[str, Any]) -> None:
-            key = todo[i][0]
-            if self.writer:
-                save_initial(initial_dir(self.out, *key), value)
-            self.initials[key] = value
-            bar.update(1)
-            note_session(self.out, self.session)
-
-        if not self.args.report_only:
-            execute([call for _, call in todo], self.workers, self.args.ray, self.modules, initial_done)
-        bar.close()
-
-    def run_all(self, keys: list[tuple[tuple[str, str, int], Preset, list[Any]]], desc: str) -> None:
-        """The runs ``keys`` (``((env, label, seed), preset, evaluation tasks)``) not yet in the
-        folder, the longest first; each result joins :attr:`runs` as it comes back."""
-        calls = []
-        for key, run_preset, eval_tasks in keys:
-            config = run_config(run_preset, *key, len(self.splits[key[0]][0]))
-            check_same_config(run_dir(self.out, *key), config)  # a saved run was made with this configuration
-            saved_run = read_json_or_redo(run_dir(self.out, *key) / "run.json")
-            if saved_run is not None:
-                self.runs[key] = saved_run
-            else:
-                calls.append((key, self._run_call(config, run_preset, eval_tasks)))
-        if self.args.report_only:  # nothing new runs
-            return
-        calls.sort(key=lambda item: -_expected_cost(self.preset, *item[0]))
-        bar = self._bar(len(calls), desc)
-
-        def run_done(i: int, value: dict[str, Any]) -> None:
-            key = calls[i][0]
-            done = run_dir(self.out, *key) / "run.json"
-            if self.writer and not done.exists():  # a run on another machine (Ray): its result comes back here
-                done.parent.mkdir(parents=True, exist_ok=True)
-                write_json(done, value)
-            self.runs[key] = value
-            bar.set_postfix(env=key[0], algorithm=key[1], seed=key[2])
-            bar.update(1)
-            note_session(self.out, self.session)
-
-        execute([call for _, call in calls], self.workers, self.args.ray, self.modules, run_done)
-        bar.close()
+    def _choose(self, env_name: str) -> None:
+        """Tuning's decision on ``env_name`` (every tuning run of it finished), per kind
+        (:func:`~bpo_experiments.tuning.decide`): the best candidate by the criterion where the
+        one-way F-test tells the candidates apart, else the defaults, into :attr:`tuned`;
+        recorded in :attr:`tuning_results` with the options the user pinned."""
+        preset, tuning = self.preset, self.preset.tuning
+        for (e, kind), grid in self.candidates.items():
+            if e != env_name:
+                continue
+            per_seed: list[list[float]] = [[]]
+            if len(grid) > 1:
+                per_seed = [[run_metrics(self.runs[(e, tuning_label(kind, i), s)], self.tune_preset[e],
+                                         preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
+                record = decide(per_seed, grid, base_options(preset, e, kind), tuning.alpha)
+            else:  # every option of the grid pinned by the user: nothing to choose
+                record = {"scores": [None], "chosen": grid[0], "chosen_index": 0, "best_index": 0, "kept_defaults": False,
+                          "distinguishable": None, "f_test": None, "detectable_difference": None,
+                          "decision": "every tuned option is fixed by the user: nothing to tune"}
+            if not record["kept_defaults"]:  # a choice only where the tuning told the candidates apart
+                self.tuned = with_options(self.tuned, e, kind, record["chosen"])
+            record = self.tuning_results.setdefault(e, {})[kind] = {
+                "algorithms": [a for a, k in self.kinds.items() if k == kind],
+                "candidates": grid, "scores_per_seed": per_seed, **record,
+                "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(self.tune_tasks[e])} "
+                f"held-out training tasks x {tuning.episodes} episode(s)", "tasks": len(self.tune_tasks[e]),
+            }
+            if tuning.pinned.get(kind):
+                record["fixed_by_user"] = dict(tuning.pinned[kind])
+                record["grid"] = list(tuning.grids[kind])
+        self.same |= {(env_name, a) for a in self.default_labels
+                      if build_algorithm(a.split("@")[0], preset, 0, env_name).config()
+                      == build_algorithm(a.split("@")[0], self.tuned, 0, env_name).config()}
 
     def _run_call(self, config: RunConfig, run_preset: Preset, eval_tasks: list[Any]) -> Any:
         """The call of run ``config`` (its initial policy: the initial job's bytes, or rebuilt
@@ -369,66 +497,12 @@ class _Comparison:
         return (run_one, (self.out, config, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
                           self.progress and self.workers == 1, rebuild))
 
-    def tune(self) -> tuple[Preset, dict[str, dict[str, Any]]]:
-        """2. Tuning: every candidate on every tuning seed, then each kind's choice by the
-        criterion. A kind's grid is taken without the options the user pinned
-        (:meth:`~bpo_experiments.tuning.TuningConfig.grid`); a grid the pins leave with one
-        candidate has nothing to choose and runs none. Returns the tuned preset and
-        ``per_env[env]["tuning"]``."""
-        preset, tuning = self.preset, self.preset.tuning
-        self.tuned_kinds = [k for k in dict.fromkeys(self.kinds.values()) if tuning is not None and k in tuning.grids]
-        candidates = {(e, k): list(tuning.grid(k)) for e in self.tuned_envs for k in self.tuned_kinds}
-        phase: list[tuple[tuple[str, str, int], Preset, list[Any]]] = []
-        for (env_name, kind), grid in candidates.items():
-            if len(grid) < 2:
-                continue
-            for i, candidate in enumerate(grid):
-                run_preset = with_options(self.tune_preset[env_name], env_name, kind, candidate)
-                phase += [((env_name, tuning_label(kind, i), s), run_preset, self.tune_tasks[env_name]) for s in tuning.seeds]
-        self.run_all(phase, "tuning runs")
-        missing = [key for key, _, _ in phase if key not in self.runs]
-        if missing:
-            raise SystemExit(f"--report-only: the tuning has not finished ({len(missing)} tuning run(s) missing, e.g. {missing[0]})")
-        tuned = copy.deepcopy(preset)
-        tuning_results: dict[str, dict[str, Any]] = {}
-        for (env_name, kind), grid in candidates.items():
-            per_seed: list[list[float]] = [[]]
-            if len(grid) > 1:
-                per_seed = [[run_metrics(self.runs[(env_name, tuning_label(kind, i), s)], self.tune_preset[env_name],
-                                         preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
-                record = decide(per_seed, grid, base_options(preset, env_name, kind), tuning.alpha)
-            else:  # every option of the grid pinned by the user: nothing to choose
-                record = {"scores": [None], "chosen": grid[0], "chosen_index": 0, "best_index": 0, "kept_defaults": False,
-                          "distinguishable": None, "f_test": None, "detectable_difference": None,
-                          "decision": "every tuned option is fixed by the user: nothing to tune"}
-            if not record["kept_defaults"]:  # a choice only where the tuning told the candidates apart
-                tuned = with_options(tuned, env_name, kind, record["chosen"])
-            record = tuning_results.setdefault(env_name, {})[kind] = {
-                "algorithms": [a for a, k in self.kinds.items() if k == kind],
-                "candidates": grid, "scores_per_seed": per_seed, **record,
-                "seeds": list(tuning.seeds), "criterion": f"{tuning.criterion} of evaluated success on {len(self.tune_tasks[env_name])} "
-                f"held-out training tasks x {tuning.episodes} episode(s)", "tasks": len(self.tune_tasks[env_name]),
-            }
-            if tuning.pinned.get(kind):
-                record["fixed_by_user"] = dict(tuning.pinned[kind])
-                record["grid"] = list(tuning.grids[kind])
-        return tuned, tuning_results
-
-    def compare(self, tuned: Preset, tuning_results: dict[str, dict[str, Any]], ranks: int) -> dict[str, Any]:
-        """3. The comparison: every algorithm at its tuned options (the controls at their
-        algorithm's), and the treatment and the comparator at their defaults (a default equal to
-        the tuned choice is the tuned run itself); then the results and the report."""
-        preset, runs, tuned_envs = self.preset, self.runs, self.tuned_envs
-        default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator) if self.kinds.get(a) in self.tuned_kinds]
-        default_seeds = {e: list(preset.for_env("seeds", e))[: preset.tuning.default_seeds] for e in tuned_envs}
-        same = {(e, a) for e in tuned_envs for a in default_labels
-                if build_algorithm(a.split("@")[0], preset, 0, e).config() == build_algorithm(a.split("@")[0], tuned, 0, e).config()}
-        # seed by seed (the runs start in this order: an interrupted comparison has whole seeds)
-        work = []
-        for e, s in self.pairs:
-            work += [((e, a, s), tuned, self.splits[e][1]) for a in preset.algorithms]
-            work += [((e, a, s), preset, self.splits[e][1]) for a in default_labels if s in default_seeds.get(e, ()) and (e, a) not in same]
-        self.run_all(work, "runs")
+    def compare(self, ranks: int) -> dict[str, Any]:
+        """The results and the report, from the runs: every algorithm at its tuned options (the
+        controls at their algorithm's), and the treatment and the comparator at their defaults (a
+        default equal to the tuned choice is the tuned run itself)."""
+        preset, runs, tuned_envs, tuned = self.preset, self.runs, self.tuned_envs, self.tuned
+        default_labels, default_seeds, same, tuning_results = self.default_labels, self.default_seeds, self.same, self.tuning_results
         for e, s in self.pairs:
             for a in default_labels:
                 if (e, a) in same and s in default_seeds[e] and (e, a.split("@")[0], s) in runs:

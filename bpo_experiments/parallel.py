@@ -15,19 +15,32 @@ result: ``--jobs N`` and ``--ray ADDRESS`` give the ``results.json`` of ``--jobs
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import importlib.util
+import itertools
 import multiprocessing
 import os
 import signal
 import socket
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 from bpo_envs.processes import exit_with_parent
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+@dataclass(order=True)
+class Ready:
+    """A job whose inputs exist: ``key`` names it to :func:`execute_as_ready`'s ``on_result``;
+    among the ready jobs the smallest ``priority`` starts first (ties: the first made ready)."""
+
+    priority: tuple[Any, ...]
+    key: Hashable = field(compare=False)
+    job: Job = field(compare=False)
 
 
 def _import_modules(modules: Sequence[str]) -> None:
@@ -142,3 +155,74 @@ def execute(
                 worker.terminate()
             raise
     return results
+
+
+def execute_as_ready(
+    first: Iterable[Ready],
+    jobs: int = 1,
+    ray_address: str | None = None,
+    modules: Sequence[str] = (),
+    on_result: Callable[[Hashable, Any], Iterable[Ready]] | None = None,
+) -> None:
+    """Run jobs as their inputs come into being: ``first`` now, and every job that
+    ``on_result(key, result)`` returns (called here, in completion order, as each job ends) once
+    it is returned. At most ``jobs`` run at once (processes as :func:`execute`, or Ray tasks);
+    a free worker takes the ready job of the smallest :attr:`Ready.priority`. Returns when no job
+    runs and none is ready. Which worker runs a job never changes its result (module docstring),
+    so the schedule only changes when each result arrives."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    order = itertools.count()
+    ready: list[tuple[tuple[Any, ...], int, Ready]] = []
+
+    def push(items: Iterable[Ready]) -> None:
+        for item in items:
+            heapq.heappush(ready, (item.priority, next(order), item))
+
+    def finished(key: Hashable, value: Any) -> None:
+        if on_result is not None:
+            push(on_result(key, value))
+
+    push(first)
+    if ray_address is None and jobs == 1:
+        while ready:
+            item = heapq.heappop(ready)[2]
+            fn, args = item.job
+            finished(item.key, fn(*args))
+        return
+    if ray_address is not None:
+        start_ray(ray_address)
+        import ray
+
+        remote = ray.remote(num_cpus=1, max_retries=0)(_call)
+        refs: dict[Any, Hashable] = {}
+        while ready or refs:
+            while ready and len(refs) < jobs:
+                item = heapq.heappop(ready)[2]
+                fn, args = item.job
+                refs[remote.remote(fn, args, tuple(modules))] = item.key
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                finished(refs.pop(ref), ray.get(ref))
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start_worker, initargs=(os.getpid(), tuple(modules))) as pool:
+        running: dict[Future[Any], Hashable] = {}
+        try:
+            while ready or running:
+                while ready and len(running) < jobs:
+                    item = heapq.heappop(ready)[2]
+                    fn, args = item.job
+                    running[pool.submit(fn, *args)] = item.key
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    finished(running.pop(future), future.result())
+        except Exception:
+            ready.clear()  # a job failed: the runs under way finish, no new one starts
+            raise
+        except BaseException:
+            # Ctrl-C: stop the runs under way now (as :func:`execute`)
+            pool.shutdown(wait=False, cancel_futures=True)
+            for worker in multiprocessing.active_children():
+                worker.terminate()
+            raise

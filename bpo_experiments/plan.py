@@ -4,7 +4,8 @@ It prints the runs a preset makes, the compute they will use (in the budget unit
 and the wall time they will take with ``--jobs N``, and the effect the preset can detect with its
 seeds and evaluation episodes (docs/main-job.md, "Planning"). The figures come from, in order:
 
-* a saved earlier ``results.json`` (``--plan-from``, else the preset's ``recorded_results``):
+* a saved earlier ``results.json`` (``--plan-from``, else the preset's ``recorded_results`` for
+  the env):
   its seconds per run, flops per update and, per metric, the spread over seeds of each
   algorithm's paired difference with the comparator. The detectable effect at the preset's
   ``n`` seeds is ``(t_{0.975, n-1} + t_{0.80, n-1}) sd / sqrt(n)`` with that spread ``sd``;
@@ -12,6 +13,8 @@ seeds and evaluation episodes (docs/main-job.md, "Planning"). The figures come f
   :mod:`bpo_experiments.gpu_plan` (the spread from the CPU pilot plus evaluation noise,
   flops from the budget, GPU-hours at an assumed share of the peak), GPU-hours and days on one
   H200 and on 8 x H100 printed beside;
+* else the env's pilot recorded in the preset's ``recorded_pilots`` (``--plan --pilot`` measures
+  and writes them) while the settings it was measured with are the preset's;
 * else a short pilot: per env, the first seed's initial policy is built and evaluated once, and
   the comparator trains ``PILOT_UPDATES`` updates; every algorithm is assumed to cost what the
   comparator costs per update (named so in the output). With no spread measured, the
@@ -25,8 +28,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,7 @@ from bpo_experiments.presets import Preset
 from bpo_experiments.probes import probes_on
 from bpo_experiments.significance import minimal_detectable_effect, power
 from bpo_experiments.stats import METRICS
-from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
+from bpo_experiments.tasks import env_factory, eval_env_factory, task_sets, task_split
 
 PILOT_UPDATES = 3
 """Updates the pilot trains the comparator for, per env (the first, which warms caches, is not
@@ -49,8 +53,9 @@ timed)."""
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
-def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | None, str | None]:
-    """The saved results the plan uses and where they came from (None, None: run a pilot)."""
+def recorded(preset: Preset, plan_from: Path | None, env: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """The saved results the plan of ``env`` uses and where they came from (None, None: none):
+    ``plan_from``, else the preset's ``recorded_results`` for ``env``."""
     if plan_from is not None:
         if not plan_from.exists():
             raise SystemExit(f"--plan-from {plan_from}: no such file")
@@ -58,11 +63,55 @@ def recorded(preset: Preset, plan_from: Path | None) -> tuple[dict[str, Any] | N
             return read_json(plan_from), str(plan_from)
         except CorruptFileError as exc:
             raise SystemExit(f"--plan-from: {exc}") from None
-    if preset.recorded_results:
-        path = REPOSITORY / preset.recorded_results
+    name = preset.for_env("recorded_results", env) if env is not None else preset.recorded_results
+    if isinstance(name, str):
+        path = REPOSITORY / name
         if path.exists():
             return json.loads(path.read_text()), str(path.relative_to(REPOSITORY))
     return None, None
+
+
+def pilot_settings(preset: Preset, env: str) -> dict[str, Any]:
+    """What a pilot of ``env`` measured depends on: the env's setup, budget, policy, warm start,
+    pool, evaluation episodes and the comparator's options. A recorded pilot sizes a plan only
+    while these are the same."""
+    setup = preset.envs[env]
+    return json.loads(json.dumps({
+        "setup": asdict(setup), "budget": preset.budget[env], "budget_unit": preset.budget_unit, "policy": preset.policy,
+        "sft_epochs": preset.sft_epochs, "sft_lr": preset.sft_lr, "pool_size": preset.pool_size, "torch_threads": preset.torch_threads,
+        "eval_episodes": preset.for_env("eval_episodes", env), "comparator": preset.comparator,
+        "options": build_algorithm(preset.comparator, preset, 0, env).config(),
+    }, default=str))
+
+
+def recorded_pilot(preset: Preset, env: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``env``'s pilot in the preset's ``recorded_pilots`` when it was measured with the preset's
+    settings (:func:`pilot_settings`), and where it came from; (None, None) otherwise."""
+    if not preset.recorded_pilots:
+        return None, None
+    path = REPOSITORY / preset.recorded_pilots
+    try:
+        saved = read_json(path) if path.exists() else {}
+    except CorruptFileError:
+        return None, None
+    entry = saved.get("per_env", {}).get(env)
+    if not entry or entry.get("settings") != pilot_settings(preset, env):
+        return None, None
+    return entry, f"{preset.recorded_pilots} (measured {entry.get('measured', '?')}, {entry.get('uptime', '')})"
+
+
+def save_pilots(preset: Preset, pilots: dict[str, dict[str, Any]]) -> Path | None:
+    """Write the pilots measured now into the preset's ``recorded_pilots`` (``--plan --pilot``),
+    keeping the other envs'; None when the preset names no such file."""
+    if not preset.recorded_pilots:
+        return None
+    path = REPOSITORY / preset.recorded_pilots
+    saved = read_json(path) if path.exists() else {}
+    per_env = {**saved.get("per_env", {}), **pilots}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"about": "bpo-compare --plan --pilot: each env's pilot (bpo_experiments/plan.py)", "per_env": per_env},
+                               indent=2) + "\n")
+    return path
 
 
 def _pilot(preset: Preset, env: str) -> dict[str, Any]:
@@ -120,11 +169,13 @@ def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
     return {"tuning": tuning_runs, "defaults": defaults}
 
 
-def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: bool = True) -> dict[str, Any]:
+def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: bool = True, pilot: bool = False) -> dict[str, Any]:
     """Print and return the plan of ``preset`` with ``jobs`` parallel runs (module docstring);
-    tuning's runs (:func:`extra_runs`) are counted and costed like their algorithm's."""
-    saved, source = recorded(preset, plan_from)
+    tuning's runs (:func:`extra_runs`) are counted and costed like their algorithm's. ``pilot``
+    (``--plan --pilot``): every env sized by a pilot run now, written to the preset's
+    ``recorded_pilots`` (:func:`save_pilots`)."""
     envs: dict[str, Any] = {}
+    measured: dict[str, dict[str, Any]] = {}
     total_seconds = 0.0
     for env, setup in preset.envs.items():
         seeds = list(preset.for_env("seeds", env))
@@ -148,13 +199,22 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
             "probe_seeds": probing,
             "compute_per_run": updates * preset.budget[env],
         }
+        saved, source = (None, None) if pilot else recorded(preset, plan_from, env)
         record = (saved or {}).get("per_env", {}).get(env) if saved else None
         if record and "vs_comparator" in record:  # (an older results.json has no paired spreads)
             run_seconds = _size_from_record(preset, env, entry, n, updates, saved, source, record)
-        elif preset.gpus and env in ASSUMED_SPREAD:
+        elif preset.gpus and env in ASSUMED_SPREAD and not pilot:
             run_seconds = _size_from_gpu_plan(preset, env, entry, n)
         else:
-            run_seconds = _size_from_pilot(preset, env, entry, n, updates, seeds, points, probing, progress)
+            earlier, where = (None, None) if pilot else recorded_pilot(preset, env)
+            run_seconds = _size_from_pilot(preset, env, entry, n, updates, seeds, points, probing, progress, earlier, where)
+            if earlier is None:
+                measured[env] = {"pilot": entry["pilot"], "settings": pilot_settings(preset, env),
+                                 "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "uptime": _load()}
+        translations = translation_cost(preset, env)
+        if translations:
+            entry["translations"] = translations
+            run_seconds += translations["cpu_seconds"]
         extra_seconds = sum(entry["seconds_per_run"].get(a, 0.0) for a in extra["tuning"] + extra["defaults"])
         entry["seconds_extra"] = extra_seconds
         run_seconds += extra_seconds
@@ -172,8 +232,35 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
         "cpu_seconds": total_seconds,
         "wall_seconds": total_seconds / jobs,
     }
+    if pilot:
+        written = save_pilots(preset, measured)
+        result["pilots_saved"] = str(written) if written else None
     print(render(result))
+    if pilot:
+        print(f"\npilots written to {written}" if written else "\nthis preset names no recorded_pilots file: the pilots were not saved")
     return result
+
+
+def _load() -> str:
+    """The machine's load when a pilot was measured (its costs depend on it)."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def translation_cost(preset: Preset, env: str) -> dict[str, Any] | None:
+    """The ALFWorld game translations ``env``'s comparison will make before it starts (the games
+    it plays that have none on disk, :mod:`bpo_envs.alfworld.translations`) and their CPU
+    seconds; None for another env or when every one is made."""
+    setup = preset.envs[env]
+    if setup.env_id != "BPO-ALFWorld-v0" or setup.servers:
+        return None
+    from bpo_envs.alfworld.translations import SECONDS_PER_TRANSLATION, untranslated
+
+    train_tasks, eval_tasks = task_split(setup)
+    missing = sum(len(untranslated(kwargs, tasks)) for kwargs, tasks in task_sets(setup, train_tasks, eval_tasks))
+    if not missing:
+        return None
+    return {"games": missing, "cpu_seconds": missing * SECONDS_PER_TRANSLATION}
 
 
 def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, saved: dict[str, Any],
@@ -242,13 +329,18 @@ def _size_from_gpu_plan(preset: Preset, env: str, entry: dict[str, Any], n: int)
 
 
 def _size_from_pilot(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, seeds: list[int],
-                     points: list[int], probing: list[int], progress: bool) -> float:
-    """Size ``env``'s runs from a short pilot of the comparator (:func:`_pilot`) into ``entry``;
-    returns their seconds."""
-    if progress:
-        print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
-    pilot = _pilot(preset, env)
-    entry["source"] = f"pilot: {preset.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
+                     points: list[int], probing: list[int], progress: bool, earlier: dict[str, Any] | None = None,
+                     where: str | None = None) -> float:
+    """Size ``env``'s runs from a short pilot of the comparator (:func:`_pilot`; ``earlier``: one
+    recorded at ``where`` instead) into ``entry``; returns their seconds."""
+    if earlier is not None:
+        pilot = earlier["pilot"]
+        entry["source"] = f"recorded pilot: {where}: {preset.comparator}, {PILOT_UPDATES} updates (every algorithm assumed to cost what it does)"
+    else:
+        if progress:
+            print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
+        pilot = _pilot(preset, env)
+        entry["source"] = f"pilot: {preset.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
     entry["pilot"] = pilot
     probe_batches = 2 * (preset.for_env("grad_batches", env) + 1)
     per_run = updates * pilot["seconds_per_update"] + (len(points) - 1) * pilot["seconds_per_eval"]
@@ -285,6 +377,9 @@ def render(result: dict[str, Any]) -> str:
             f"of {e['eval_tasks']} tasks x {e['eval_episodes']} episodes; gradient probes on seeds {e['probe_seeds']}.",
             f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs",
         ]
+        if e.get("translations"):
+            lines.append(f"  ALFWorld game translations first: {e['translations']['games']} games not translated yet, "
+                         f"{e['translations']['cpu_seconds'] / 60:.1f} min of CPU (included; made in the --jobs workers)")
         if e.get("tuning_runs") or e.get("default_runs"):
             lines.append(f"  tuning: {e['tuning_runs']} candidate runs on the tuning seeds and {e['default_runs']} runs of the "
                          f"treatment and comparator at their defaults ({e['seconds_extra'] / 60:.1f} min, included)")

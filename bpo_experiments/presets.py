@@ -182,10 +182,24 @@ class Preset:
     grad_seeds: int | None | dict[str, int | None] = None
     """The first this many seeds of each env probe their gradients (None: all; per env)."""
     reference_batches: int | dict[str, int] = 64
-    """RLOO batches whose mean is the reference gradient of the cosine diagnostic."""
-    recorded_results: str | None = None
-    """A saved ``results.json`` of this preset (a path relative to the repository root) that
-    ``bpo-compare --plan`` takes the costs and the seed-to-seed spread from."""
+    """RLOO batches whose mean is the reference gradient of the cosine diagnostic (at most this
+    many where ``reference_precision`` is set)."""
+    grad_precision: float | None | dict[str, float | None] = None
+    """The precision target of each gradient probe: as many batches (at most ``grad_batches``)
+    as make the relative standard error of its signal-to-noise ratio at most this, predicted from
+    batches independent of the probe's (docs/main-job.md, "Gradient probes"); None:
+    ``grad_batches`` batches."""
+    reference_precision: float | None | dict[str, float | None] = None
+    """The precision target of the reference gradient: as many batches (at most
+    ``reference_batches``) as make the noise of their mean at most this squared of its signal;
+    None: ``reference_batches`` batches."""
+    recorded_results: str | None | dict[str, str | None] = None
+    """A saved ``results.json`` of this preset (a path relative to the repository root; per env)
+    that ``bpo-compare --plan`` takes the env's costs and seed-to-seed spread from."""
+    recorded_pilots: str | None = None
+    """The pilots of ``bpo-compare --plan`` measured for this preset (a JSON file relative to the
+    repository root, written by ``--plan --pilot``): an env with no recorded results is sized
+    from its recorded pilot instead of running one, while its settings are the pilot's."""
     policy: str = "tabular"
     """``scorer`` | ``tabular`` | ``tabular-prior`` | ``tiny`` | ``smollm2`` | a model name or folder."""
     sft_epochs: int = 0
@@ -388,10 +402,15 @@ PRESETS: dict[str, Preset] = {
         # algorithm would cost about as much as the whole comparison there
         grad_seeds={"webshop": 3, "alfworld": 0},
         reference_batches=32,
+        # each probe's SNR to +-35% (one standard error; 16 batches gave about +-25% on WebShop),
+        # the reference's noise at most 6% of its signal (docs/main-job.md, "Gradient probes")
+        grad_precision=0.35,
+        reference_precision=0.25,
         # compute_to_threshold: halfway from the warm start to these
         target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
-        recorded_results="docs/results/compare-cpu/results.json",
+        recorded_results={"webshop": "docs/results/compare-cpu/results.json", "alfworld": "docs/results/compare-cpu-alfworld/results.json"},
+        recorded_pilots="docs/results/plan-pilots/cpu.json",
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
     "cpu-tabular": Preset(

@@ -79,6 +79,9 @@ class RunConfig:
     mechanism_points: dict[str, int]
     grad_batches: int
     reference_batches: int
+    grad_precision: float | None
+    """The probes' precision target (``Preset.grad_precision``; None: ``grad_batches`` batches)."""
+    reference_precision: float | None
     reference_options: dict[str, Any]
     """The options of the reference estimator (:data:`~bpo_experiments.probes.REFERENCE_ALGORITHM`)."""
 
@@ -135,6 +138,8 @@ def run_config(preset: Preset, env: str, label: str, seed: int, tasks_per_update
         mechanism_points=mechanism_points(preset, env),
         grad_batches=preset.for_env("grad_batches", env),
         reference_batches=preset.for_env("reference_batches", env),
+        grad_precision=preset.for_env("grad_precision", env),
+        reference_precision=preset.for_env("reference_precision", env),
         reference_options=algorithm_options(REFERENCE_ALGORITHM, preset, 0, env),
     )
 

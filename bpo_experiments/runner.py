@@ -26,10 +26,12 @@ the policy, the algorithm and the trainer's config (:mod:`bpo_experiments.build`
 
 from __future__ import annotations
 
+import hashlib
 import io
 import time
 import weakref
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,14 @@ from bpo_experiments.build import algorithm_options, make_policy
 from bpo_experiments.evaluation import evaluate_episodes, evaluate_extra
 from bpo_experiments.output import run_dir, write_on_rank0
 from bpo_experiments.presets import Preset
-from bpo_experiments.probes import REFERENCE_ALGORITHM, gradient_rows, probes_on, reference_gradient
+from bpo_experiments.probes import (
+    REFERENCE_ALGORITHM,
+    batches_for_error,
+    gradient_rows,
+    probes_on,
+    reference_gradient,
+    sized_batches,
+)
 from bpo_experiments.run_config import CONFIG_FILE, RunConfig, base_algorithm, with_run_fields
 from bpo_experiments.streams import (
     BOOTSTRAP,
@@ -88,6 +97,22 @@ def _save_policy(policy: Any) -> bytes | None:
     return buffer.getvalue()
 
 
+def state_digest(policy: Any) -> str | None:
+    """SHA-256 of ``policy``'s whole state (every parameter and buffer: names, dtypes, shapes and
+    bytes), or None for a policy whose evaluation depends on more than that (an LLM policy:
+    its engines and caches) or that is not a module. Two states with the same digest are the
+    same policy, so their evaluations on the same episodes are the same (docs/main-job.md,
+    "Scheduling": ``frozen``)."""
+    if reusable(policy) or not isinstance(policy, torch.nn.Module):
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in policy.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return digest.hexdigest()
+
+
 def _load_policy(data: bytes) -> Any:
     # a whole policy object (a pickle): bytes of this comparison, from the initial job or a
     # policy.pt whose seal compare checked (docs/snapshots.md#trust)
@@ -118,10 +143,12 @@ def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any]
         pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
         try:
             t0 = time.perf_counter()
-            mean, signal = reference_gradient(algorithm_options(REFERENCE_ALGORITHM, preset, 0, env_name),
-                                              preset.for_env("reference_batches", env_name), seed, policy, pool, train_tasks,
-                                              Budget(preset.budget_unit, preset.budget[env_name]))
+            mean, signal, sizing = reference_gradient(algorithm_options(REFERENCE_ALGORITHM, preset, 0, env_name),
+                                                      preset.for_env("reference_batches", env_name), seed, policy, pool, train_tasks,
+                                                      Budget(preset.budget_unit, preset.budget[env_name]),
+                                                      precision=preset.for_env("reference_precision", env_name))
             warm["seconds_reference"] = time.perf_counter() - t0
+            warm["reference_sizing"] = sizing
         finally:
             pool.close()
         buffer = io.BytesIO()
@@ -165,6 +192,16 @@ class _Measurements:
         self.probes: dict[str, Any] = read_json_or_redo(folder / "probes.json", {})
         self.mechanism: dict[str, Any] = read_json_or_redo(folder / "mechanism.json", {})
         self.timing: dict[str, float] = read_json_or_redo(folder / "timing.json", {"eval": 0.0, "probe": 0.0})
+        self.probe_rows: torch.Tensor | None = None
+        """The last probe's batch gradients (this process's): the next probe is sized on them."""
+        self.initial_digest = state_digest(policy)
+
+    def unchanged(self) -> bool:
+        """Whether the policy's whole state is still the warm start's (:func:`state_digest`):
+        then every evaluation of it equals the initial job's, episode by episode, and is not
+        played again. The positive control ``frozen`` (a zero gradient: Adam's step is zero)
+        is; a learner after its first update is not."""
+        return self.initial_digest is not None and state_digest(self.policy) == self.initial_digest
 
     def __call__(self, trainer: Trainer) -> None:
         self.evaluate(trainer)
@@ -176,7 +213,8 @@ class _Measurements:
         if u not in self.config.eval_points or any(e["update"] == u for e in self.evals):
             return
         t0 = time.perf_counter()
-        if u == 0:  # the initial job's evaluation of this very policy
+        same = u > 0 and self.unchanged()  # still the warm start's very state (frozen): its evaluation is the warm start's
+        if u == 0 or same:  # the initial job's evaluation of this very policy
             success = self.warm["success"]
         else:
             trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
@@ -186,7 +224,7 @@ class _Measurements:
             finally:
                 trainer.parallel.shard_weights()
         compute = {k: float(v) for k, v in trainer.total_compute.to_dict().items()}
-        self.evals.append({"update": u, "success": success, "compute": compute})
+        self.evals.append({"update": u, "success": success, "compute": compute, **({"warm_start_state": True} if same else {})})
         write_on_rank0(self.folder / "evals.json", self.evals)
         self.timing["eval"] += time.perf_counter() - t0
         write_on_rank0(self.folder / "timing.json", self.timing)
@@ -207,20 +245,40 @@ class _Measurements:
             t0 = time.perf_counter()
             key = PROBE_POINTS[point]
             probe = self.config.build_algorithm(seed=stream_seed(self.seed, PROBE, key))
-            samples = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.grad_batches)
+            samples, sizing = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.grad_batches,
+                                            *self._sizing(point))
+            self.probe_rows = samples.grads
             ref = None
             if point == "initial" and self.reference is not None:
                 ref = (self.reference["mean"], self.reference["signal"])
             elif point != "initial" and self.biased:
-                ref = reference_gradient(self.config.reference_options, self.config.reference_batches, self.seed, self.policy,
-                                         self.pool, self.train_tasks, self.budget, point)
+                *ref, _ = reference_gradient(self.config.reference_options, self.config.reference_batches, self.seed, self.policy,
+                                             self.pool, self.train_tasks, self.budget, point, self.config.reference_precision)
+                ref = tuple(ref)
             result = signal_to_noise(samples, ref, seed=stream_seed(self.seed, BOOTSTRAP, key))
             result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
             result["update"] = u
+            result["sizing"] = sizing
             self.probes[point] = result
             write_on_rank0(self.folder / "probes.json", self.probes)
             self.timing["probe"] += time.perf_counter() - t0
             write_on_rank0(self.folder / "timing.json", self.timing)
+
+    def _sizing(self, point: str) -> tuple[Any, Any]:
+        """``(precision, sizing)`` of :func:`~bpo_experiments.probes.gradient_rows` at probe
+        ``point``, from evidence independent of that probe's batches: the run's previous probe
+        (same estimator), else at the warm start the reference pool's measured error (the same
+        policy), else the probe's own pilot; ``(None, None)`` without a precision target."""
+        target = self.config.grad_precision
+        if target is None:
+            return None, None
+        rule = partial(sized_batches, target=target, most=self.config.grad_batches)
+        if self.probe_rows is not None:
+            return rule, self.probe_rows
+        sizing = self.warm.get("reference_sizing") or {}
+        if point == "initial" and "snr_relative_error" in sizing:
+            return rule, batches_for_error(sizing["snr_relative_error"], sizing["batches"], target, self.config.grad_batches)
+        return rule, None
 
 
 def run_one(
@@ -271,7 +329,10 @@ def run_one(
         t0 = time.perf_counter()
         extra = read_json_or_redo(folder / "extra_eval.json", None)
         if extra is None:
-            extra = evaluate_extra(policy, setup, config.eval_episodes, config.pool_size, config.seed)
+            if measure.unchanged() and "extra" in warm:  # the warm start's policy: its evaluation
+                extra = warm["extra"]
+            else:
+                extra = evaluate_extra(policy, setup, config.eval_episodes, config.pool_size, config.seed)
             write_on_rank0(folder / "extra_eval.json", extra)
         measure.timing["eval"] += time.perf_counter() - t0
     result = _run_result(config, algorithm, warm, measure, extra, history)

@@ -38,6 +38,23 @@ def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
     return lambda: gym.make(setup.env_id, **kwargs)
 
 
+def task_sets(setup: EnvSetup, train_tasks: list[Any], eval_tasks: list[Any]) -> list[tuple[dict[str, Any], list[Any]]]:
+    """Every group of tasks a comparison plays on ``setup``'s env, with the keywords of the env
+    that plays it: the training tasks, the evaluation tasks, each further evaluation split's
+    (none for served envs: their tasks live on the servers)."""
+    if setup.servers:
+        return []
+    out = [(dict(setup.kwargs), list(train_tasks))]
+    if setup.eval_split in ("held-out", "train"):
+        out[0] = (out[0][0], [*train_tasks, *(t for t in eval_tasks if t not in set(train_tasks))])
+    else:
+        kwargs = {**setup.kwargs, **setup.eval_kwargs, **({"split": setup.eval_split} if setup.eval_split != "rows" else {})}
+        out.append((kwargs, list(eval_tasks)))
+    for split, tasks in extra_eval_tasks(setup).items():
+        out.append(({**setup.kwargs, **setup.eval_kwargs, "split": split}, tasks))
+    return out
+
+
 def _ids_and_provenance(make: Callable[[], gym.Env]) -> tuple[list[Any], dict[str, Any] | None]:
     """The task ids of an env ``make`` builds, in its own order, and its ``provenance()`` (None
     for an env without one)."""
