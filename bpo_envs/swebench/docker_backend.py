@@ -758,7 +758,7 @@ class DockerBackend:
             docker_call(box.put_archive, "/", _tar({"bpo_eval/patch.diff": patch.encode(),
                                                     "bpo_eval/eval.sh": script.encode()}))
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
-                                           "/bpo_eval/test_output.txt")
+                                           "/bpo_eval/test_output.txt", row)
             result = self._exec(box, runner, timeout, 256 << 20, agent=False)
             harness.write_log(self._copy_out(box, "/bpo_eval/test_output.txt", harness.MAX_LOG_COPY),
                               log_path, result.timed_out)

@@ -863,7 +863,7 @@ class LocalBackend:
             (eval_dir / "patch.diff").write_text(patch, encoding="utf-8")
             (eval_dir / "eval.sh").write_text(script, encoding="utf-8")
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
-                                           "/bpo_eval/test_output.txt")
+                                           "/bpo_eval/test_output.txt", row)
             result = self.sandbox.run(fork.testbed, runner, timeout, 256 << 20,
                                       rw_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
             harness.write_log(harness.read_log_file(eval_dir / "test_output.txt"), log_path,
