@@ -88,6 +88,11 @@ ATTACKS = {
         [PLUGIN, _write("pyproject.toml", TEXTKIT_PYPROJECT.replace("0.3.0", "0.3.1")
                         + '\n[tool.pytest.ini_options]\naddopts = "-p bpo_force_pass"\n')],
         ["pyproject.toml [pytest section]"]),
+    # package metadata on sys.path: pytest loads a pytest11 entry point on its own
+    ".dist-info entry point": (
+        [PLUGIN, _write("bpo_force-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: bpo-force\nVersion: 1.0\n"),
+         _write("bpo_force-1.0.dist-info/entry_points.txt", "[pytest11]\nforce = bpo_force_pass\n")],
+        ["bpo_force-1.0.dist-info"]),
 }
 # PYTEST_ADDOPTS set every way an agent can: exported, in the shell's start files (docker: its
 # /root/.bashrc is sourced by every later command of the agent), in a .env file
@@ -173,7 +178,24 @@ def test_pytest_addopts_set_by_the_agent_does_not_reach_grading(env):
     assert info["tampered"] == []  # nothing in the machinery: the environment was never carried
 
 
-# ---- the broken case: the same attacks score 1 when nothing is reset (slow: 6 gradings) ----
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", [r["instance_id"] for r in bundled_instances()])
+def test_every_bundled_gold_patch_resolves_on_docker(task_id):
+    # the local backend's: tests/test_swebench.py::test_gold_patch_resolves
+    if _DOCKER is not None:
+        pytest.skip(_DOCKER)
+    env = SWEBenchEnv([r for r in bundled_instances() if r["instance_id"] == task_id],
+                      backend="docker", step_timeout=30)
+    try:
+        env.reset(options={"task_id": task_id})
+        for action in env.expert_actions():
+            obs, reward, terminated, truncated, info = env.step(action)
+        assert reward == 1.0 and info["tampered"] == [] and info["pass_to_pass"] == 1.0, obs
+    finally:
+        env.close()
+
+
+# ---- the broken case: the same attacks score 1 when nothing is reset (slow: 7 gradings) ----
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_without_the_reset_every_attack_resolves(backend, no_reset):
