@@ -380,7 +380,8 @@ def test_program_restores_removes_and_reports(tmp_path):
     (root / "tests" / "test_a.py").write_text("def test_a(): assert 1\n")
     done = _program("reset", str(root), store, "bin/run")
     assert done.returncode == 0, done.stderr
-    reported = tampering.read_report(done.stdout)
+    reported, count = tampering.read_report(done.stdout)
+    assert count == len(reported)
     assert sorted(reported) == sorted([
         "argparse/__init__.py", "conftest.py", "evil-1.dist-info", "pkg.egg-info/entry_points.txt",
         "pkg/conftest.py", "pkg/sub.pth", "pytest.py", "setup.cfg [pytest section]",
@@ -399,6 +400,20 @@ def test_program_reports_nothing_when_nothing_changed(tmp_path):
     (root / "pyproject.toml").write_text(TOML_BASE)
     assert _program("snapshot", str(root), store).returncode == 0
     (root / "pyproject.toml").write_text(TOML_BASE.replace('"1"', '"2"'))  # not pytest's part
-    assert tampering.read_report(_program("reset", str(root), store).stdout) == []
+    assert tampering.read_report(_program("reset", str(root), store).stdout) == ([], 0)
     assert tampering.read_report("noise\n") is None
     assert tampering.read_report(tampering.REPORT_PREFIX + '{"a": 1}\n') is None
+    assert tampering.read_report(tampering.REPORT_PREFIX + '["conftest.py"]\n') is None
+
+
+def test_report_is_bounded_and_read_back_as_text():
+    # the grading run's output keeps its first 5,000 characters: the report fits, and says how
+    # many paths were reset past what it lists; names that are not UTF-8 read back as text
+    paths = [f"deep/{'d' * 500}/{i}/conftest.py" for i in range(1000)] + ["bad\udcff.pth"]
+    line = tampering.report_line(paths)
+    assert len(line) <= tampering.REPORT_CHARS
+    listed, count = tampering.read_report("agent noise\n" + line + "\n" + tampering.report_line([]))
+    assert count == 1001 and 0 < len(listed) < 1001 and all(len(p) <= tampering.PATH_CHARS + 3 for p in listed)
+    listed, count = tampering.read_report(tampering.report_line(["bad\udcff.pth"]))
+    assert listed == ["bad\ufffd.pth"] and count == 1
+    listed[0].encode("utf-8")

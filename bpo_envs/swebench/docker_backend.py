@@ -749,8 +749,9 @@ class DockerBackend:
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
                  log_path: Path) -> CommandResult:
-        """Grade in a fresh container of the instance image; its whole log
-        (``harness.runner_script``) is copied out to ``log_path``."""
+        """Grade in a fresh container of the instance image (the patch applied, the test
+        machinery it changed reset); its whole log (``harness.runner_script``) is copied out to
+        ``log_path``."""
         from bpo_envs.swebench import harness
 
         box = self._start(self.instance_image(row), network=self.grading_network)

@@ -162,7 +162,8 @@ class SWEBenchEnv(SnapshotEnv):
     ``pass_to_pass`` (fractions), ``tests_status``, ``patch``, ``patch_applied``,
     ``test_output`` (the grading log's last 4,000 characters), ``tampered`` (the paths of the
     test machinery the patch changed, which grading reset before the tests ran: conftest.py,
-    pytest's configuration, root modules shadowing pytest or the standard library, ...; see
+    pytest's configuration, root modules shadowing pytest or the standard library, ...; the
+    first that fit in 4,000 characters, the observation gives the count; see
     ``bpo_envs.swebench.tampering`` and docs/reliability.md) and, when the test run looks
     broken (every PASS_TO_PASS test failed, or the patch did not apply), ``grading_hint``. At the
     step limit without grading: ``submitted: False`` and reward 0.
@@ -318,8 +319,9 @@ class SWEBenchEnv(SnapshotEnv):
             tail = harness.log_tail(log_path, TEST_OUTPUT_CHARS)
         # the reset step's report comes first on the run's own output, before any of the patch's
         # code ran (bpo_envs.swebench.tampering); without it the tests did not run as graded
-        tampered = tampering.read_report(result.output)
-        unreset = tampered is None and (verdict.patch_applied or harness.MACHINERY_FAILED in tail)
+        report = tampering.read_report(result.output)
+        tampered, reset_count = report if report is not None else ([], 0)
+        unreset = report is None and (verdict.patch_applied or harness.MACHINERY_FAILED in tail)
         if unreset:
             verdict = dataclasses.replace(verdict, resolved=False)
         reward = 1.0 if verdict.resolved else 0.0
@@ -327,10 +329,10 @@ class SWEBenchEnv(SnapshotEnv):
             f"{prefix}\nGrading: {'RESOLVED' if verdict.resolved else 'not resolved'} "
             f"(FAIL_TO_PASS {verdict.fail_to_pass:.2f}, PASS_TO_PASS {verdict.pass_to_pass:.2f})"
         )
-        if tampered:
+        if reset_count:
             obs += (f"\nThe patch changed the repository's test machinery; grading reset it and ran "
                     f"the repository's own: {', '.join(tampered[:20])}"
-                    + (f" (and {len(tampered) - 20} more)" if len(tampered) > 20 else ""))
+                    + (f" (and {reset_count - min(20, len(tampered))} more)" if reset_count > 20 or reset_count > len(tampered) else ""))
         info = {
             "won": verdict.resolved,
             "resolved": verdict.resolved,
@@ -342,7 +344,7 @@ class SWEBenchEnv(SnapshotEnv):
             "patch": patch,
             "submitted": True,
             "test_output": tail,
-            "tampered": list(tampered or []),
+            "tampered": tampered,
         }
         hint = (harness.MACHINERY_FAILED.lstrip("> ").replace("bpo-gym: ", "grading hint: ") + "; scored 0"
                 if unreset else grading_hint(verdict, row))

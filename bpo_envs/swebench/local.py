@@ -851,8 +851,9 @@ class LocalBackend:
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
                  log_path: Path) -> CommandResult:
-        """Apply ``patch`` to a fresh copy at base_commit and run the eval script there; its
-        whole log (``harness.runner_script``) is written to ``log_path``."""
+        """Apply ``patch`` to a fresh copy at base_commit, reset the test machinery it changed
+        and run the eval script there; its whole log (``harness.runner_script``) is written to
+        ``log_path``."""
         from bpo_envs.swebench import harness
 
         fork = Workspace(self.store)

@@ -83,8 +83,12 @@ import stat
 import sys
 
 REPORT_PREFIX = "BPO-GYM-MACHINERY-RESET "
-"""The line the reset step prints first on the grading run's own output: this prefix, then the
-JSON list of the paths it reset."""
+"""The line the reset step prints first on the grading run's own output: this prefix, then
+``{"reset": [paths], "count": n}`` in JSON (the paths that fit in :data:`REPORT_CHARS`, each
+cut to :data:`PATH_CHARS`; ``count``: how many were reset)."""
+REPORT_CHARS = 4000
+"""The report line's length bound: the grading run's output keeps its first 5,000 characters."""
+PATH_CHARS = 300
 
 WHOLE_FILE_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml")
 """Files reset whole wherever they are."""
@@ -512,9 +516,22 @@ def main(argv: list[str]) -> int:
         snapshot(root, store, runner)
     else:
         changed = reset(root, store, runner)
-        sys.stdout.write(REPORT_PREFIX + json.dumps(changed) + "\n")
+        sys.stdout.write(report_line(changed) + "\n")
         sys.stdout.flush()
     return 0
+
+
+def report_line(changed: list[str]) -> str:
+    """The report of ``changed`` (:data:`REPORT_PREFIX`), at most :data:`REPORT_CHARS` long."""
+    listed: list[str] = []
+    size = len(REPORT_PREFIX) + 40
+    for path in changed:
+        shown = path if len(path) <= PATH_CHARS else path[: PATH_CHARS // 2] + "..." + path[-PATH_CHARS // 2:]
+        size += len(json.dumps(shown)) + 2
+        if size > REPORT_CHARS:
+            break
+        listed.append(shown)
+    return REPORT_PREFIX + json.dumps({"reset": listed, "count": len(changed)})
 
 
 # ---- the host's side --------------------------------------------------------------------
@@ -524,20 +541,33 @@ def program_source() -> str:
         return fh.read()
 
 
-def read_report(output: str) -> list[str] | None:
-    """The paths the reset step reported on the grading run's own output (its first report
-    line: the agent's code runs after it), or None when there is none (the reset did not run
-    or failed)."""
+def read_report(output: str) -> tuple[list[str], int] | None:
+    """``(paths listed, how many were reset)`` from the reset step's report on the grading run's
+    own output (its first report line: the agent's code runs after it), or None when there is
+    none (the reset did not run or failed). Paths are made valid UTF-8 text."""
     for line in output.splitlines():
         if line.startswith(REPORT_PREFIX):
             try:
-                paths = json.loads(line[len(REPORT_PREFIX):])
+                report = json.loads(line[len(REPORT_PREFIX):])
             except ValueError:
                 return None
-            if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
-                return paths
-            return None
+            if not isinstance(report, dict):
+                return None
+            paths, count = report.get("reset"), report.get("count")
+            if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)
+                    and isinstance(count, int) and count >= len(paths)):
+                return None
+            return [_text(p) for p in paths], count
     return None
+
+
+def _text(path: str) -> str:
+    """``path`` (a file name as Python reads it: undecodable bytes as lone surrogates) as valid
+    text, each undecodable byte a U+FFFD."""
+    try:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "replace").decode("utf-8")
 
 
 if __name__ == "__main__":
