@@ -173,6 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backends", nargs="+", default=["local", "docker"], choices=["local", "docker"])
     parser.add_argument("--attacks", nargs="+", choices=[*ATTACKS, *TAMPERING], help="default: all")
+    parser.add_argument("--tampering", action="store_true", help="only the tampering attacks")
     parser.add_argument("--code", default=str(Path(__file__).resolve().parents[1]),
                         help="the checkout whose code the children run")
     parser.add_argument("--cap", type=float, default=60.0, help="seconds an answer is waited for")
@@ -182,7 +183,7 @@ def main() -> None:
     out = {"code": args.code, "commit": git.stdout.strip(), "step_timeout": 5, "eval_timeout": 5,
            "cap_s": args.cap, "load_avg_at_start": os.getloadavg(), "results": {}}
     for backend in args.backends:
-        for name in args.attacks or [*ATTACKS, *TAMPERING]:
+        for name in args.attacks or ([*TAMPERING] if args.tampering else [*ATTACKS, *TAMPERING]):
             # the child waits for the attack's answer for at most --cap seconds
             if name in TAMPERING:
                 res = run_one(backend, TAMPERING[name], args.code, args.cap, child=TAMPER_CHILD)

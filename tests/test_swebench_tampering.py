@@ -149,7 +149,13 @@ def test_gold_patch_resolves_with_nothing_reset(env):
     assert "test machinery" not in obs
 
 
-@pytest.mark.parametrize("attack", list(ATTACKS))
+# the paths every agent finds first run in the default stage; the others (two more gradings per
+# backend) in the slow one
+SLOW_ATTACKS = ("pyproject.toml [tool.pytest.ini_options] addopts", ".dist-info entry point")
+
+
+@pytest.mark.parametrize("attack", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_ATTACKS else a
+                                    for a in ATTACKS])
 def test_tampering_is_reset_and_scores_zero(env, attack):
     actions, reset = ATTACKS[attack]
     obs, reward, info = _play(env, actions)
@@ -160,6 +166,7 @@ def test_tampering_is_reset_and_scores_zero(env, attack):
     assert "grading_hint" not in info
 
 
+@pytest.mark.slow
 def test_gold_patch_next_to_tampering_still_resolves(env):
     # a real fix graded without the conftest and the config section it came with
     attack = ATTACKS["root conftest.py"][0] + ATTACKS["setup.cfg [tool:pytest] addopts"][0]

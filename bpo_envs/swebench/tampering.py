@@ -48,8 +48,8 @@ The list (one rule per entry of :data:`MACHINERY`; ``*`` below means "at any dep
 Limits (what this does not do):
 
 * a real fix that must change one of these files is graded without that change (the
-  observation and ``info["tampered"]`` name it): SWE-bench's gold patches do not touch them;
-  the test patch may, and the eval script applies it after the reset.
+  observation and ``info["tampered"]`` name it); the test patch may change them, and the eval
+  script applies it after the reset.
 * code the tests import is the agent's to change: the package under test (pytest-dev/pytest's
   own ``src/_pytest`` included), test helpers, and test files the test patch does not touch
   (swebench's own convention). A non-pytest runner that lives inside the package under test
