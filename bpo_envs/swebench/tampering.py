@@ -32,6 +32,10 @@ The list (one rule per entry of :data:`MACHINERY`; ``*`` below means "at any dep
   ``sitecustomize``, ``usercustomize`` and the standard library's top-level modules).
 * ``*.pth`` at any depth (site's path-configuration files run code at start-up wherever a
   folder becomes a site directory).
+* bytecode of those modules: ``*/__pycache__/conftest.*`` and the root's
+  ``__pycache__/NAME.*`` (and ``NAME/__pycache__/__init__.*``) for the names above: Python and
+  pytest's assertion rewriting load a cached ``.pyc`` instead of the source when it records the
+  source's timestamp and size, and the docker image's timestamps are known to the agent.
 * ``*/*.dist-info/**`` and ``*/*.egg-info/**``: package metadata on ``sys.path`` (the root, an
   editable install's folder) is read by ``importlib.metadata``, and an ``entry_points.txt``
   with a ``pytest11`` group is a plugin pytest loads on its own.
@@ -103,8 +107,6 @@ SECTION_FILES = {
 METADATA_DIR_SUFFIXES = (".dist-info", ".egg-info")
 """Package metadata folders: everything below one (at any depth) is reset."""
 
-MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
-
 _PYTEST_AND_FRIENDS = (
     "pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "exceptiongroup", "tomli",
     "tomllib", "colorama", "pygments", "attr", "attrs", "more_itertools", "atomicwrites", "six",
@@ -136,8 +138,12 @@ MACHINERY = (
      "python -m pytest puts the root first on sys.path: it would shadow pytest or the stdlib"),
     ("*.pth", "site runs them at start-up in a site directory"),
     ("*/*.dist-info/**, */*.egg-info/**", "entry points (pytest11) that pytest loads on its own"),
+    ("*/__pycache__/conftest.*, and the root shadows' __pycache__ entries",
+     "bytecode loaded instead of the source when it records the source's timestamp and size"),
     ("the runner script the test command names (and its --settings module, tox.ini for tox)",
      "a non-pytest runner prints the outcomes itself"),
+    ("environment (PYTEST_ADDOPTS, PYTEST_PLUGINS, PYTHONPATH, ...)",
+     "never the agent's: a clean sandbox environment (local) or a fresh container (docker)"),
 )
 """The documented list: ``(what, why)`` for each rule :func:`classify` implements."""
 
@@ -168,6 +174,13 @@ def classify(relpath: str, runner: frozenset[str] = frozenset(), is_dir: bool = 
         return "whole"
     if len(parts) == 2 and parts[0] in SHADOWED_MODULES and _module_name(name) == "__init__":
         return "whole"
+    if len(parts) >= 2 and parts[-2] == "__pycache__":
+        # bytecode Python and pytest's assertion rewriting load instead of a source whose
+        # timestamp and size it records: the docker image's timestamps are known to the agent
+        stem = name.split(".", 1)[0]
+        if stem == "conftest" or (len(parts) == 2 and stem in SHADOWED_MODULES) or (
+                len(parts) == 3 and parts[0] in SHADOWED_MODULES and stem == "__init__"):
+            return "whole"
     if name in SECTION_FILES:
         return "section"
     return None
