@@ -215,6 +215,23 @@ def test_without_the_reset_every_attack_resolves(backend, no_reset):
         env.close()
 
 
+@LOCAL
+def test_grading_whose_reset_fails_scores_zero_and_says_why(monkeypatch):
+    # fail closed: without the reset's report the tests are not run, even for the gold patch
+    source = tampering.program_source().replace(
+        'if __name__ == "__main__":', 'if __name__ == "__main__" and sys.argv[1] == "reset":\n'
+        '    sys.exit(3)\nif __name__ == "__main__":')
+    monkeypatch.setattr(tampering, "program_source", lambda: source)
+    env = _make("local")
+    try:
+        obs, reward, info = _play(env, _gold(env))
+        assert reward == 0.0 and not info["resolved"] and info["tampered"] == []
+        assert "test machinery could not be reset" in info["grading_hint"] and "scored 0" in obs
+        assert "PASSED" not in info["test_output"]
+    finally:
+        env.close()
+
+
 # ---- the rules, without a sandbox -----------------------------------------------------------
 @pytest.mark.parametrize(("path", "kind"), [
     ("conftest.py", "whole"), ("tests/unit/conftest.py", "whole"), ("pytest.ini", "whole"),

@@ -321,7 +321,8 @@ class SWEBenchEnv(SnapshotEnv):
         # code ran (bpo_envs.swebench.tampering); without it the tests did not run as graded
         report = tampering.read_report(result.output)
         tampered, reset_count = report if report is not None else ([], 0)
-        unreset = report is None and (verdict.patch_applied or harness.MACHINERY_FAILED in tail)
+        unreset = report is None and not result.timed_out and (
+            verdict.patch_applied or harness.MACHINERY_FAILED in tail)
         if unreset:
             verdict = dataclasses.replace(verdict, resolved=False)
         reward = 1.0 if verdict.resolved else 0.0
@@ -330,9 +331,10 @@ class SWEBenchEnv(SnapshotEnv):
             f"(FAIL_TO_PASS {verdict.fail_to_pass:.2f}, PASS_TO_PASS {verdict.pass_to_pass:.2f})"
         )
         if reset_count:
+            shown = tampered[:20]
+            more = f" (and {reset_count - len(shown)} more)" if reset_count > len(shown) else ""
             obs += (f"\nThe patch changed the repository's test machinery; grading reset it and ran "
-                    f"the repository's own: {', '.join(tampered[:20])}"
-                    + (f" (and {reset_count - min(20, len(tampered))} more)" if reset_count > 20 or reset_count > len(tampered) else ""))
+                    f"the repository's own: {', '.join(shown)}{more}")
         info = {
             "won": verdict.resolved,
             "resolved": verdict.resolved,

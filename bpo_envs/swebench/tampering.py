@@ -54,6 +54,9 @@ Limits (what this does not do):
 * a real fix that must change one of these files is graded without that change (the
   observation and ``info["tampered"]`` name it); the test patch may change them, and the eval
   script applies it after the reset.
+* only what pytest and Python load on their own is reset: code the tests import runs inside
+  pytest's process and could still reach pytest's plugin manager (through ``gc``) at import
+  time; stopping that needs outcomes reported from outside the process under test.
 * code the tests import is the agent's to change: the package under test (pytest-dev/pytest's
   own ``src/_pytest`` included), test helpers, and test files the test patch does not touch
   (swebench's own convention). A non-pytest runner that lives inside the package under test
