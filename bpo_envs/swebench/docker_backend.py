@@ -787,8 +787,9 @@ class DockerBackend:
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
                  log_path: Path) -> CommandResult:
-        """Grade in a fresh container of the instance image; its whole log
-        (``harness.runner_script``) is copied out to ``log_path``."""
+        """Grade in a fresh container of the instance image (the patch applied, the test
+        machinery it changed reset); its whole log (``harness.runner_script``) is copied out to
+        ``log_path``."""
         from bpo_envs.swebench import harness
 
         box = self._start(self.instance_image(row), network=self.grading_network)
@@ -796,7 +797,7 @@ class DockerBackend:
             docker_call(box.put_archive, "/", _tar({"bpo_eval/patch.diff": patch.encode(),
                                                     "bpo_eval/eval.sh": script.encode()}))
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
-                                           "/bpo_eval/test_output.txt")
+                                           "/bpo_eval/test_output.txt", row)
             result = self._exec(box, runner, timeout, 256 << 20, agent=False)
             harness.write_log(self._copy_out(box, "/bpo_eval/test_output.txt", harness.MAX_LOG_COPY),
                               log_path, result.timed_out)

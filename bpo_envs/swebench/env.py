@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import tempfile
 import weakref
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bpo_envs.core import SnapshotEnv, SnapshotError
-from bpo_envs.swebench import harness
+from bpo_envs.swebench import harness, tampering
 from bpo_envs.swebench.instances import load_instances
 from bpo_envs.swebench.local import SandboxLimits
 from bpo_envs.swebench.output import CommandResult
@@ -119,7 +120,7 @@ class SWEBenchEnv(SnapshotEnv):
             submitted (False, as mini-swe-agent and the leaderboards: no submission scores 0).
         grading_network: docker backend: put the grading container on Docker's default network
             (False, the default: grading runs offline, as the agent's own container). The
-            agent's patch runs during grading (a ``conftest.py`` is enough), so True lets it
+            agent's patch runs during grading (the tests import its code), so True lets it
             reach the host's services (a Ray head, a vLLM server, through the bridge's gateway)
             and the internet: an opt-in for rows whose eval script installs packages. The local
             sandbox never has a network (its eval runs the host's Python; nothing to install).
@@ -159,7 +160,11 @@ class SWEBenchEnv(SnapshotEnv):
     Reward: 1.0 when swebench resolves the instance (every FAIL_TO_PASS and PASS_TO_PASS test
     passes), else 0.0. ``info`` after grading: ``resolved``, ``fail_to_pass`` and
     ``pass_to_pass`` (fractions), ``tests_status``, ``patch``, ``patch_applied``,
-    ``test_output`` (the grading log's last 4,000 characters) and, when the test run looks
+    ``test_output`` (the grading log's last 4,000 characters), ``tampered`` (the paths of the
+    test machinery the patch changed, which grading reset before the tests ran: conftest.py,
+    pytest's configuration, root modules shadowing pytest or the standard library, ...; the
+    first that fit in 4,000 characters, the observation gives the count; see
+    ``bpo_envs.swebench.tampering`` and docs/reliability.md) and, when the test run looks
     broken (every PASS_TO_PASS test failed, or the patch did not apply), ``grading_hint``. At the
     step limit without grading: ``submitted: False`` and reward 0.
     """
@@ -309,14 +314,27 @@ class SWEBenchEnv(SnapshotEnv):
         with tempfile.TemporaryDirectory(prefix="eval-", dir=run_dir()) as tmp:
             log_path = Path(tmp) / "test_output.txt"
             # the whole log (up to harness.TEST_LOG_BYTES) is graded, not an observation of it
-            self._backend.run_eval(row, patch, plan.script, self.eval_timeout, log_path)
+            result = self._backend.run_eval(row, patch, plan.script, self.eval_timeout, log_path)
             verdict = harness.grade(plan, str(log_path))
             tail = harness.log_tail(log_path, TEST_OUTPUT_CHARS)
+        # the reset step's report comes first on the run's own output, before any of the patch's
+        # code ran (bpo_envs.swebench.tampering); without it the tests did not run as graded
+        report = tampering.read_report(result.output)
+        tampered, reset_count = report if report is not None else ([], 0)
+        unreset = report is None and not result.timed_out and (
+            verdict.patch_applied or harness.MACHINERY_FAILED in tail)
+        if unreset:
+            verdict = dataclasses.replace(verdict, resolved=False)
         reward = 1.0 if verdict.resolved else 0.0
         obs = (
             f"{prefix}\nGrading: {'RESOLVED' if verdict.resolved else 'not resolved'} "
             f"(FAIL_TO_PASS {verdict.fail_to_pass:.2f}, PASS_TO_PASS {verdict.pass_to_pass:.2f})"
         )
+        if reset_count:
+            shown = tampered[:20]
+            more = f" (and {reset_count - len(shown)} more)" if reset_count > len(shown) else ""
+            obs += (f"\nThe patch changed the repository's test machinery; grading reset it and ran "
+                    f"the repository's own: {', '.join(shown)}{more}")
         info = {
             "won": verdict.resolved,
             "resolved": verdict.resolved,
@@ -328,8 +346,10 @@ class SWEBenchEnv(SnapshotEnv):
             "patch": patch,
             "submitted": True,
             "test_output": tail,
+            "tampered": tampered,
         }
-        hint = grading_hint(verdict, row)
+        hint = (harness.MACHINERY_FAILED.lstrip("> ").replace("bpo-gym: ", "grading hint: ") + "; scored 0"
+                if unreset else grading_hint(verdict, row))
         if hint:
             info["grading_hint"] = hint
             obs += f"\n{hint}"

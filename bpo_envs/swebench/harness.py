@@ -15,12 +15,16 @@ We never call ``make_test_spec``: for many Verified repos it downloads requireme
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import shlex
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bpo_envs.swebench import tampering
 
 _PARSER_MODULES = ("python", "javascript", "c", "go", "java", "php", "ruby", "rust")
 CONDA_SHIM = """# bpo-gym: stands in for conda in sandboxes without it; swebench eval scripts
@@ -166,20 +170,54 @@ MAX_LOG_COPY = TEST_LOG_BYTES + 4096
 """Bytes of a grading log copied out of the sandbox (the log, its cut marker, some slack)."""
 
 
-def runner_script(patch_path: str, eval_path: str, log_path: str) -> str:
-    """Bash that applies the model patch like swebench's ``run_instance``, then runs the eval,
-    writing everything it prints (at most :data:`TEST_LOG_BYTES`, then :data:`LOG_CUT_MARKER`)
-    to ``log_path`` and nothing to its own output."""
+def test_command(row: dict[str, Any]) -> str | None:
+    """The row's test command: its ``test_cmd``, else swebench's for its repo and version (None
+    for a row graded by its own ``eval_script``)."""
+    if row.get("test_cmd"):
+        return str(row["test_cmd"])
+    if row.get("eval_script"):
+        return None
+    specs = swebench_modules()["constants"].MAP_REPO_VERSION_TO_SPECS.get(row["repo"], {})
+    cmd = specs.get(row["version"], {}).get("test_cmd")
+    return " && ".join(cmd) if isinstance(cmd, list) else cmd
+
+
+MACHINERY_FAILED = ">>>>> bpo-gym: the test machinery could not be reset, so the tests were not run"
+"""The line a grading log ends with when the reset step (``bpo_envs.swebench.tampering``) did
+not run: no Python 3.7+ in the sandbox, or it failed."""
+
+
+def runner_script(patch_path: str, eval_path: str, log_path: str,
+                  row: dict[str, Any] | None = None) -> str:
+    """Bash that applies the model patch like swebench's ``run_instance``, resets the test
+    machinery the patch changed (``bpo_envs.swebench.tampering``: saved before the patch, put
+    back after it; the report line goes to the runner's own output, before any code of the
+    patch runs), then runs the eval, writing everything it prints (at most
+    :data:`TEST_LOG_BYTES`, then :data:`LOG_CUT_MARKER`) to ``log_path``."""
     c = swebench_modules()["constants"]
     tries = " || ".join(f"{cmd} {patch_path}" for cmd in apply_commands())
+    work = os.path.dirname(patch_path) or "."
+    program, store = f"{work}/bpo_machinery.py", f"{work}/bpo_machinery.json"
+    runner = " ".join(shlex.quote(p) for p in tampering.runner_files(test_command(row) if row else None))
+    delim = "BPO_MACHINERY_PROGRAM_" + hashlib.blake2b(tampering.program_source().encode(), digest_size=6).hexdigest()
     return (
+        f"cat > {program} <<'{delim}'\n{tampering.program_source()}\n{delim}\n"
+        "exec 9>&1\n"
         "{\n"
         "cd /testbed\n"
+        "bpo_py=\n"
+        'for p in /opt/miniconda3/bin/python3 "$(command -v python3)" "$(command -v python)"; do\n'
+        '  if [ -n "$p" ] && [ -x "$p" ] && (cd / && "$p" -I -S -c "import sys; sys.exit(sys.version_info < (3, 7))") 2>/dev/null; '
+        "then bpo_py=$p; break; fi\n"
+        "done\n"
+        f'machinery() {{ (cd / && "$bpo_py" -I -S {program} "$1" /testbed {store} {runner}); }}\n'
+        f"if [ -z \"$bpo_py\" ] || ! machinery snapshot; then echo '{MACHINERY_FAILED}'; exit 0; fi\n"
         f"if [ -s {patch_path} ]; then\n"
         f"  if {tries}; then echo '{c.APPLY_PATCH_PASS}'; "
         f"else echo '{c.APPLY_PATCH_FAIL}'; exit 0; fi\n"
         "fi\n"
-        f"bash {eval_path}\n"
+        f"if ! machinery reset >&9; then echo '{MACHINERY_FAILED}'; exit 0; fi\n"
+        f"bash {eval_path} 9>&-\n"
         f"}} 2>&1 | head -c {TEST_LOG_BYTES + 1} > {log_path}\n"
         f"if [ \"$(stat -c %s {log_path})\" -gt {TEST_LOG_BYTES} ]; then\n"
         f"  truncate -s {TEST_LOG_BYTES} {log_path}; printf '\\n%s\\n' '{LOG_CUT_MARKER}' >> {log_path}\n"

@@ -1061,8 +1061,9 @@ class LocalBackend:
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
                  log_path: Path) -> CommandResult:
-        """Apply ``patch`` to a fresh copy at base_commit and run the eval script there; its
-        whole log (``harness.runner_script``) is written to ``log_path``."""
+        """Apply ``patch`` to a fresh copy at base_commit, reset the test machinery it changed
+        and run the eval script there; its whole log (``harness.runner_script``) is written to
+        ``log_path``."""
         from bpo_envs.swebench import harness
 
         fork = Workspace(self.store)
@@ -1073,7 +1074,7 @@ class LocalBackend:
             (eval_dir / "patch.diff").write_text(patch, encoding="utf-8")
             (eval_dir / "eval.sh").write_text(script, encoding="utf-8")
             runner = harness.runner_script("/bpo_eval/patch.diff", "/bpo_eval/eval.sh",
-                                           "/bpo_eval/test_output.txt")
+                                           "/bpo_eval/test_output.txt", row)
             result = self.sandbox.run(fork.testbed, runner, timeout, 256 << 20,
                                       rw_binds=[(str(eval_dir), "/bpo_eval")], grading=True)
             harness.write_log(harness.read_log_file(eval_dir / "test_output.txt"), log_path,
