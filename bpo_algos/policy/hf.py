@@ -534,6 +534,10 @@ class HFPolicy(Policy, nn.Module):
                 bases.append((base, k))
             else:
                 whole.append(p)
+        # batches of similar lengths pad least (the results are matched back by prompt)
+        whole.sort(key=len)
+        order = sorted(range(len(after)), key=lambda i: len(after[i]) - bases[i][1])
+        after, bases = [after[i] for i in order], [bases[i] for i in order]
         fresh = dict(zip(whole, self._prefill(whole, counter), strict=True))
         if after:
             fresh.update(zip(after, self._prefill_after(bases, after, counter), strict=True))
