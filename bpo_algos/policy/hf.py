@@ -85,13 +85,14 @@ from bpo_algos.policy.base import (
     check_entropy_mode,
     pad_token_rows,
 )
-from bpo_algos.policy.prefix_store import PrefixStore
+from bpo_algos.policy.prefix_store import PrefixStore, common_prefix_length
 from bpo_algos.policy.prompt_builder import PromptBuilder
 from bpo_envs.prompting import PromptConfig, env_action, format_action, parse_action
 from bpo_envs.validation import check_count
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "summary_first_dropout")
+STEM_MIN_TOKENS = 16  # a shared stem shorter than this is not worth a forward pass of its own
 log = logging.getLogger(__name__)
 
 def disable_dropout(model: nn.Module) -> int:
@@ -512,6 +513,25 @@ class HFPolicy(Policy, nn.Module):
             setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(t) for t in news))
         return out
 
+    def _shared_stems(self, prompts: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Common prefixes that several of ``prompts`` share beyond what the store holds (the
+        siblings after a fork share everything up to their own action): for each pair adjacent in
+        sorted order, their common prefix, when it is at least ``STEM_MIN_TOKENS`` longer than
+        the kept prefix of either and is not itself one of the prompts. Prefilled once, each
+        stem's KV then serves every prompt that starts with it; stems of stems are found by the
+        same rule when the stems are prefilled (strictly shorter each time, so it ends)."""
+        ordered = sorted(prompts)
+        given = set(prompts)
+        stems: dict[tuple[int, ...], None] = {}
+        for a, b in zip(ordered, ordered[1:], strict=False):
+            shared = min(common_prefix_length(a, b), len(a) - 1, len(b) - 1)
+            if shared < STEM_MIN_TOKENS or a[:shared] in given:
+                continue
+            _, kept = self._store.longest_prefix(a[:shared])
+            if shared - kept >= STEM_MIN_TOKENS:
+                stems[a[:shared]] = None
+        return list(stems)
+
     def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool, counter: str = "prefill_tokens") -> list[_Prefix]:
         """Prefixes for ``prompts`` (duplicates prefilled once): kept ones from the store, the
         others prefilled after their longest kept common prefix (across decisions) or whole."""
@@ -525,6 +545,10 @@ class HFPolicy(Policy, nn.Module):
             if hit is not None:
                 found[p] = hit
         missing = [p for p in dict.fromkeys(prompts) if p not in found]
+        if self.across_decisions and len(missing) > 1:
+            stems = self._shared_stems(missing)
+            if stems:  # kept first, so each prompt below runs only its own tail
+                self._prefixes(stems, keep=True, counter=counter)
         whole, after, bases = [], [], []
         for p in missing:
             base, k = self._store.longest_prefix(p) if self.across_decisions else (None, 0)
