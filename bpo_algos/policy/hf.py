@@ -18,8 +18,9 @@ Mechanics:
   most leading tokens with it: only the tokens after that common prefix run through the model
   (the KV at position ``j`` depends on tokens ``0..j`` only). So the ``sample`` after a
   ``decision_entropy`` at the same context prefills nothing, the same episode's next step
-  prefills only its new turn, and every sibling after a fork only what follows its parent's
-  prompt. ``prefix_store_tokens=0``: the store holds one decision's prompts, cleared at the next
+  prefills only what its prompt does not share with the last, and prompts of one call that share
+  a stem beyond the store (a fork's siblings, up to their own action) prefill it once
+  (``STEM_MIN_TOKENS``). ``prefix_store_tokens=0``: the store holds one decision's prompts, cleared at the next
   ``decision_entropy`` and after the ``sample`` (exact matches only: every decision prefills its
   whole prompt). The store is cleared by ``token_logprobs`` (a weight update follows the loss),
   whenever a trainable parameter was modified in place since (:meth:`HFPolicy.weights_version`),
