@@ -176,3 +176,13 @@ def test_a_weight_update_drops_the_kept_prompts(tiny_path):
     prompts = [on.prompt_ids(c) for c in steps[2]]
     scored = sum(len(on.prompts.action_ids(a)) - 1 for c in steps[2] for a in c.admissible_actions)
     assert on.meter.score_tokens - score == sum(len(p) for p in prompts) + scored  # all prefilled anew
+
+
+def test_prefill_batches_bound_padding(tiny_path):
+    policy = HFPolicy(tiny_path, max_new_tokens=8, seed=0, batch_size=3)
+    assert policy._batches([10, 10, 12, 100, 100, 100, 100]) == [[0, 1, 2], [3, 4, 5], [6]]
+    batches = policy._batches([5, 400, 7, 300, 8])  # unsorted: still in order, padding bounded
+    assert [i for b in batches for i in b] == list(range(5))
+    lengths = [5, 400, 7, 300, 8]
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 1.25 * sum(lengths[i] for i in b)

@@ -93,6 +93,7 @@ from bpo_envs.validation import check_count
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "summary_first_dropout")
+PAD_SLACK = 1.25  # the most padded tokens a prefill batch computes, per real token
 STEM_MIN_TOKENS = 16  # a shared stem shorter than this is not worth a forward pass of its own
 log = logging.getLogger(__name__)
 
@@ -448,9 +449,9 @@ class HFPolicy(Policy, nn.Module):
 
         ``counter``: the meter field the prompt tokens are counted in (``score_tokens`` for a
         decision-entropy pass)."""
-        out: list[_Prefix] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start : start + self.batch_size]
+        out: list[_Prefix | None] = [None] * len(prompts)
+        for rows in self._batches([len(p) for p in prompts]):
+            chunk = [prompts[i] for i in rows]
             if any(not p for p in chunk):
                 raise ValueError("a prompt must have at least one token")
             ids, mask, positions = self._left_pad(chunk)
@@ -460,9 +461,27 @@ class HFPolicy(Policy, nn.Module):
             for i, p in enumerate(chunk):
                 pad = width - len(p)
                 kv = [(k[i : i + 1, :, pad:].clone(), v[i : i + 1, :, pad:].clone()) for k, v in layers]
-                out.append(_Prefix(p, kv, result.logits[i, -1].float()))
+                out[rows[i]] = _Prefix(p, kv, result.logits[i, -1].float())
             setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(p) for p in chunk))
-        return out
+        return out  # type: ignore[return-value]
+
+    def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices of rows run together, in order: at most ``batch_size`` a batch, and a new batch
+        where padding to the longest would compute over ``PAD_SLACK`` times the real tokens
+        (padded positions cost as much as real ones; on a CPU a batch gains little else)."""
+        batches: list[list[int]] = []
+        rows: list[int] = []
+        longest = total = 0
+        for i, n in enumerate(lengths):
+            wider = max(longest, n)
+            if rows and (len(rows) == self.batch_size or wider * (len(rows) + 1) > PAD_SLACK * (total + n)):
+                batches.append(rows)
+                rows, wider, total = [], n, 0
+            rows.append(i)
+            longest, total = wider, total + n
+        if rows:
+            batches.append(rows)
+        return batches
 
     @torch.no_grad()
     def _prefill_after(
@@ -477,9 +496,9 @@ class HFPolicy(Policy, nn.Module):
         new token."""
         from transformers import DynamicCache
 
-        out: list[_Prefix] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = list(zip(bases[start : start + self.batch_size], prompts[start : start + self.batch_size], strict=True))
+        out: list[_Prefix | None] = [None] * len(prompts)
+        for rows in self._batches([len(p) - k for (_, k), p in zip(bases, prompts, strict=True)]):
+            chunk = [(bases[i], prompts[i]) for i in rows]
             kept = [k for (_, k), _ in chunk]
             news = [p[k:] for (_, k), p in chunk]
             width, new_width = max(kept), max(len(t) for t in news)
@@ -510,9 +529,9 @@ class HFPolicy(Policy, nn.Module):
                      torch.cat([value[r : r + 1, :, width - k : width], value[r : r + 1, :, width : width + len(t)]], 2))
                     for key, value in layers
                 ]
-                out.append(_Prefix(prompt, kv, result.logits[r, column[len(t) - 1]].float()))
+                out[rows[r]] = _Prefix(prompt, kv, result.logits[r, column[len(t) - 1]].float())
             setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(t) for t in news))
-        return out
+        return out  # type: ignore[return-value]
 
     def _shared_stems(self, prompts: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """Common prefixes that several of ``prompts`` share beyond what the store holds (the
