@@ -536,8 +536,8 @@ class HFPolicy(Policy, nn.Module):
     def _shared_stems(self, prompts: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """Common prefixes that several of ``prompts`` share beyond what the store holds (the
         siblings after a fork share everything up to their own action): for each pair adjacent in
-        sorted order, their common prefix, when it is at least ``STEM_MIN_TOKENS`` longer than
-        the kept prefix of either and is not itself one of the prompts. Prefilled once, each
+        sorted order, their common prefix (less the last token of either), when the store holds
+        at least ``STEM_MIN_TOKENS`` fewer of it and it is not itself one of the prompts. Prefilled once, each
         stem's KV then serves every prompt that starts with it; stems of stems are found by the
         same rule when the stems are prefilled (strictly shorter each time, so it ends)."""
         ordered = sorted(prompts)
