@@ -170,7 +170,7 @@ def test_decision_entropy_equals_brute_force_over_admissible_actions(tiny_path):
 
 
 def test_meter_counts_and_prefill_reuse_between_entropy_and_sample(tiny_path):
-    policy = HFPolicy(tiny_path, max_new_tokens=6, seed=0)
+    policy = HFPolicy(tiny_path, max_new_tokens=6, seed=0, prefix_store_tokens=0)  # per decision
     contexts = tree_contexts()
     lengths = [len(policy.prompt_ids(c)) for c in contexts]
     before = policy.meter.copy()
@@ -192,6 +192,14 @@ def test_meter_counts_and_prefill_reuse_between_entropy_and_sample(tiny_path):
     assert torch.allclose(policy.token_logprobs(steps).detach(), _old(steps), atol=ATOL)
     policy.sample(contexts, 2, None)  # the store was consumed: prefill once per prompt
     assert policy.meter.prefill_tokens == after_entropy.prefill_tokens + sum(lengths)
+    across = HFPolicy(tiny_path, max_new_tokens=6, seed=0)  # kept across decisions
+    across.decision_entropy(contexts)
+    across.sample(contexts, 2, None)
+    across.sample(contexts, 2, None)
+    assert across.meter.prefill_tokens == 0
+    across.token_logprobs(steps)  # the loss drops the store (an update follows)
+    across.sample(contexts, 2, None)
+    assert 0 < across.meter.prefill_tokens <= sum(lengths)
 
 
 def _old(steps) -> torch.Tensor:

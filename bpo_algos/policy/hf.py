@@ -12,12 +12,19 @@ Mechanics:
   samples of that context (``share_prefix=True``), instead of prefilling ``n`` copies.
   Prompts of one call are batched with left padding (explicit position ids, so padding changes
   nothing but float rounding).
-* **Entropy then sample.** The engine asks ``decision_entropy`` at a context and then
-  ``sample`` there; the prompt KV computed for the entropy is kept (``reuse_prefill=True``) and
-  reused by the following ``sample`` calls. The store is cleared by the next
-  ``decision_entropy``, by ``token_logprobs`` (a weight update follows the loss), whenever a
-  trainable parameter was modified in place since (:meth:`HFPolicy.weights_version`), and by
-  :meth:`HFPolicy.clear_cache`.
+* **Prompt KV store** (``reuse_prefill=True``). Prefilled prompts are kept in a
+  :class:`~bpo_algos.policy.prefix_store.PrefixStore` of at most ``prefix_store_tokens`` tokens
+  (least recently used evicted first). A prompt is prefilled from the kept prompt sharing the
+  most leading tokens with it: only the tokens after that common prefix run through the model
+  (the KV at position ``j`` depends on tokens ``0..j`` only). So the ``sample`` after a
+  ``decision_entropy`` at the same context prefills nothing, the same episode's next step
+  prefills only what its prompt does not share with the last, and prompts of one call that share
+  a stem beyond the store (a fork's siblings, up to their own action) prefill it once
+  (``STEM_MIN_TOKENS``). ``prefix_store_tokens=0``: the store holds one decision's prompts, cleared at the next
+  ``decision_entropy`` and after the ``sample`` (exact matches only: every decision prefills its
+  whole prompt). The store is cleared by ``token_logprobs`` (a weight update follows the loss),
+  whenever a trainable parameter was modified in place since (:meth:`HFPolicy.weights_version`),
+  and by :meth:`HFPolicy.clear_cache`.
 * **Decision entropy** (docs/unbiasedness.md, rule 1), ``decision_entropy="exact"`` (default):
   with admissible actions, the exact entropy of ``pi`` restricted to the admissible answers
   ``<action>a</action><eos>`` and renormalised, every answer scored in one pass that shares the
@@ -49,9 +56,10 @@ Mechanics:
   (:meth:`HFPolicy.prompt_ids`): never an exception mid-batch. ``policy.to(device)`` moves the
   model, the reference and the sampling generator.
 * **Meter.** ``policy_calls`` (one per ``sample``/``decision_entropy``), ``prefill_tokens``
-  (prompt tokens run through the model to generate, once per prompt when shared),
-  ``score_tokens`` (tokens of a decision-entropy pass: the prompt, whose KV ``sample`` then
-  reuses, and every candidate answer scored), ``gen_tokens`` (sampled tokens).
+  (prompt tokens run through the model to generate, once per prompt when shared, and only those
+  after the kept common prefix), ``score_tokens`` (tokens of a decision-entropy pass: the
+  prompt's tokens not already kept, whose KV ``sample`` then reuses, and every candidate answer
+  scored), ``gen_tokens`` (sampled tokens).
 """
 
 from __future__ import annotations
@@ -78,12 +86,15 @@ from bpo_algos.policy.base import (
     check_entropy_mode,
     pad_token_rows,
 )
+from bpo_algos.policy.prefix_store import PrefixStore, common_prefix_length
 from bpo_algos.policy.prompt_builder import PromptBuilder
 from bpo_envs.prompting import PromptConfig, env_action, format_action, parse_action
 from bpo_envs.validation import check_count
 
 DEFAULT_LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "summary_first_dropout")
+PAD_SLACK = 1.25  # the most padded tokens a prefill batch computes, per real token
+STEM_MIN_TOKENS = 16  # a shared stem shorter than this is not worth a forward pass of its own
 log = logging.getLogger(__name__)
 
 def disable_dropout(model: nn.Module) -> int:
@@ -201,7 +212,9 @@ class HFPolicy(Policy, nn.Module):
         lora: None/False (train all weights), True (default LoRA), a dict of ``LoraConfig``
             fields, or a ``peft.LoraConfig``.
         share_prefix: prefill each prompt once and expand its KV to the ``n`` samples.
-        reuse_prefill: keep the prompt KV from ``decision_entropy`` for the next ``sample``.
+        reuse_prefill: keep prefilled prompts' KV for later calls (module docstring).
+        prefix_store_tokens: the most prompt tokens whose KV is kept across decisions (0: only
+            within one decision, as an entropy pass's prompt for the ``sample`` after it).
         batch_size: prompts prefilled per forward pass.
         train_batch_size: sequences per forward pass in ``token_logprobs``.
         device / dtype: where and in which precision to load the model (default: CUDA when
@@ -230,6 +243,7 @@ class HFPolicy(Policy, nn.Module):
         lora: Any = None,
         share_prefix: bool = True,
         reuse_prefill: bool = True,
+        prefix_store_tokens: int = 16384,
         batch_size: int = 16,
         train_batch_size: int = 8,
         device: str | torch.device | None = None,
@@ -260,6 +274,8 @@ class HFPolicy(Policy, nn.Module):
             check_count(name, value)
         if decode_batch_size is not None:
             check_count("decode_batch_size", decode_batch_size)
+        if not prefix_store_tokens >= 0:
+            raise ValueError(f"prefix_store_tokens must be >= 0, got {prefix_store_tokens}")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -311,7 +327,8 @@ class HFPolicy(Policy, nn.Module):
         self.pad_token_id = int(pad if pad is not None else self.prompts.eos_token_id)
         self._generator = torch.Generator(device=device)
         self._generator.manual_seed(seed)
-        self._store: dict[tuple[int, ...], _Prefix] = {}
+        self.prefix_store_tokens = int(prefix_store_tokens)
+        self._store = PrefixStore(self.prefix_store_tokens or None)
         self._store_version = self.weights_version()
         self._sample_temperature: float | None = None
 
@@ -355,8 +372,13 @@ class HFPolicy(Policy, nn.Module):
         """The transformers model, which FSDP shards."""
         return self.model
 
+    @property
+    def across_decisions(self) -> bool:
+        """Whether prompt KV is kept from one decision to the next (module docstring)."""
+        return self.reuse_prefill and self.prefix_store_tokens > 0
+
     def clear_cache(self) -> None:
-        """Drop prompt KV kept between ``decision_entropy`` and ``sample`` (stale after an update)."""
+        """Drop the kept prompt KV (stale after an update)."""
         self._store.clear()
 
     def enable_gradient_checkpointing(self) -> None:
@@ -427,9 +449,9 @@ class HFPolicy(Policy, nn.Module):
 
         ``counter``: the meter field the prompt tokens are counted in (``score_tokens`` for a
         decision-entropy pass)."""
-        out: list[_Prefix] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start : start + self.batch_size]
+        out: list[_Prefix | None] = [None] * len(prompts)
+        for rows in self._batches([len(p) for p in prompts]):
+            chunk = [prompts[i] for i in rows]
             if any(not p for p in chunk):
                 raise ValueError("a prompt must have at least one token")
             ids, mask, positions = self._left_pad(chunk)
@@ -439,22 +461,135 @@ class HFPolicy(Policy, nn.Module):
             for i, p in enumerate(chunk):
                 pad = width - len(p)
                 kv = [(k[i : i + 1, :, pad:].clone(), v[i : i + 1, :, pad:].clone()) for k, v in layers]
-                out.append(_Prefix(p, kv, result.logits[i, -1].float()))
+                out[rows[i]] = _Prefix(p, kv, result.logits[i, -1].float())
             setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(p) for p in chunk))
-        return out
+        return out  # type: ignore[return-value]
+
+    def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices of rows run together, in order: at most ``batch_size`` a batch, and a new batch
+        where padding to the longest would compute over ``PAD_SLACK`` times the real tokens
+        (padded positions cost as much as real ones; on a CPU a batch gains little else)."""
+        batches: list[list[int]] = []
+        rows: list[int] = []
+        longest = total = 0
+        for i, n in enumerate(lengths):
+            wider = max(longest, n)
+            if rows and (len(rows) == self.batch_size or wider * (len(rows) + 1) > PAD_SLACK * (total + n)):
+                batches.append(rows)
+                rows, wider, total = [], n, 0
+            rows.append(i)
+            longest, total = wider, total + n
+        if rows:
+            batches.append(rows)
+        return batches
+
+    @torch.no_grad()
+    def _prefill_after(
+        self, bases: Sequence[tuple[_Prefix, int]], prompts: Sequence[tuple[int, ...]], counter: str = "prefill_tokens"
+    ) -> list[_Prefix]:
+        """Prefill ``prompts[i]`` from the first ``k`` positions of a kept prefix ``bases[i] =
+        (prefix, k)`` (``0 < k < len(prompts[i])``, the two sharing those ``k`` tokens): only the
+        tokens after ``k`` run through the model, and only those are metered in ``counter``.
+
+        Layout of a batch row: the kept KV left-padded to the widest, then the new tokens
+        right-padded (pads are masked; positions are explicit), logits read at each row's last
+        new token."""
+        from transformers import DynamicCache
+
+        out: list[_Prefix | None] = [None] * len(prompts)
+        for rows in self._batches([len(p) - k for (_, k), p in zip(bases, prompts, strict=True)]):
+            chunk = [(bases[i], prompts[i]) for i in rows]
+            kept = [k for (_, k), _ in chunk]
+            news = [p[k:] for (_, k), p in chunk]
+            width, new_width = max(kept), max(len(t) for t in news)
+            data = []
+            for layer in range(len(chunk[0][0][0].kv)):
+                keys, values = [], []
+                for (base, k), _ in chunk:
+                    key, value = base.kv[layer]
+                    keys.append(nn.functional.pad(key[:, :, :k], (0, 0, width - k, 0)))
+                    values.append(nn.functional.pad(value[:, :, :k], (0, 0, width - k, 0)))
+                data.append((torch.cat(keys, 0), torch.cat(values, 0)))
+            cache = DynamicCache(data, config=self.model.config)
+            lengths = torch.tensor(kept)
+            ids = torch.full((len(chunk), new_width), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width + new_width), dtype=torch.long)
+            mask[:, :width] = (torch.arange(width)[None, :] >= (width - lengths)[:, None]).long()
+            for r, t in enumerate(news):
+                ids[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+                mask[r, width : width + len(t)] = 1
+            positions = lengths[:, None] + torch.arange(new_width)[None, :]
+            last = sorted({len(t) - 1 for t in news})
+            result = self._forward(ids, mask, positions, cache, logits_to_keep=torch.tensor(last, device=self.device))
+            column = {c: j for j, c in enumerate(last)}
+            layers = [(layer.keys, layer.values) for layer in result.past_key_values.layers]
+            for r, (((_, k), prompt), t) in enumerate(zip(chunk, news, strict=True)):
+                kv = [
+                    (torch.cat([key[r : r + 1, :, width - k : width], key[r : r + 1, :, width : width + len(t)]], 2),
+                     torch.cat([value[r : r + 1, :, width - k : width], value[r : r + 1, :, width : width + len(t)]], 2))
+                    for key, value in layers
+                ]
+                out[rows[r]] = _Prefix(prompt, kv, result.logits[r, column[len(t) - 1]].float())
+            setattr(self.meter, counter, getattr(self.meter, counter) + sum(len(t) for t in news))
+        return out  # type: ignore[return-value]
+
+    def _shared_stems(self, prompts: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Common prefixes that several of ``prompts`` share beyond what the store holds (the
+        siblings after a fork share everything up to their own action): for each pair adjacent in
+        sorted order, their common prefix (less the last token of either), when the store holds
+        at least ``STEM_MIN_TOKENS`` fewer of it and it is not itself one of the prompts. Prefilled once, each
+        stem's KV then serves every prompt that starts with it; stems of stems are found by the
+        same rule when the stems are prefilled (strictly shorter each time, so it ends)."""
+        ordered = sorted(prompts)
+        given = set(prompts)
+        stems: dict[tuple[int, ...], None] = {}
+        for a, b in zip(ordered, ordered[1:], strict=False):
+            shared = min(common_prefix_length(a, b), len(a) - 1, len(b) - 1)
+            if shared < STEM_MIN_TOKENS or a[:shared] in given:
+                continue
+            _, kept = self._store.longest_prefix(a[:shared])
+            if shared - kept >= STEM_MIN_TOKENS:
+                stems[a[:shared]] = None
+        return list(stems)
 
     def _prefixes(self, prompts: Sequence[tuple[int, ...]], keep: bool, counter: str = "prefill_tokens") -> list[_Prefix]:
-        """Prefixes for ``prompts`` (duplicates prefilled once), from the store where present."""
+        """Prefixes for ``prompts`` (duplicates prefilled once): kept ones from the store, the
+        others prefilled after their longest kept common prefix (across decisions) or whole."""
         version = self.weights_version()
         if version != self._store_version:  # weights changed since the KV was computed
             self._store.clear()
             self._store_version = version
-        missing = list(dict.fromkeys(p for p in prompts if p not in self._store))
-        fresh = dict(zip(missing, self._prefill(missing, counter), strict=True))
-        found = [self._store.get(p) or fresh[p] for p in prompts]
-        if keep and self.reuse_prefill:
-            self._store.update(fresh)
-        return found
+        found: dict[tuple[int, ...], _Prefix] = {}
+        for p in dict.fromkeys(prompts):
+            hit = self._store.get(p)
+            if hit is not None:
+                found[p] = hit
+        missing = [p for p in dict.fromkeys(prompts) if p not in found]
+        if self.across_decisions and len(missing) > 1:
+            stems = self._shared_stems(missing)
+            if stems:  # kept first, so each prompt below runs only its own tail
+                self._prefixes(stems, keep=True, counter=counter)
+        whole, after, bases = [], [], []
+        for p in missing:
+            base, k = self._store.longest_prefix(p) if self.across_decisions else (None, 0)
+            k = min(k, len(p) - 1)  # at least the last token runs: its logits are the next-token ones
+            if base is not None and k > 0:
+                after.append(p)
+                bases.append((base, k))
+            else:
+                whole.append(p)
+        # batches of similar lengths pad least (the results are matched back by prompt)
+        whole.sort(key=len)
+        order = sorted(range(len(after)), key=lambda i: len(after[i]) - bases[i][1])
+        after, bases = [after[i] for i in order], [bases[i] for i in order]
+        fresh = dict(zip(whole, self._prefill(whole, counter), strict=True))
+        if after:
+            fresh.update(zip(after, self._prefill_after(bases, after, counter), strict=True))
+        if (keep or self.across_decisions) and self.reuse_prefill:
+            for p in missing:
+                self._store.put(fresh[p])
+        found.update(fresh)
+        return [found[p] for p in prompts]
 
     def _assemble(self, prefixes: Sequence[_Prefix], repeats: Sequence[int]) -> _Batch:
         """One left-padded batch with prefix ``i`` repeated ``repeats[i]`` times."""
@@ -635,9 +770,9 @@ class HFPolicy(Policy, nn.Module):
                 part = copies[start : start + step]
                 streams = None if rows is None else rows[start : start + step]
                 answers += self._decode(self._assemble(self._prefill(part), [1] * len(part)), greedy, streams)
-        if not keep_prefix:
+        if not keep_prefix and not self.across_decisions:
             for p in prompts:
-                self._store.pop(p, None)
+                self._store.pop(p)
         out: list[list[Action]] = []
         for i, prompt in enumerate(prompts):
             row: list[Action] = []
@@ -678,7 +813,8 @@ class HFPolicy(Policy, nn.Module):
 
     def decision_entropy(self, contexts: Sequence[Context]) -> list[float]:
         """Entropy of the policy at each context, before sampling (see the module docstring)."""
-        self._store.clear()
+        if not self.across_decisions:
+            self._store.clear()
         if not contexts:
             return []
         if self.decision_entropy_mode == "probe":
