@@ -86,7 +86,13 @@ from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-ex
     set_max_docker_calls,
 )
 from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, row_image_names
-from bpo_envs.swebench.local import SandboxLimits, disk_usage, largest_files, scan_tree
+from bpo_envs.swebench.local import (
+    DIFF_TIMEOUT_S,
+    SandboxLimits,
+    disk_usage,
+    largest_files,
+    scan_tree,
+)
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 from bpo_envs.swebench.owners import (
     LABEL_KIND,
@@ -111,6 +117,9 @@ HOST_GRACE_S = 3.0
 the container may be frozen or killed by the agent)."""
 HOST_KILL_WAIT_S = 5.0
 """Seconds a kill from a fresh exec (then a restart) is given to end a command."""
+SNAPSHOT_GRACE_S = 10.0
+"""Seconds past the step's timeout the host waits for a snapshot's ``docker commit`` (it reads
+the container's writable layer, at most the disk quota: 10-12 s for 1 GiB on a loaded host)."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -136,6 +145,11 @@ REAP = r"""__bpo_reap() {
   kill -CONT $main $* 2>/dev/null
 }
 """
+
+
+class SnapshotTimeoutError(SnapshotError):
+    """The Docker daemon did not commit a snapshot within the step's timeout + its grace; the
+    env's container is unchanged (the env goes on) and no image is kept."""
 
 
 class SandboxLostError(RuntimeError):
@@ -267,6 +281,7 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpo-swe-warm")
         self._images: dict[str, str] = {}
         self._removals: list[threading.Thread] = []
+        self._late_commits: list[threading.Thread] = []  # snapshots answered past their deadline
         self._image: str | None = None  # the image self.container was started from
         self._fresh = False  # nothing ran in self.container yet
 
@@ -717,25 +732,67 @@ class DockerBackend:
         return self._retry_if_fresh(
             lambda: self._exec(self.container, command, timeout, kill_after_bytes))
 
-    def capture(self, warm: bool = True) -> DockerState:
+    def capture(self, timeout: float | None = None, warm: bool = True) -> DockerState:
+        """Commit the container as a snapshot image. ``timeout``: the step's timeout; the host
+        waits ``timeout`` + :data:`SNAPSHOT_GRACE_S` seconds for the daemon's commit (the disk
+        quota bounds what it reads, but a daemon call has no deadline of its own), then raises
+        :class:`SnapshotTimeoutError`: the container is untouched and the env goes on, and the
+        image the commit makes later is removed as soon as the daemon answers."""
         tag = uuid.uuid4().hex[:16]
-
-        def commit() -> None:
-            # no pause: between steps no process of the agent's is left (every step is reaped)
-            try:
-                docker_call(self.client.api.commit, self.container.id, repository=SNAPSHOT_REPO,
-                            tag=tag, pause=False)
-            except Exception as exc:  # noqa: BLE001 - sorted by _lost
-                raise self._lost(self.container, exc) from exc
-
-        fresh = self._fresh
-        self._retry_if_fresh(commit)
-        self._fresh = fresh  # a snapshot runs nothing in the container
         name = f"{SNAPSHOT_REPO}:{tag}"
+        limit = None if timeout is None else timeout + SNAPSHOT_GRACE_S
+        fresh = self._fresh
+        self._retry_if_fresh(lambda: self._commit(self.container, tag, limit))
+        self._fresh = fresh  # a snapshot runs nothing in the container
         state = _tracked(self.client, name)
         if warm:
             self._warm_up(name)
         return state
+
+    def _commit(self, box: Any, tag: str, limit: float | None) -> None:
+        """``docker commit`` of ``box`` as ``SNAPSHOT_REPO:tag`` on a thread of its own, waited
+        for ``limit`` seconds (None: until it ends); a commit that answers later has its image
+        removed by that thread (:meth:`settle` waits for such threads)."""
+        name = f"{SNAPSHOT_REPO}:{tag}"
+        lock = threading.Lock()
+        done = threading.Event()
+        late = threading.Event()  # the caller stopped waiting
+        failure: list[BaseException] = []
+
+        def commit() -> None:
+            # no pause: between steps no process of the agent's is left (every step is reaped)
+            try:
+                docker_call(self.client.api.commit, box.id, repository=SNAPSHOT_REPO, tag=tag, pause=False)
+            except Exception as exc:  # noqa: BLE001 - raised by the caller, or dropped when late
+                failure.append(exc)
+            with lock:
+                done.set()
+            if late.is_set() and not failure:
+                _remove_image(self.client, name)
+
+        thread = threading.Thread(target=commit, daemon=True, name="bpo-swe-commit")
+        thread.start()
+        if not done.wait(limit):
+            with lock:
+                if not done.is_set():
+                    late.set()
+            if late.is_set():
+                self._late_commits = [t for t in self._late_commits if t.is_alive()] + [thread]
+                raise SnapshotTimeoutError(
+                    f"the host could not take a snapshot within {limit:g} s (the step's timeout + "
+                    f"{SNAPSHOT_GRACE_S:g} s): the Docker daemon's commit of the container did not "
+                    f"answer in time; the env is unchanged, and the image is removed when the commit ends")
+        if failure:
+            raise self._lost(box, failure[0]) from failure[0]
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for snapshot commits the host stopped waiting for (their
+        images are removed as they end); whether none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._late_commits:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._late_commits = [t for t in self._late_commits if t.is_alive()]
+        return not self._late_commits
 
     def apply(self, state: DockerState, row: dict[str, Any] | None) -> None:
         self._replace(state.image)
@@ -773,16 +830,17 @@ class DockerBackend:
         else:
             _remove_image(self.client, state.image)
 
-    def model_patch(self, row: dict[str, Any]) -> str:
+    def model_patch(self, row: dict[str, Any], timeout: float = DIFF_TIMEOUT_S) -> str:
         """The diff of ``/testbed`` against base_commit (``git add -A`` into a scratch index, so
-        the container's own index is left as it is)."""
+        the container's own index is left as it is); its git is killed past ``timeout`` seconds
+        (then the patch is empty)."""
         index = "/tmp/.bpo_patch_index"
         script = (
             f"rm -f {index}; cp .git/index {index} 2>/dev/null; export GIT_INDEX_FILE={index}; "
             f"git -c core.fileMode=false add -A && git diff --cached --binary {row['base_commit']}; "
             f"rc=$?; rm -f {index}; exit $rc"
         )
-        result = self._exec(self.container, script, 120, 256 << 20, agent=False)
+        result = self._exec(self.container, script, timeout, 256 << 20, agent=False)
         return result.output if result.exit_code == 0 else ""
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,
