@@ -173,6 +173,38 @@ def test_a_docker_snapshot_of_a_large_tree_is_kept_whole_or_refused_in_time():
         env.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grading_shares_eval_timeout_between_the_diff_and_the_test_run(backend):
+    # the host's diff and the test run together answer within eval_timeout (+ the host's grace):
+    # a diff that took 2 s leaves the test run 2 s less (the real backend runs both; the spy
+    # only delays the diff and records the deadlines it was given)
+    from bpo_envs.swebench.local import DIFF_TIMEOUT_S
+
+    env = _make(backend, eval_timeout=40.0)
+    try:
+        env.reset(options={"task_id": TASK})
+        backend_ = env.unwrapped._backend
+        given: dict[str, float] = {}
+        model_patch, run_eval = backend_.model_patch, backend_.run_eval
+
+        def slow_diff(row, timeout):
+            given["diff"] = timeout
+            time.sleep(2.0)
+            return model_patch(row, timeout)
+
+        def eval_left(row, patch, script, timeout, log_path):
+            given["eval"] = timeout
+            return run_eval(row, patch, script, timeout, log_path)
+
+        backend_.model_patch, backend_.run_eval = slow_diff, eval_left
+        obs, _, terminated, _, info = env.step("submit")
+        assert terminated and "Grading:" in obs
+        assert given["diff"] == min(DIFF_TIMEOUT_S, 40.0)
+        assert given["eval"] <= 40.0 - 2.0
+    finally:
+        env.close()
+
+
 # ---- tree shapes ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS_DOCKER_SLOW)
 def test_three_thousand_nested_folders_are_an_observation(backend):

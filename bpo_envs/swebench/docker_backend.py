@@ -6,7 +6,8 @@ command runs as ``bash -c`` in ``/testbed`` with ``BASH_ENV=/root/.bashrc`` (as 
 and the official images expect: their ``.bashrc`` activates the conda env ``testbed``, so the
 agent's ``python`` and ``pytest`` are the instance's), plus mini-swe-agent's non-interactive
 variables (``PAGER=cat`` ...). A snapshot is ``container.commit()`` (the whole filesystem; not
-processes); restore and fork start a new container from that image; containers are removed
+processes), waited for the step's timeout + :data:`SNAPSHOT_GRACE_S` (past that a
+:class:`SnapshotTimeoutError`, and the late image is removed when it arrives); restore and fork start a new container from that image; containers are removed
 with ``remove(force=True)`` (a plain stop waits for the grace period).
 
 Grading applies the diff of ``/testbed`` against ``base_commit`` (taken in a fork of the final
@@ -120,6 +121,9 @@ HOST_KILL_WAIT_S = 5.0
 SNAPSHOT_GRACE_S = 10.0
 """Seconds past the step's timeout the host waits for a snapshot's ``docker commit`` (it reads
 the container's writable layer, at most the disk quota: 10-12 s for 1 GiB on a loaded host)."""
+TRIM_TIMEOUT_S = 10.0
+"""Seconds the host's removal of what a command wrote past the disk quota may take (so that the
+step answers within its timeout + 15 s; what is left is removed after the next command)."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -565,21 +569,25 @@ class DockerBackend:
             text = _note(text, f"[the command killed every process of the sandbox ({stopped[1]}){again}]")
         elif upper is not None and (over.is_set() or disk_usage(upper) > quota):
             what = "the command was killed" if over.is_set() else "after this command"
-            removed = self._trim_to_quota(box, upper, quota)
+            removed, whole = self._trim_to_quota(box, upper, quota)
+            rest = "" if whole else (f"; not all of it within {TRIM_TIMEOUT_S:g} s: what is left "
+                                     "is removed after the next command")
             text = _note(text, f"[disk quota exceeded ({what}): the container's writes since its last "
                                f"reset or restore exceed {quota} bytes; the host removed, largest first, "
                                f"{', '.join('/' + p for p in removed[:5]) or 'nothing'}"
-                               f"{f' and {len(removed) - 5} more' if len(removed) > 5 else ''}]")
+                               f"{f' and {len(removed) - 5} more' if len(removed) > 5 else ''}{rest}]")
         elif agent and rc == 137 and not timed_out:
             text = _note(text, f"[killed by SIGKILL: by a kill, or by the container's memory limit of "
                                f"{self.limits.memory_bytes} bytes]")
         return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
 
-    def _trim_to_quota(self, box: Any, upper: Path, quota: int) -> list[str]:
+    def _trim_to_quota(self, box: Any, upper: Path, quota: int) -> tuple[list[str], bool]:
         """Remove, in ``box``, what its writable layer holds past ``quota`` (largest files first;
         a tree too deep to measure from its first folder the image does not have), so that a
         snapshot (``docker commit`` reads the whole layer, sparse files at their apparent size)
-        never reads more than the quota allows. Returns the paths removed (relative to ``/``)."""
+        never reads more than the quota allows. Returns the paths removed (relative to ``/``)
+        and whether the removal ended within :data:`TRIM_TIMEOUT_S` (else the next command's
+        check finds the layer still over the quota and removes the rest)."""
         scan = scan_tree(upper)
         doomed: list[str] = []
         if scan.too_long is not None or scan.unreadable is not None:
@@ -592,9 +600,11 @@ class DockerBackend:
                 doomed.append(path)
                 excess -= size
         doomed = [p for p in doomed if p and p != "."]
-        if doomed:
-            self._exec(box, "rm -rf -- " + " ".join(shlex.quote("/" + p) for p in doomed), 60, 1 << 16, agent=False)
-        return doomed
+        if not doomed:
+            return doomed, True
+        removal = self._exec(box, "rm -rf -- " + " ".join(shlex.quote("/" + p) for p in doomed),
+                             TRIM_TIMEOUT_S, 1 << 16, agent=False)
+        return doomed, not removal.timed_out
 
     @staticmethod
     def _new_ancestor(box: Any, path: str) -> str:
