@@ -110,6 +110,101 @@ def test_what_git_cannot_record_within_the_deadline_is_undone_or_kept_whole():
         env.close()
 
 
+# ---- a snapshot within the deadline (docker: a daemon call) -------------------------------------
+def _snapshot_tags() -> set[str]:
+    from bpo_envs.swebench.daemon import docker_client
+
+    images = docker_client().images.list(name=owners.SNAPSHOT_REPO,
+                                         filters={"label": f"{owners.LABEL_PID}={os.getpid()}"})
+    return {tag for image in images for tag in image.tags}
+
+
+@DOCKER
+def test_a_docker_snapshot_past_its_deadline_is_a_clear_error_and_leaves_nothing(monkeypatch):
+    from bpo_envs.swebench import docker_backend
+
+    env = _make("docker")
+    try:
+        env.reset(options={"task_id": TASK})
+        step(env, "echo kept > kept.txt")
+        before = _snapshot_tags()
+        # a 1 ms deadline: no daemon commits a container that fast, so the host stops waiting
+        monkeypatch.setattr(docker_backend, "SNAPSHOT_GRACE_S", 0.001 - STEP_TIMEOUT)
+        with pytest.raises(SnapshotError, match="could not take a snapshot within") as caught:
+            env.unwrapped.snapshot()
+        assert isinstance(caught.value, docker_backend.SnapshotTimeoutError)
+        assert "kept" in step(env, "cat kept.txt")[0]  # the env goes on, its files unchanged
+        backend = env.unwrapped._backend
+        assert backend.settle(120)  # the late commit ended ...
+        assert _snapshot_tags() == before  # ... and its image was removed
+        monkeypatch.undo()
+        still_works(env)  # with the deadline back, snapshots and restores work
+    finally:
+        env.close()
+
+
+@DOCKER
+@pytest.mark.slow
+def test_a_docker_snapshot_of_a_large_tree_is_kept_whole_or_refused_in_time():
+    # one sparse 1 GiB file is within the quota; its commit reads 1 GiB (10-12 s here), which
+    # may be more than the step's 3 s + the grace: either the snapshot restores it whole, or
+    # it is refused within the deadline and nothing is kept
+    from bpo_envs.swebench import docker_backend
+
+    env = _make("docker")
+    try:
+        _attack(env, "truncate -s 1G big; echo written")
+        before = _snapshot_tags()
+        t0 = time.monotonic()
+        try:
+            snap = env.unwrapped.snapshot()
+        except docker_backend.SnapshotTimeoutError:
+            assert time.monotonic() - t0 < STEP_TIMEOUT + docker_backend.SNAPSHOT_GRACE_S + 5
+            assert env.unwrapped._backend.settle(120)
+            assert _snapshot_tags() == before
+        else:
+            step(env, "rm big")
+            env.unwrapped.restore(snap)
+            assert "1073741824" in step(env, "stat -c %s big")[0]
+            snap.release()
+        step(env, "rm -f big")
+        still_works(env)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grading_shares_eval_timeout_between_the_diff_and_the_test_run(backend):
+    # the host's diff and the test run together answer within eval_timeout (+ the host's grace):
+    # a diff that took 2 s leaves the test run 2 s less (the real backend runs both; the spy
+    # only delays the diff and records the deadlines it was given)
+    from bpo_envs.swebench.local import DIFF_TIMEOUT_S
+
+    env = _make(backend, eval_timeout=40.0)
+    try:
+        env.reset(options={"task_id": TASK})
+        backend_ = env.unwrapped._backend
+        given: dict[str, float] = {}
+        model_patch, run_eval = backend_.model_patch, backend_.run_eval
+
+        def slow_diff(row, timeout):
+            given["diff"] = timeout
+            time.sleep(2.0)
+            return model_patch(row, timeout)
+
+        def eval_left(row, patch, script, timeout, log_path):
+            given["eval"] = timeout
+            return run_eval(row, patch, script, timeout, log_path)
+
+        backend_.model_patch, backend_.run_eval = slow_diff, eval_left
+        obs, _, terminated, _, info = env.step("submit")
+        assert terminated and "Grading:" in obs
+        assert given["diff"] == min(DIFF_TIMEOUT_S, 40.0)
+        assert given["eval"] <= 40.0 - 2.0
+    finally:
+        env.close()
+
+
 # ---- tree shapes ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", BACKENDS_DOCKER_SLOW)
 def test_three_thousand_nested_folders_are_an_observation(backend):

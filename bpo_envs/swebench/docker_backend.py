@@ -6,7 +6,8 @@ command runs as ``bash -c`` in ``/testbed`` with ``BASH_ENV=/root/.bashrc`` (as 
 and the official images expect: their ``.bashrc`` activates the conda env ``testbed``, so the
 agent's ``python`` and ``pytest`` are the instance's), plus mini-swe-agent's non-interactive
 variables (``PAGER=cat`` ...). A snapshot is ``container.commit()`` (the whole filesystem; not
-processes); restore and fork start a new container from that image; containers are removed
+processes), waited for the step's timeout + :data:`SNAPSHOT_GRACE_S` (past that a
+:class:`SnapshotTimeoutError`, and the late image is removed when it arrives); restore and fork start a new container from that image; containers are removed
 with ``remove(force=True)`` (a plain stop waits for the grace period).
 
 Grading applies the diff of ``/testbed`` against ``base_commit`` (taken in a fork of the final
@@ -86,7 +87,13 @@ from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-ex
     set_max_docker_calls,
 )
 from bpo_envs.swebench.images import DEFAULT_IMAGE, ImageStore, row_image_names
-from bpo_envs.swebench.local import SandboxLimits, disk_usage, largest_files, scan_tree
+from bpo_envs.swebench.local import (
+    DIFF_TIMEOUT_S,
+    SandboxLimits,
+    disk_usage,
+    largest_files,
+    scan_tree,
+)
 from bpo_envs.swebench.output import CommandResult, OutputCollector
 from bpo_envs.swebench.owners import (
     LABEL_KIND,
@@ -111,6 +118,12 @@ HOST_GRACE_S = 3.0
 the container may be frozen or killed by the agent)."""
 HOST_KILL_WAIT_S = 5.0
 """Seconds a kill from a fresh exec (then a restart) is given to end a command."""
+SNAPSHOT_GRACE_S = 10.0
+"""Seconds past the step's timeout the host waits for a snapshot's ``docker commit`` (it reads
+the container's writable layer, at most the disk quota: 10-12 s for 1 GiB on a loaded host)."""
+TRIM_TIMEOUT_S = 10.0
+"""Seconds the host's removal of what a command wrote past the disk quota may take (so that the
+step answers within its timeout + 15 s; what is left is removed after the next command)."""
 AGENT_ENV = {"PAGER": "cat", "MANPAGER": "cat", "LESS": "-R", "PIP_PROGRESS_BAR": "off",
              "TQDM_DISABLE": "1"}
 """Variables of every agent command (mini-swe-agent's SWE-bench set: nothing waits for a tty)."""
@@ -136,6 +149,11 @@ REAP = r"""__bpo_reap() {
   kill -CONT $main $* 2>/dev/null
 }
 """
+
+
+class SnapshotTimeoutError(SnapshotError):
+    """The Docker daemon did not commit a snapshot within the step's timeout + its grace; the
+    env's container is unchanged (the env goes on) and no image is kept."""
 
 
 class SandboxLostError(RuntimeError):
@@ -267,6 +285,7 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bpo-swe-warm")
         self._images: dict[str, str] = {}
         self._removals: list[threading.Thread] = []
+        self._late_commits: list[threading.Thread] = []  # snapshots answered past their deadline
         self._image: str | None = None  # the image self.container was started from
         self._fresh = False  # nothing ran in self.container yet
 
@@ -550,21 +569,25 @@ class DockerBackend:
             text = _note(text, f"[the command killed every process of the sandbox ({stopped[1]}){again}]")
         elif upper is not None and (over.is_set() or disk_usage(upper) > quota):
             what = "the command was killed" if over.is_set() else "after this command"
-            removed = self._trim_to_quota(box, upper, quota)
+            removed, whole = self._trim_to_quota(box, upper, quota)
+            rest = "" if whole else (f"; not all of it within {TRIM_TIMEOUT_S:g} s: what is left "
+                                     "is removed after the next command")
             text = _note(text, f"[disk quota exceeded ({what}): the container's writes since its last "
                                f"reset or restore exceed {quota} bytes; the host removed, largest first, "
                                f"{', '.join('/' + p for p in removed[:5]) or 'nothing'}"
-                               f"{f' and {len(removed) - 5} more' if len(removed) > 5 else ''}]")
+                               f"{f' and {len(removed) - 5} more' if len(removed) > 5 else ''}{rest}]")
         elif agent and rc == 137 and not timed_out:
             text = _note(text, f"[killed by SIGKILL: by a kill, or by the container's memory limit of "
                                f"{self.limits.memory_bytes} bytes]")
         return CommandResult(text, 124 if timed_out else rc, timed_out, killed and not timed_out, elided)
 
-    def _trim_to_quota(self, box: Any, upper: Path, quota: int) -> list[str]:
+    def _trim_to_quota(self, box: Any, upper: Path, quota: int) -> tuple[list[str], bool]:
         """Remove, in ``box``, what its writable layer holds past ``quota`` (largest files first;
         a tree too deep to measure from its first folder the image does not have), so that a
         snapshot (``docker commit`` reads the whole layer, sparse files at their apparent size)
-        never reads more than the quota allows. Returns the paths removed (relative to ``/``)."""
+        never reads more than the quota allows. Returns the paths removed (relative to ``/``)
+        and whether the removal ended within :data:`TRIM_TIMEOUT_S` (else the next command's
+        check finds the layer still over the quota and removes the rest)."""
         scan = scan_tree(upper)
         doomed: list[str] = []
         if scan.too_long is not None or scan.unreadable is not None:
@@ -577,9 +600,11 @@ class DockerBackend:
                 doomed.append(path)
                 excess -= size
         doomed = [p for p in doomed if p and p != "."]
-        if doomed:
-            self._exec(box, "rm -rf -- " + " ".join(shlex.quote("/" + p) for p in doomed), 60, 1 << 16, agent=False)
-        return doomed
+        if not doomed:
+            return doomed, True
+        removal = self._exec(box, "rm -rf -- " + " ".join(shlex.quote("/" + p) for p in doomed),
+                             TRIM_TIMEOUT_S, 1 << 16, agent=False)
+        return doomed, not removal.timed_out
 
     @staticmethod
     def _new_ancestor(box: Any, path: str) -> str:
@@ -717,25 +742,67 @@ class DockerBackend:
         return self._retry_if_fresh(
             lambda: self._exec(self.container, command, timeout, kill_after_bytes))
 
-    def capture(self, warm: bool = True) -> DockerState:
+    def capture(self, timeout: float | None = None, warm: bool = True) -> DockerState:
+        """Commit the container as a snapshot image. ``timeout``: the step's timeout; the host
+        waits ``timeout`` + :data:`SNAPSHOT_GRACE_S` seconds for the daemon's commit (the disk
+        quota bounds what it reads, but a daemon call has no deadline of its own), then raises
+        :class:`SnapshotTimeoutError`: the container is untouched and the env goes on, and the
+        image the commit makes later is removed as soon as the daemon answers."""
         tag = uuid.uuid4().hex[:16]
-
-        def commit() -> None:
-            # no pause: between steps no process of the agent's is left (every step is reaped)
-            try:
-                docker_call(self.client.api.commit, self.container.id, repository=SNAPSHOT_REPO,
-                            tag=tag, pause=False)
-            except Exception as exc:  # noqa: BLE001 - sorted by _lost
-                raise self._lost(self.container, exc) from exc
-
-        fresh = self._fresh
-        self._retry_if_fresh(commit)
-        self._fresh = fresh  # a snapshot runs nothing in the container
         name = f"{SNAPSHOT_REPO}:{tag}"
+        limit = None if timeout is None else timeout + SNAPSHOT_GRACE_S
+        fresh = self._fresh
+        self._retry_if_fresh(lambda: self._commit(self.container, tag, limit))
+        self._fresh = fresh  # a snapshot runs nothing in the container
         state = _tracked(self.client, name)
         if warm:
             self._warm_up(name)
         return state
+
+    def _commit(self, box: Any, tag: str, limit: float | None) -> None:
+        """``docker commit`` of ``box`` as ``SNAPSHOT_REPO:tag`` on a thread of its own, waited
+        for ``limit`` seconds (None: until it ends); a commit that answers later has its image
+        removed by that thread (:meth:`settle` waits for such threads)."""
+        name = f"{SNAPSHOT_REPO}:{tag}"
+        lock = threading.Lock()
+        done = threading.Event()
+        late = threading.Event()  # the caller stopped waiting
+        failure: list[BaseException] = []
+
+        def commit() -> None:
+            # no pause: between steps no process of the agent's is left (every step is reaped)
+            try:
+                docker_call(self.client.api.commit, box.id, repository=SNAPSHOT_REPO, tag=tag, pause=False)
+            except Exception as exc:  # noqa: BLE001 - raised by the caller, or dropped when late
+                failure.append(exc)
+            with lock:
+                done.set()
+            if late.is_set() and not failure:
+                _remove_image(self.client, name)
+
+        thread = threading.Thread(target=commit, daemon=True, name="bpo-swe-commit")
+        thread.start()
+        if not done.wait(limit):
+            with lock:
+                if not done.is_set():
+                    late.set()
+            if late.is_set():
+                self._late_commits = [t for t in self._late_commits if t.is_alive()] + [thread]
+                raise SnapshotTimeoutError(
+                    f"the host could not take a snapshot within {limit:g} s (the step's timeout + "
+                    f"{SNAPSHOT_GRACE_S:g} s): the Docker daemon's commit of the container did not "
+                    f"answer in time; the env is unchanged, and the image is removed when the commit ends")
+        if failure:
+            raise self._lost(box, failure[0]) from failure[0]
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for snapshot commits the host stopped waiting for (their
+        images are removed as they end); whether none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._late_commits:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._late_commits = [t for t in self._late_commits if t.is_alive()]
+        return not self._late_commits
 
     def apply(self, state: DockerState, row: dict[str, Any] | None) -> None:
         self._replace(state.image)
@@ -773,16 +840,17 @@ class DockerBackend:
         else:
             _remove_image(self.client, state.image)
 
-    def model_patch(self, row: dict[str, Any]) -> str:
+    def model_patch(self, row: dict[str, Any], timeout: float = DIFF_TIMEOUT_S) -> str:
         """The diff of ``/testbed`` against base_commit (``git add -A`` into a scratch index, so
-        the container's own index is left as it is)."""
+        the container's own index is left as it is); its git is killed past ``timeout`` seconds
+        (then the patch is empty)."""
         index = "/tmp/.bpo_patch_index"
         script = (
             f"rm -f {index}; cp .git/index {index} 2>/dev/null; export GIT_INDEX_FILE={index}; "
             f"git -c core.fileMode=false add -A && git diff --cached --binary {row['base_commit']}; "
             f"rc=$?; rm -f {index}; exit $rc"
         )
-        result = self._exec(self.container, script, 120, 256 << 20, agent=False)
+        result = self._exec(self.container, script, timeout, 256 << 20, agent=False)
         return result.output if result.exit_code == 0 else ""
 
     def run_eval(self, row: dict[str, Any], patch: str, script: str, timeout: float,

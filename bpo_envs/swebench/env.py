@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import hashlib
 import tempfile
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 from bpo_envs.core import SnapshotEnv, SnapshotError
 from bpo_envs.swebench import harness, tampering
 from bpo_envs.swebench.instances import load_instances
-from bpo_envs.swebench.local import SandboxLimits
+from bpo_envs.swebench.local import DIFF_TIMEOUT_S, SandboxLimits
 from bpo_envs.swebench.output import CommandResult
 from bpo_envs.swebench.owners import run_dir
 
@@ -112,8 +113,9 @@ class SWEBenchEnv(SnapshotEnv):
             even when it froze or killed its own ``timeout``); the agent's own kills of its
             sandbox (``kill -9 -1``, ``kill 1``) are observations (the container is started
             again on its filesystem). See docs/reliability.md.
-        eval_timeout: seconds the grading test run may take (the harness's default, 1,800),
-            kept from the host the same way. The whole test log is graded (up to
+        eval_timeout: seconds grading may take (the harness's default, 1,800), kept from the
+            host the same way: the host's diff of the testbed (at most ``DIFF_TIMEOUT_S``) and
+            the test run share them, so grading answers within ``eval_timeout`` + 15 s. The whole test log is graded (up to
             ``harness.TEST_LOG_BYTES``), not the observation's head and tail.
         max_episode_steps: steps before truncation.
         grade_on_truncation: at the step limit without a submission, grade the diff as if
@@ -309,12 +311,15 @@ class SWEBenchEnv(SnapshotEnv):
         """Grade the testbed's diff against base_commit in a fork; the episode ends."""
         row = self._row
         assert row is not None
-        patch = self._backend.model_patch(row)
+        started = time.monotonic()
+        patch = self._backend.model_patch(row, min(DIFF_TIMEOUT_S, self.eval_timeout))
+        # the test run gets what the diff left of eval_timeout (docs/reliability.md#grading)
+        left = max(1.0, self.eval_timeout - (time.monotonic() - started))
         plan = harness.eval_plan(row)
         with tempfile.TemporaryDirectory(prefix="eval-", dir=run_dir()) as tmp:
             log_path = Path(tmp) / "test_output.txt"
             # the whole log (up to harness.TEST_LOG_BYTES) is graded, not an observation of it
-            result = self._backend.run_eval(row, patch, plan.script, self.eval_timeout, log_path)
+            result = self._backend.run_eval(row, patch, plan.script, left, log_path)
             verdict = harness.grade(plan, str(log_path))
             tail = harness.log_tail(log_path, TEST_OUTPUT_CHARS)
         # the reset step's report comes first on the run's own output, before any of the patch's
@@ -360,7 +365,8 @@ class SWEBenchEnv(SnapshotEnv):
         return self._kind
 
     def _get_state(self) -> Any:
-        return (self._row["instance_id"] if self._row else None, self._backend.capture())
+        # bounded by the step's timeout (docker: SnapshotTimeoutError past it and a grace)
+        return (self._row["instance_id"] if self._row else None, self._backend.capture(self.step_timeout))
 
     def _set_state(self, state: Any) -> None:
         task_id, inner = state

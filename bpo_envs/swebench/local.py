@@ -1033,8 +1033,10 @@ class LocalBackend:
                     f" {INODE_BYTES} bytes each), the limit is {quota}; the command was killed and its changes undone]")
         return None
 
-    def capture(self) -> TreeState:
-        state = self.ws.capture()
+    def capture(self, timeout: float | None = None) -> TreeState:
+        """The testbed's state (recorded at the end of the last step: free; ``timeout``, the
+        step's, bounds the host's git should it not be)."""
+        state = self.ws.capture(timeout)
         self.store.keep(state)  # a snapshot's: freed by release()
         return state
 
