@@ -95,6 +95,9 @@ class VLLMPolicy(HFPolicy):
             raise TypeError("VLLMPolicy needs a model name or folder (vLLM loads it by path)")
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2 (vLLM's sleep levels), got {sleep_level}")
+        # vLLM samples and keeps its own prefix cache; the HF side scores one decision at a time and
+        # clears its store after it, so a store kept across decisions would only hold memory
+        kwargs.setdefault("prefix_store_tokens", 0)
         super().__init__(model, tokenizer, max_model_len=max_model_len, **kwargs)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
