@@ -13,7 +13,7 @@ taken, each sibling's first decision (entropy and reply) in one call, as the eng
 live paths of one step:
 
 * ``before``: the code at ``--before`` (PYTHONPATH), which prefills every decision's prompt whole;
-* ``after``: this tree, the store across decisions (the default);
+* ``after``: this tree, the store across decisions (``prefix_store_tokens=16384``, opted in);
 * ``after_off``: this tree with ``prefix_store_tokens=0`` (the same per-decision behaviour as
   ``before``: checks that the new code costs nothing when off).
 
@@ -114,7 +114,7 @@ def fork(setup: Any, tasks: Any, demos: Any, siblings: int) -> list[Any]:
         env.close()
 
 
-VARIANTS = {"before": None, "after": None, "after_off": 0}
+VARIANTS = {"before": None, "after": 16384, "after_off": 0}
 
 
 def main() -> None:

@@ -192,7 +192,7 @@ def test_meter_counts_and_prefill_reuse_between_entropy_and_sample(tiny_path):
     assert torch.allclose(policy.token_logprobs(steps).detach(), _old(steps), atol=ATOL)
     policy.sample(contexts, 2, None)  # the store was consumed: prefill once per prompt
     assert policy.meter.prefill_tokens == after_entropy.prefill_tokens + sum(lengths)
-    across = HFPolicy(tiny_path, max_new_tokens=6, seed=0)  # kept across decisions
+    across = HFPolicy(tiny_path, max_new_tokens=6, seed=0, prefix_store_tokens=16384)  # kept across decisions
     across.decision_entropy(contexts)
     across.sample(contexts, 2, None)
     across.sample(contexts, 2, None)

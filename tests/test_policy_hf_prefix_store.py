@@ -112,7 +112,7 @@ def _assert_same(a, b):
 
 def test_store_across_decisions_gives_the_same_samples_and_prefills_only_new_tokens(tiny_path):
     steps = _tree_steps()
-    on = HFPolicy(tiny_path, max_new_tokens=8, seed=0)
+    on = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=16384)
     off = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=0)
     assert on.across_decisions and not off.across_decisions
     _assert_same(_run(on, steps), _run(off, steps))
@@ -142,7 +142,7 @@ def test_a_wrong_kept_prefix_is_caught(tiny_path, monkeypatch):
     than there are (reusing KV computed for different tokens) changes the entropies."""
     steps = _tree_steps()
     off = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=0)
-    bad = HFPolicy(tiny_path, max_new_tokens=8, seed=0)
+    bad = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=16384)
     real = PrefixStore.longest_prefix
 
     def overclaim(self, ids):
@@ -165,7 +165,7 @@ def test_a_capped_store_stays_bounded_and_exact(tiny_path):
 
 def test_a_weight_update_drops_the_kept_prompts(tiny_path):
     steps = _tree_steps()
-    on = HFPolicy(tiny_path, max_new_tokens=8, seed=0)
+    on = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=16384)
     off = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=0)
     _run(on, steps[:2])
     with torch.no_grad():

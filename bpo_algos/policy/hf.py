@@ -213,8 +213,12 @@ class HFPolicy(Policy, nn.Module):
             fields, or a ``peft.LoraConfig``.
         share_prefix: prefill each prompt once and expand its KV to the ``n`` samples.
         reuse_prefill: keep prefilled prompts' KV for later calls (module docstring).
-        prefix_store_tokens: the most prompt tokens whose KV is kept across decisions (0: only
-            within one decision, as an entropy pass's prompt for the ``sample`` after it).
+        prefix_store_tokens: the most prompt tokens whose KV is kept across decisions (0, the
+            default: only within one decision, as an entropy pass's prompt for the ``sample``
+            after it). Opt in with e.g. 16384: the meter then charges only the tokens that ran,
+            which depend on what this process has seen, so under data parallelism (each rank
+            holds its own trees) ``prefill_tokens`` and a budget in ``policy_tokens``/``flops``
+            differ from one process's (docs/training.md, "Prompt KV cache").
         batch_size: prompts prefilled per forward pass.
         train_batch_size: sequences per forward pass in ``token_logprobs``.
         device / dtype: where and in which precision to load the model (default: CUDA when
@@ -243,7 +247,7 @@ class HFPolicy(Policy, nn.Module):
         lora: Any = None,
         share_prefix: bool = True,
         reuse_prefill: bool = True,
-        prefix_store_tokens: int = 16384,
+        prefix_store_tokens: int = 0,
         batch_size: int = 16,
         train_batch_size: int = 8,
         device: str | torch.device | None = None,
