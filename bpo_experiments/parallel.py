@@ -98,6 +98,14 @@ def start_ray(address: str) -> None:
         raise SystemExit(f"--ray {address!r}: could not connect to the Ray cluster: {exc}") from None
 
 
+def _stop_now(pool: Any) -> None:
+    """Ctrl-C: stop the runs under way now rather than when they end (what they did is on disk
+    up to their last checkpoint, where ``--resume`` continues)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in multiprocessing.active_children():
+        worker.terminate()
+
+
 def execute(
     calls: Sequence[Job],
     jobs: int = 1,
@@ -148,11 +156,7 @@ def execute(
                 future.cancel()
             raise
         except BaseException:
-            # Ctrl-C: stop the runs under way now rather than when they end (what they did is
-            # on disk up to their last checkpoint, where --resume continues)
-            pool.shutdown(wait=False, cancel_futures=True)
-            for worker in multiprocessing.active_children():
-                worker.terminate()
+            _stop_now(pool)
             raise
     return results
 
@@ -221,8 +225,5 @@ def execute_as_ready(
             ready.clear()  # a job failed: the runs under way finish, no new one starts
             raise
         except BaseException:
-            # Ctrl-C: stop the runs under way now (as :func:`execute`)
-            pool.shutdown(wait=False, cancel_futures=True)
-            for worker in multiprocessing.active_children():
-                worker.terminate()
+            _stop_now(pool)
             raise
