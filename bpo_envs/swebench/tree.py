@@ -4,6 +4,7 @@ The agent decides the tree's shape (3,000 nested folders, 150,000 files in one f
 names, FIFOs, sockets, sparse files whose apparent size is far above their allocated blocks), so
 nothing here recurses, follows a link, opens a file or builds a path longer than the kernel takes:
 
+* :func:`walk` is the one walk of a tree the three below share;
 * :func:`scan_tree` measures: each entry counts ``max(allocated blocks, apparent size,``
   :data:`INODE_BYTES` ``)`` (a sparse 1 GiB file costs 1 GiB: reading it costs that much), each
   hard-linked inode once; it notes the first path longer than :data:`MAX_PATH_BYTES` (and stops
@@ -25,7 +26,7 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +77,28 @@ def entry_bytes(st: os.stat_result) -> int:
     return max(st.st_blocks * 512, apparent, INODE_BYTES)
 
 
-def scan_tree(root: str | os.PathLike[str], stop_above: int | None = None, max_special: int = 8) -> TreeScan:
-    """Measure ``root`` (see the module docstring); with ``stop_above``, stop once ``bytes``
-    passes it (the answer is then over it, which is all a quota check needs). A folder removed
-    meanwhile is skipped."""
-    scan = TreeScan()
-    seen: set[tuple[int, int]] = set()
-    special: list[str] = []
+class UnreadableError(OSError):
+    """A folder or entry :func:`walk` could not read (``path`` relative to the walk's root)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"cannot read {path!r}")
+        self.path = path
+
+
+def path_bytes(path: str) -> int:
+    """The length of ``path`` as the kernel counts it (bytes; undecodable names included)."""
+    return len(path.encode("utf-8", "surrogateescape"))
+
+
+def walk(root: str | os.PathLike[str], descend: Callable[[str, os.stat_result], bool],
+         strict: bool = False) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry below ``root`` as ``(path relative to it, its lstat)``, each folder's entries
+    before any folder below it is opened; a folder is entered only where ``descend(path, st)``,
+    asked once the consumer has seen the folder itself, says so. No recursion (a stack of
+    relative paths), no link followed, no file opened. An entry or folder removed meanwhile is
+    skipped; any other ``OSError`` skips it too, or with ``strict`` raises
+    :class:`UnreadableError`. The one walk :func:`scan_tree`, :func:`largest_files` and
+    :func:`scrub_changed` share."""
     base = os.fspath(root)
     stack = [""]
     while stack:
@@ -91,9 +107,10 @@ def scan_tree(root: str | os.PathLike[str], stop_above: int | None = None, max_s
             entries = os.scandir(os.path.join(base, rel) if rel else base)
         except FileNotFoundError:
             continue
-        except OSError:
-            scan.unreadable = rel or "."
-            break
+        except OSError as exc:
+            if strict:
+                raise UnreadableError(rel or ".") from exc
+            continue
         with entries:
             for entry in entries:
                 path = f"{rel}/{entry.name}" if rel else entry.name
@@ -101,30 +118,41 @@ def scan_tree(root: str | os.PathLike[str], stop_above: int | None = None, max_s
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                except OSError:
-                    scan.unreadable = path
-                    stack.clear()
-                    break
-                if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES and scan.too_long is None:
-                    scan.too_long = path
-                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                    key = (st.st_dev, st.st_ino)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                scan.entries += 1
-                scan.bytes += entry_bytes(st)
-                mode = st.st_mode
-                if stat.S_ISDIR(mode):
-                    if scan.too_long is None:
-                        stack.append(path)
-                elif not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)) and len(special) < max_special:
-                    special.append(path)
-                if stop_above is not None and scan.bytes > stop_above:
-                    stack.clear()
-                    break
-        if scan.too_long is not None:
-            break
+                except OSError as exc:
+                    if strict:
+                        raise UnreadableError(path) from exc
+                    continue
+                yield path, st
+                if stat.S_ISDIR(st.st_mode) and descend(path, st):
+                    stack.append(path)
+
+
+def scan_tree(root: str | os.PathLike[str], stop_above: int | None = None, max_special: int = 8) -> TreeScan:
+    """Measure ``root`` (see the module docstring); with ``stop_above``, stop once ``bytes``
+    passes it (the answer is then over it, which is all a quota check needs). A folder removed
+    meanwhile is skipped; the walk stops at the first path past :data:`MAX_PATH_BYTES`."""
+    scan = TreeScan()
+    seen: set[tuple[int, int]] = set()
+    special: list[str] = []
+    try:
+        for path, st in walk(root, descend=lambda _path, _st: True, strict=True):
+            if path_bytes(path) > MAX_PATH_BYTES:
+                scan.too_long = path
+                break
+            mode = st.st_mode
+            if st.st_nlink > 1 and not stat.S_ISDIR(mode):
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    continue
+                seen.add(key)
+            scan.entries += 1
+            scan.bytes += entry_bytes(st)
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)) and len(special) < max_special:
+                special.append(path)
+            if stop_above is not None and scan.bytes > stop_above:
+                break
+    except UnreadableError as exc:
+        scan.unreadable = exc.path
     scan.special = tuple(special)
     return scan
 
@@ -133,27 +161,9 @@ def largest_files(root: str | os.PathLike[str], max_files: int = 10_000) -> list
     """``(bytes, path)`` of the regular files below ``root`` (:func:`entry_bytes` each, paths
     relative to it), largest first; at most ``max_files`` of them, and none past
     :data:`MAX_PATH_BYTES`."""
-    found: list[tuple[int, str]] = []
-    base = os.fspath(root)
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        try:
-            entries = os.scandir(os.path.join(base, rel) if rel else base)
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                path = f"{rel}/{entry.name}" if rel else entry.name
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    if len(path.encode("utf-8", "surrogateescape")) <= MAX_PATH_BYTES - 256:
-                        stack.append(path)
-                elif stat.S_ISREG(st.st_mode):
-                    found.append((entry_bytes(st), path))
+    found = [(entry_bytes(st), path)
+             for path, st in walk(root, descend=lambda path, _st: path_bytes(path) <= MAX_PATH_BYTES - 256)
+             if stat.S_ISREG(st.st_mode)]
     found.sort(reverse=True)
     return found[:max_files]
 
@@ -274,35 +284,24 @@ def scrub_changed(root: str | os.PathLike[str], since: float,
     (which removes it, now or later) every folder whose path is within 256 bytes of
     :data:`MAX_PATH_BYTES` and every changed one more than :data:`SCRUB_DEPTH` levels deep;
     other folders stay. Returns the entries removed."""
-    removed = 0
+
+    def handed_whole(path: str, st: os.stat_result) -> bool:
+        return (path_bytes(path) > MAX_PATH_BYTES - 256
+                or (st.st_ctime >= since and path.count("/") >= SCRUB_DEPTH))
+
     base = os.fspath(root)
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        try:
-            entries = os.scandir(os.path.join(base, rel) if rel else base)
-        except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                path = f"{rel}/{entry.name}" if rel else entry.name
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    if (len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES - 256
-                            or (st.st_ctime >= since and path.count("/") >= SCRUB_DEPTH)):
-                        discard(os.path.join(base, path))
-                        removed += 1
-                    else:
-                        stack.append(path)
-                elif st.st_ctime >= since:
-                    try:
-                        os.unlink(os.path.join(base, path))
-                        removed += 1
-                    except OSError:
-                        pass
+    removed = 0
+    for path, st in walk(base, descend=lambda path, st: not handed_whole(path, st)):
+        if stat.S_ISDIR(st.st_mode):
+            if handed_whole(path, st):
+                discard(os.path.join(base, path))
+                removed += 1
+        elif st.st_ctime >= since:
+            try:
+                os.unlink(os.path.join(base, path))
+                removed += 1
+            except OSError:
+                pass
     return removed
 
 
