@@ -5,7 +5,7 @@ For each version: a fresh, empty game cache; the preset's train and evaluation t
 its planner verdicts counted. Writes JSON (one entry per version: total and per-game seconds,
 the slowest games, rejected attempts by reason):
 
-    python scripts/alfworld_gen_time.py --preset cpu --versions 1 3 --out gen_time.json
+    python benchmarks/alfworld_gen_time.py --preset cpu --versions 1 3 --out gen_time.json
 """
 
 from __future__ import annotations

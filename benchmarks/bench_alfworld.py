@@ -1,7 +1,7 @@
 """Benchmark BPO-ALFWorld-v0: step, reset, snapshot, restore (native, re-rooted, portable) and
 replay (reset + k steps) on generated games, plus memory per extra env. Writes JSON.
 
-    python scripts/bench_alfworld.py --out bench_alfworld.json
+    python benchmarks/bench_alfworld.py --out bench_alfworld.json
 
 ``--first-reset PRESET`` instead times the first reset of each of a preset's ALFWorld games (its
 train and evaluation tasks, as the main job draws them) in a new process, once with the
@@ -9,7 +9,7 @@ games' on-disk translations removed (the process translates each problem and par
 grammar) and once with them in place (it reads them); each process first resets one other
 game, so imports and shared parses are not counted. Writes the per-game times and medians:
 
-    python scripts/bench_alfworld.py --first-reset cpu --out first_reset.json
+    python benchmarks/bench_alfworld.py --first-reset cpu --out first_reset.json
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ budget, with ``max_parallel_trees`` of 1, 4 and 16 (pool as large). For every ba
 what the batch used divided by the budget, and by how many trees' cost it overshot. Writes
 JSON (no timing asserts: read the numbers).
 
-    PYTHONPATH=. python scripts/bench_budget.py --out budget.json
-    PYTHONPATH=. python scripts/bench_budget.py --unit leaves --budget 40
+    PYTHONPATH=. python benchmarks/bench_budget.py --out budget.json
+    PYTHONPATH=. python benchmarks/bench_budget.py --unit leaves --budget 40
 """
 
 from __future__ import annotations

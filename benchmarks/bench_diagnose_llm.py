@@ -8,7 +8,7 @@ setup), for reasoning off (exact entropy over the admissible answers, a short re
 (probe entropy from ``--probe-samples`` completions, then the reply), so a diagnosis can be
 sized before it is run::
 
-    nice -n 10 python scripts/bench_diagnose_llm.py --out docs/results/diagnose/smollm2-timing.json
+    nice -n 10 python benchmarks/bench_diagnose_llm.py --out docs/results/diagnose/smollm2-timing.json
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.torch_threads)
     result: dict[str, Any] = {
-        "command": f"python scripts/bench_diagnose_llm.py --envs {' '.join(args.envs)} --contexts {args.contexts} "
+        "command": f"python benchmarks/bench_diagnose_llm.py --envs {' '.join(args.envs)} --contexts {args.contexts} "
                    f"--probe-samples {args.probe_samples} --torch-threads {args.torch_threads} --out {args.out}",
         "torch_threads": torch.get_num_threads(), "uptime_start": uptime(), "envs": {}}
 

@@ -1,7 +1,7 @@
 """Benchmark of ``RayEnvPool``: rollout throughput with 1, 2 and 4 actors, and snapshot placement
 (restoring on the actor that holds the snapshot vs moving its portable bytes to another one).
 
-    python scripts/bench_distributed.py --out bench_distributed.json
+    python benchmarks/bench_distributed.py --out bench_distributed.json
 
 Throughput: BPO ``collect`` on TreeMDP, env steps per second (median of ``--repeats``), with a
 simulated sandbox latency per step (``--step-ms``, as a step that waits on a container) and

@@ -3,8 +3,8 @@ official-layout row) graded with its gold patch on each backend, with the gradin
 (docs/reliability.md, "Reward tampering"). ``--code DIR`` grades with another checkout's code
 (the time before the reset)::
 
-    python scripts/bench_grading_reset.py --out docs/results/swebench-hostile/gold-after.json
-    python scripts/bench_grading_reset.py --code CHECKOUT_BEFORE --out docs/results/swebench-hostile/gold-before.json
+    python benchmarks/bench_grading_reset.py --out docs/results/swebench-hostile/gold-after.json
+    python benchmarks/bench_grading_reset.py --code CHECKOUT_BEFORE --out docs/results/swebench-hostile/gold-before.json
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Runs the comparison twice into fresh folders, checks that the two ``results.json`` agree (the
 wall-clock fields aside) and writes the wall times and their ratio as JSON::
 
-    python scripts/bench_jobs.py --jobs 2 --out docs/results/bench-jobs/results.json -- \\
+    python benchmarks/bench_jobs.py --jobs 2 --out docs/results/bench-jobs/results.json -- \\
         --envs webshop --seeds 0 1 --algorithms bpo rloo frozen reinforce --updates 6 --eval-every 3 --grad-seeds 0
 
 Everything after ``--`` is passed to ``bpo-compare`` (default: the smoke preset).

@@ -3,7 +3,7 @@ store across decisions (docs/training.md, "Prompt KV cache"), before and after i
 
 A decision is what a BPO step asks of the policy at one path: the exact decision entropy over
 the admissible answers, then one reply (``max_new_tokens`` 24, reasoning off, as
-scripts/bench_diagnose_llm.py). The contexts are the first ``--contexts`` expert decisions of one
+benchmarks/bench_diagnose_llm.py). The contexts are the first ``--contexts`` expert decisions of one
 WebShop episode (the ``cpu-llm`` setup), taken in order, so each prompt extends the episode's
 earlier ones as on a path of a tree. Each variant runs in a child process of its own, the
 variants alternated ``--repeats`` times, with one torch thread; the time is the child's CPU
@@ -17,7 +17,7 @@ live paths of one step:
 * ``after_off``: this tree with ``prefix_store_tokens=0`` (the same per-decision behaviour as
   ``before``: checks that the new code costs nothing when off).
 
-    nice -n 10 python scripts/bench_llm_prefix_store.py --before /work/main \\
+    nice -n 10 python benchmarks/bench_llm_prefix_store.py --before /work/main \\
         --out docs/results/llm-prefix-store/smollm2-webshop.json
 """
 
@@ -131,7 +131,7 @@ def main() -> None:
         print(json.dumps(child(args.contexts, args.siblings, VARIANTS[args.child])))
         return
     result: dict[str, Any] = {
-        "command": f"python scripts/bench_llm_prefix_store.py --before {args.before} --contexts {args.contexts} "
+        "command": f"python benchmarks/bench_llm_prefix_store.py --before {args.before} --contexts {args.contexts} "
                    f"--siblings {args.siblings} --repeats {args.repeats} --variants {' '.join(args.variants)} --out {args.out}",
         "torch_threads": 1, "uptime_start": uptime(), "runs": []}
     for repeat in range(args.repeats):

@@ -9,7 +9,7 @@ Checkouts alternate inside a round, so a change in the machine's load hits both 
 its threads included), which a loaded machine disturbs far less than its wall time. Writes ``results.json`` and, per checkout and
 env, the profile's top functions (``profile-LABEL-ENV.txt``) into ``--out``::
 
-    python scripts/bench_main_job.py --code /work/main --code . --labels before after \\
+    python benchmarks/bench_main_job.py --code /work/main --code . --labels before after \\
         --envs webshop alfworld --out docs/results/bench-main-job
 
 The small job: ``bpo-compare --envs ENV --algorithms rloo bpo --treatment bpo --seeds 0 --no-tune

@@ -7,7 +7,7 @@ tokens, and reports generated tokens per second, prefill tokens and seconds, med
 ``repeats``. HF's "no sharing" prefills ``n`` copies of every prompt; vLLM's toggles its
 prefix cache.
 
-    python scripts/bench_policy.py --out bench_policy.json [--models tiny smollm2] [--quick]
+    python benchmarks/bench_policy.py --out bench_policy.json [--models tiny smollm2] [--quick]
 """
 
 from __future__ import annotations

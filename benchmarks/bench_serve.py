@@ -15,8 +15,8 @@ The in-process figure is the same walk calling ``env.step`` directly, one env.
 ``--ab-sessions`` concurrent sessions for ``--seconds``; the JSON has every round, the medians,
 their ratio (this / baseline) and the machine's load (``uptime``) around each measurement.
 
-    python scripts/bench_serve.py --out docs/results/serve/bench.json
-    python scripts/bench_serve.py --envs webshop --baseline /path/to/old/checkout --out docs/results/serve/bench-webshop-ab.json
+    python benchmarks/bench_serve.py --out docs/results/serve/bench.json
+    python benchmarks/bench_serve.py --envs webshop --baseline /path/to/old/checkout --out docs/results/serve/bench-webshop-ab.json
 
 ``--glue`` measures the server's own layer alone (:func:`glue_cost`): recorded messages replayed
 through the app's message handler in process, against the same env calls made directly.

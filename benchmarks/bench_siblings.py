@@ -13,8 +13,8 @@ default 8 training batches), and ``--budget-batches`` batches at the setting's e
   estimates of both);
 * the same at the matched budget (``matched_trace_var``), and where the configuration branched.
 
-    python scripts/bench_siblings.py --out docs/results/siblings           # ~25 min on 2 shared cores
-    python scripts/bench_siblings.py --quick --out /tmp/siblings           # ~1 min
+    python benchmarks/bench_siblings.py --out docs/results/siblings           # ~25 min on 2 shared cores
+    python benchmarks/bench_siblings.py --quick --out /tmp/siblings           # ~1 min
 
 ``--webshop``: instead, WebShop with the CPU default's policy (the text scorer, warm-started by
 behaviour cloning on the expert, preset ``cpu``) at a fixed policy: ``--webshop-batches`` batch
@@ -228,7 +228,7 @@ def webshop_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# WebShop: distinct siblings and the measured branch rule at a fixed policy",
         "",
-        f"`python scripts/bench_siblings.py --webshop --out {a['out']}`: {a['webshop_batches']} batch gradients per "
+        f"`python benchmarks/bench_siblings.py --webshop --out {a['out']}`: {a['webshop_batches']} batch gradients per "
         f"configuration at {results['env']['budget_env_steps']} env steps a batch, after {a['webshop_warmup']} warm-up "
         "batches; the CPU default's warm-started text scorer (preset `cpu`, seed "
         f"{a['seed']}), {results['env']['tasks']} training tasks. Ratio = trace of the batch gradient's covariance "
@@ -250,7 +250,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Distinct siblings and the measured branch rule (exact TreeMDPs)",
         "",
-        f"`python scripts/bench_siblings.py --out {a['out']}{' --quick' if a['quick'] else ''}`: "
+        f"`python benchmarks/bench_siblings.py --out {a['out']}{' --quick' if a['quick'] else ''}`: "
         f"{a['batches']} one-tree gradient estimates per configuration after {a['warmup']} warm-up batches, "
         f"{a['budget_batches']} batches at the setting's env-step budget; fixed policy (seed {a['seed']}). "
         "`tr Var x steps` = trace of the gradient covariance of one tree times its env steps (lower is better at "

@@ -11,7 +11,7 @@ project's main one: installing spaCy there changes every WebShop reward, since
   results of the expert's search (no option chosen, and the goal product with the goal's
   options): how often the type factor ``r_type``, the score, and ``won`` (score == 1) change.
 
-    python scripts/bench_spacy_nouns.py --spacy-model en_core_web_sm --out spacy_nouns.json
+    python benchmarks/bench_spacy_nouns.py --spacy-model en_core_web_sm --out spacy_nouns.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ folders) and, for docker, ``official``: textkit in the small offline test image 
 layout (``sweb.eval.x86_64.bpo-gym__textkit-1``, its ``.bashrc`` sourced per command). Writes
 JSON (medians and all samples) and prints a summary::
 
-    python scripts/bench_swebench.py --backends local docker --repeats 15 --out bench_swebench.json
+    python benchmarks/bench_swebench.py --backends local docker --repeats 15 --out bench_swebench.json
 
 Concurrency (docker, the official-layout test image): ``--concurrency 1 4 8 16`` runs that many
 envs at once, each in its own thread doing ``--rounds`` rounds of step, snapshot, step,
@@ -16,7 +16,7 @@ error, a wrong restore) and what the daemon-retry log said. ``--cpu-hog`` adds t
 test: a CPU-bound command timed in one env alone, then beside an env running four busy loops,
 with the default quota (``cpus=1``) and with the quota at the host's CPU count::
 
-    python scripts/bench_swebench.py --backend docker --concurrency 1 4 8 16 --cpu-hog \
+    python benchmarks/bench_swebench.py --backend docker --concurrency 1 4 8 16 --cpu-hog \
         --out docs/results/swebench-concurrency/concurrency.json
 
 ``--deadlines on off`` runs each level with the host's deadline on every command (the default:
@@ -24,7 +24,7 @@ the output read in a thread the host bounds, ``bpo_envs.swebench.docker_backend`
 in the caller's thread, no host deadline), twice each in the order on, off, off, on, so that a
 drift in the host's load weighs on both alike::
 
-    python scripts/bench_swebench.py --backend docker --concurrency 8 --deadlines on off \
+    python benchmarks/bench_swebench.py --backend docker --concurrency 8 --deadlines on off \
         --out docs/results/swebench-concurrency/deadlines.json
 
 Docker restores take a warm container (started in the background after the snapshot);

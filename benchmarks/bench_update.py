@@ -1,6 +1,6 @@
 """Seconds per training update on the CPU default (the ``cpu`` preset of ``bpo-compare``).
 
-    python scripts/bench_update.py --out bench_update.json [--updates 4] [--algorithms bpo rloo]
+    python benchmarks/bench_update.py --out bench_update.json [--updates 4] [--algorithms bpo rloo]
 
 For each env of the preset and each algorithm: the preset's initial policy (behaviour-cloned as
 the main job does), then ``--updates`` updates of :class:`bpo_algos.Trainer` with the preset's

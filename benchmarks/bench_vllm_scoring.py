@@ -12,7 +12,7 @@ Each is metered (``score_tokens`` / ``gen_tokens + prefill_tokens``) and timed; 
 medians over ``--repeats``, tokens per second and each cost relative to ``generate``. Needs vLLM
 (``BPO_INSTALL_VLLM=1 bash bpo_envs/system/vllm.sh`` on a CPU machine).
 
-    .venv-vllm/bin/python scripts/bench_vllm_scoring.py --out docs/results/vllm-scoring.json
+    .venv-vllm/bin/python benchmarks/bench_vllm_scoring.py --out docs/results/vllm-scoring.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Measures (medians over repeats): catalog generation and load, reset, steps/s on 
 admissible walks, uncached and cached search latency, snapshot and restore (native) versus
 ``ReplaySnapshot`` restore at the same depth, and the memory of an extra env instance.
 
-    python scripts/bench_webshop.py [--out bench_webshop.json] [--steps 20000] [--repeats 5]
+    python benchmarks/bench_webshop.py [--out bench_webshop.json] [--steps 20000] [--repeats 5]
 """
 
 from __future__ import annotations

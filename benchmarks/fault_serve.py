@@ -18,7 +18,7 @@ holding every session slot, one session taking snapshots past its quota, fields 
 SWE-bench server where its local backend runs: its run folder must be gone). Each records the
 time to its answer and whether it held (``attacks``; docs/serving.md "Hostile clients").
 
-    python scripts/fault_serve.py --out docs/results/serve/faults.json
+    python benchmarks/fault_serve.py --out docs/results/serve/faults.json
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ siblings and releases it once the last sibling is placed; a leak of snapshot sta
 anything per tree) shows as RSS growing with the number of expansions. The policy is uniform
 over the admissible actions and keeps no state, so only the env side can grow.
 
-    python scripts/soak.py                       # TreeMDP and WebShop, 10,000 expansions each
-    python scripts/soak.py --envs treemdp --expansions 2000 --out soak.json
-    python scripts/soak.py --envs docker --cycles 1000 --out docs/results/soak/docker.json
+    python benchmarks/soak.py                       # TreeMDP and WebShop, 10,000 expansions each
+    python benchmarks/soak.py --envs treemdp --expansions 2000 --out soak.json
+    python benchmarks/soak.py --envs docker --cycles 1000 --out docs/results/soak/docker.json
 
 ``docker``: one SWE-bench env on the docker backend (the official-layout test image) runs
 ``--cycles`` cycles of step, snapshot, step, restore, step, release, and every ``--every``

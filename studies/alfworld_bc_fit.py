@@ -6,7 +6,7 @@ and mean NLL on the training games' demos, and sampled success (2 episodes a gam
 training games and on the preset's 48 `valid_seen` evaluation games. It separates fitting the
 expert from generalising to new rooms:
 
-    python scripts/alfworld_bc_fit.py --epochs 10 30 --out docs/results/alfworld-rl-pilots/bc_fit.json
+    python studies/alfworld_bc_fit.py --epochs 10 30 --out docs/results/alfworld-rl-pilots/bc_fit.json
 """
 
 from __future__ import annotations

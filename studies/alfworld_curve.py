@@ -11,7 +11,7 @@ training decisions where the expert's action is the policy's argmax. With ``--he
 shuffle, which no row trains on (the selection set: a choice made from this curve is made on
 it, never on the evaluation splits). Writes JSON after every row and, with ``--plot``, a PNG:
 
-    python scripts/alfworld_curve.py --games 60 250 1000 --policies scorer-memory scorer-memory-wide \
+    python studies/alfworld_curve.py --games 60 250 1000 --policies scorer-memory scorer-memory-wide \
         --out docs/results/alfworld-curve/curve.json --plot docs/results/alfworld-curve/curve.png
 """
 

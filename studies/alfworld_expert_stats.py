@@ -9,7 +9,7 @@ intro included). The planner's plan length from the reset state is recorded besi
 JSON (per split and task type: success, mean steps of the won games, the planner's mean plan
 length, failure reasons, unseen-object actions) and a markdown table:
 
-    python scripts/alfworld_expert_stats.py --games 96 --out docs/results/alfworld-expert/expert.json
+    python studies/alfworld_expert_stats.py --games 96 --out docs/results/alfworld-expert/expert.json
 """
 
 from __future__ import annotations

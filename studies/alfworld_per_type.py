@@ -6,11 +6,11 @@ type: the warm start (the preset's behaviour-cloned policy, rebuilt here exactly
 job builds it) and, with ``--runs DIR`` (a ``bpo-compare --out`` folder), each algorithm's final
 policy from its run checkpoints. Writes JSON and a markdown table with the published column:
 
-    python scripts/alfworld_per_type.py --preset cpu --seeds 0 --out docs/results/alfworld-per-type/cpu.json
-    python scripts/alfworld_per_type.py --preset cpu --runs runs-alfworld --out per_type.json
-    python scripts/alfworld_per_type.py --from-curve docs/results/alfworld-curve/curve.json --out per_type.json
+    python studies/alfworld_per_type.py --preset cpu --seeds 0 --out docs/results/alfworld-per-type/cpu.json
+    python studies/alfworld_per_type.py --preset cpu --runs runs-alfworld --out per_type.json
+    python studies/alfworld_per_type.py --from-curve docs/results/alfworld-curve/curve.json --out per_type.json
 
-``--from-curve`` tabulates the warm starts that ``scripts/alfworld_curve.py`` evaluated (its rows
+``--from-curve`` tabulates the warm starts that ``studies/alfworld_curve.py`` evaluated (its rows
 keep every episode's outcome), without playing again.
 
 The published numbers (verl-agent, Feng et al. 2025, "Group-in-Group Policy Optimization for LLM
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "final episodes it keeps) and replay each algorithm's final checkpoint on the primary split")
     ap.add_argument("--splits", nargs="+", default=["valid_seen", "valid_unseen"])
     ap.add_argument("--episodes", type=int, help="episodes per game (default: the preset's)")
-    ap.add_argument("--from-curve", help="a scripts/alfworld_curve.py JSON: tabulate its rows instead of playing")
+    ap.add_argument("--from-curve", help="a studies/alfworld_curve.py JSON: tabulate its rows instead of playing")
     ap.add_argument("--out", default="alfworld_per_type.json")
     args = ap.parse_args(argv)
     if args.from_curve:
@@ -148,7 +148,7 @@ def from_runs(runs: Path, preset: Any, setup: Any, seeds: list[int], train: list
 
 def from_curve(curve: dict[str, Any]) -> dict[str, Any]:
     """The per-type rows of every warm start of a learning-curve JSON (one seed, 1 episode a game)."""
-    out: dict[str, Any] = {"source": "scripts/alfworld_curve.py", "episodes_per_game": curve["eval_episodes"], "published": PUBLISHED, "policies": {}}
+    out: dict[str, Any] = {"source": "studies/alfworld_curve.py", "episodes_per_game": curve["eval_episodes"], "published": PUBLISHED, "policies": {}}
     for row in curve["rows"]:
         name = f"warm start: {row['policy']}, {row['games']} games"
         for split in ("valid_seen", "valid_unseen"):

@@ -6,9 +6,9 @@ stands on each receptacle class, and the length of the planner's plan per task t
 ``walkthrough`` stored with each game; Fast Downward's plan where none is stored). Run it on
 the generated games and on ``$ALFWORLD_DATA`` to set them side by side:
 
-    python scripts/alfworld_stats.py --games-per-type 20 --generator-version 3 --out gen.json
-    python scripts/alfworld_stats.py --data-dir ~/.cache/alfworld --out alfworld.json
-    python scripts/alfworld_stats.py --compare v1=gen_v1.json v3=gen.json --out table
+    python studies/alfworld_stats.py --games-per-type 20 --generator-version 3 --out gen.json
+    python studies/alfworld_stats.py --data-dir ~/.cache/alfworld --out alfworld.json
+    python studies/alfworld_stats.py --compare v1=gen_v1.json v3=gen.json --out table
 
 ``--compare`` writes one markdown table with a column per JSON file and a column of the
 published ALFRED/ALFWorld numbers (:data:`PUBLISHED`, each with its source; a cell is empty

@@ -10,7 +10,7 @@ history: ``observation`` (the default: task + observation), ``observation+depth`
 on the fans with the default key (``fraction_at_least_2``: the steps whose group holds another
 step). Writes ``anchor_stats.json``.
 
-    python scripts/anchor_stats.py --out docs/results/anchor-stats      # a few minutes
+    python studies/anchor_stats.py --out docs/results/anchor-stats      # a few minutes
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The trees and the replaced estimator are those of ``tests/test_mechanism_unbiase
 definition, imported from there): shapes flat 2x4 and nested 2x2x2, 1, 2 and 8 trees a task,
 true η 0, 0.2 and 0.4, 16 trees a batch, one batch a reading. Prints one JSON line per cell::
 
-    PYTHONPATH=$PWD python scripts/eta_bias_table.py --readings 1500 > eta_bias.jsonl
+    PYTHONPATH=$PWD python studies/eta_bias_table.py --readings 1500 > eta_bias.jsonl
 """
 
 from __future__ import annotations

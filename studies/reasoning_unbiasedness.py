@@ -8,7 +8,7 @@ own reasoning decides: not offered, it breaks rule 1). For each rule: the z-scor
 of ``--batches`` gradient estimates minus the exact gradient, along the exact gradient, 3 seeded
 random directions and the reasoning direction (``rho[unsure] - rho[sure]``). Writes JSON.
 
-    python scripts/reasoning_unbiasedness.py --batches 3000 --out docs/results/reasoning-unbiasedness.json
+    python studies/reasoning_unbiasedness.py --batches 3000 --out docs/results/reasoning-unbiasedness.json
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ how often two siblings of a group chose the same first action, and the same seco
 they chose the same first one (``sum_a pi_a^2 = 1/3`` for independent uniform draws over 3; 1 if
 they shared a sampling stream). A last line pools the readings::
 
-    PYTHONPATH=$PWD python scripts/slip_sibling_variance.py --readings 10 --groups 600 > slip.jsonl
+    PYTHONPATH=$PWD python studies/slip_sibling_variance.py --readings 10 --groups 600 > slip.jsonl
 """
 
 from __future__ import annotations

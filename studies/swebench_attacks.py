@@ -9,7 +9,7 @@ the code and are answered by grading (the reward and ``info["tampered"]``), next
 patch as the control. ``--code DIR`` runs the children on another checkout's code (the
 ``before`` column of ``docs/reliability.md``)::
 
-    python scripts/swebench_attacks.py --backends local docker \
+    python studies/swebench_attacks.py --backends local docker \
         --out docs/results/swebench-hostile/attacks.json
 
 ``--sandbox`` runs only the attacks on the host's side of a step (``SANDBOX_ATTACKS``: sparse

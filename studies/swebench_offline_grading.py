@@ -2,7 +2,7 @@
 image, graded with its gold patch on docker with ``grading_network=False`` (the default) and
 ``True``::
 
-    python scripts/swebench_offline_grading.py --out docs/results/swebench-hostile/offline-grading.json
+    python studies/swebench_offline_grading.py --out docs/results/swebench-hostile/offline-grading.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ user or an agent would, and record what each one got and how long the answer too
 Each attack is self-contained and works against older versions of the package too (run it with
 ``PYTHONPATH`` pointing at another checkout to measure "before"):
 
-    python scripts/trust_attacks.py --label after --out docs/results/trust
+    python studies/trust_attacks.py --label after --out docs/results/trust
 """
 
 from __future__ import annotations
