@@ -129,9 +129,10 @@ def broken_script_paths(text: str, where: str, root: Path = ROOT) -> list[str]:
 
 
 def sources() -> list[Path]:
-    """Every file that may cite the docs or name a script: the code, the tests, the pages."""
+    """Every file that may cite the docs or name a script: the code, the tests, the pages, the
+    committed results' write-ups."""
     files = [*PAGES, *(ROOT / f / "README.md" for f in SCRIPT_FOLDERS), ROOT / "Makefile", ROOT / ".ci" / "run",
-             ROOT / "pyproject.toml"]
+             ROOT / "pyproject.toml", *sorted((ROOT / "docs" / "results").rglob("*.md"))]
     for folder in CODE_FOLDERS:
         files += [p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in {".py", ".sh", ".md", ".toml"}]
     return [p for p in files if p.exists() and p != Path(__file__).resolve()]
