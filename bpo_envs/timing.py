@@ -1,4 +1,4 @@
-"""Timing helpers shared by the env benchmarks (``scripts/bench_*.py``).
+"""Timing helpers shared by the env benchmarks (``benchmarks/bench_*.py``).
 
 Medians of repeated calls, random admissible walks (steps/s), and the cost of ``snapshot``,
 ``restore`` and a :class:`~bpo_envs.ReplaySnapshot` restore (reset + replay) at the same depth.

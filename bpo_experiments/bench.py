@@ -254,7 +254,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = [
-        "# BPO env benchmarks (`scripts/bench_envs.py`)",
+        "# BPO env benchmarks (`bpo-bench`, bpo_experiments/bench.py)",
         "",
         f"{report['machine']['platform']}, {report['machine']['cpus']} CPU(s), torch threads "
         f"{cfg['torch_threads']}; {report['date']}; {'--quick' if cfg['quick'] else 'default run'}, "

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--index", default=None, help="write the game index here (.json.gz)")
     ap.add_argument("--checkpoint", type=int, default=250, help="rewrite --index every this many games")
     ap.add_argument("--heldout", type=int, default=0,
-                    help="also the training games at positions --heldout-from on (scripts/alfworld_curve.py's selection set)")  # fmt: skip
+                    help="also the training games at positions --heldout-from on (studies/alfworld_curve.py's selection set)")  # fmt: skip
     ap.add_argument("--heldout-from", type=int, default=1000)
     args = ap.parse_args(argv)
     wanted = [("train", t) for t in order("train", args.train)]

@@ -184,7 +184,7 @@ def test_stats_table_sets_published_numbers_beside_generated_ones_and_invents_no
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "alfworld_stats.py"
+    path = Path(__file__).resolve().parents[1] / "studies" / "alfworld_stats.py"
     spec = importlib.util.spec_from_file_location("alfworld_stats", path)
     stats = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stats)

@@ -53,7 +53,7 @@ def test_algorithms_of_one_seed_share_their_streams():
     assert first != other  # another seed's episodes are its own (the uniform policy's 18 episodes)
 
 
-SOURCES = ("bpo_envs", "bpo_algos", "baselines", "bpo_experiments", "scripts", "examples", "deploy")
+SOURCES = ("bpo_envs", "bpo_algos", "baselines", "bpo_experiments", "scripts", "benchmarks", "studies", "examples", "deploy")
 
 
 def _is_seed(node: ast.AST) -> bool:

@@ -11,7 +11,7 @@ flat ``2 x 4`` (two backbones, each branching into four at depth 1) and nested `
 own training batch).
 
 Error rate: a reading's standard deviation is at most 0.14 (measured: 1500 readings a cell,
-``scripts/eta_bias_table.py``, docs/mechanism.md), so a cell's mean over ``READINGS`` = 300
+``studies/eta_bias_table.py``, docs/mechanism.md), so a cell's mean over ``READINGS`` = 300
 readings has a Monte-Carlo standard error of at most 0.0081, and the estimator's remaining bias is at most 0.007 in every
 cell (same measurement; standard error 0.004): a cell fails by chance only beyond 2.8 standard
 errors, about 0.2% a cell and 4% for the 18 cells together at an unlucky seed; the seeds below

@@ -18,7 +18,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "studies"))
 from reasoning_unbiasedness import TREE, z_scores  # noqa: E402
 
 import bpo_envs  # noqa: E402,F401

@@ -321,11 +321,11 @@ def test_bpo_compare_on_a_server_matches_in_process(tmp_path):
 
 
 def test_fault_injection_leaves_the_server_unharmed(tmp_path):
-    """scripts/fault_serve.py, small: every injected fault gets its error or a closed session."""
+    """benchmarks/fault_serve.py, small: every injected fault gets its error or a closed session."""
     from serve_support import ROOT
 
     out = tmp_path / "faults.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "150", "--sessions", "4",
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_serve.py"), "--episodes", "150", "--sessions", "4",
                     "--sample-every", "50", "--attacks", "none", "--out", str(out)], check=True, timeout=600,
                    capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     result = json.loads(out.read_text())
@@ -336,13 +336,13 @@ def test_fault_injection_leaves_the_server_unharmed(tmp_path):
 
 @pytest.mark.slow
 def test_fault_script_attacks_all_hold(tmp_path):
-    """scripts/fault_serve.py's hostile clients (each also a test in test_serve_hostile.py), with
+    """benchmarks/fault_serve.py's hostile clients (each also a test in test_serve_hostile.py), with
     short timeouts: every attack held, and the attacks' server answered throughout."""
     from serve_support import ROOT
 
     out = tmp_path / "faults.json"
     fast = "--header-timeout 2 --body-timeout 2 --evict-idle-after 2 --session-snapshot-cap 20"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "fault_serve.py"), "--episodes", "8", "--sessions", "2",
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_serve.py"), "--episodes", "8", "--sessions", "2",
                     "--attack-sessions", "3", "--attack-server-args", fast, "--out", str(out)], check=True,
                    timeout=300, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     attacks = json.loads(out.read_text())["attacks"]

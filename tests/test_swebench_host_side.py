@@ -240,7 +240,7 @@ def test_fifos_sockets_and_long_names_are_observations(env):
 def test_a_150000_file_folder_is_an_observation(backend):
     # 150,000 empty files: 600 MB of the quota (4 KiB each), within it. Given 30 s to make them,
     # the step is answered (recorded, or undone when the host cannot record it in time), and
-    # the env goes on (the restore contract on such a folder: scripts/swebench_attacks.py)
+    # the env goes on (the restore contract on such a folder: studies/swebench_attacks.py)
     env = _make(backend, step_timeout=30)
     try:
         env.reset(options={"task_id": TASK})

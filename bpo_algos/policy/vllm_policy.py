@@ -20,7 +20,7 @@ scored again without the cache. vLLM's prompt log-probs are the raw ``T = 1`` di
 Either way every token of the pass is metered in ``score_tokens`` (the HF pass in full; vLLM's
 minus the tokens it read from its cache). Contexts without admissible actions (the first action
 token's entropy needs the whole next-token distribution) use the HF pass. ``decision_entropy=
-"probe"`` draws its completions from vLLM. ``scripts/bench_vllm_scoring.py`` measures the costs.
+"probe"`` draws its completions from vLLM. ``benchmarks/bench_vllm_scoring.py`` measures the costs.
 
 Weights: the HF model is the one trained. Before generating, ``sample`` compares
 :meth:`HFPolicy.weights_version` with the version last pushed and, if the weights changed (an

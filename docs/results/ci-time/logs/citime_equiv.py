@@ -1,6 +1,6 @@
 # prints z-scores of the changed samplers with few batches; run from the base copy and from the worktree, then diff
 import sys, json
-sys.path.insert(0, "tests"); sys.path.insert(0, "scripts")
+sys.path.insert(0, "tests"); sys.path.insert(0, "studies")
 import test_reliability as r
 from reasoning_unbiasedness import z_scores
 out = {}

@@ -1,0 +1,303 @@
+"""Where the main job's time goes: a small ``bpo-compare`` job per env, timed and profiled, on
+one or more checkouts of the code, alternated in one run (docs/main-job.md, "Where the time goes").
+
+For each round (``--rounds``), each env and each checkout (``--code``, default this one) it runs
+the small job twice in a fresh process whose ``PYTHONPATH`` is that checkout: once plain (the
+wall time, decisions and env steps per second) and once under cProfile (the shares of wall time).
+Checkouts alternate inside a round, so a change in the machine's load hits both alike; the
+``uptime`` line is recorded beside every timing, and the job process's CPU seconds (user + system,
+its threads included), which a loaded machine disturbs far less than its wall time. Writes ``results.json`` and, per checkout and
+env, the profile's top functions (``profile-LABEL-ENV.txt``) into ``--out``::
+
+    python benchmarks/bench_main_job.py --code /work/main --code . --labels before after \\
+        --envs webshop alfworld --out docs/results/bench-main-job
+
+The small job: ``bpo-compare --envs ENV --algorithms rloo bpo --treatment bpo --seeds 0 --no-tune
+--updates 4 --eval-every 4 --positive-control none --calibration-control none --jobs 1`` (plus
+``--job-args``' extra flags per env). Counted in the job's own process: *env steps*, every
+``SnapshotEnv.step``; *decisions*, every action a choice policy sampled
+(``ChoicePolicy.sample`` / ``sample_distinct``), in training, probes and evaluation alike.
+
+Shares of the profiled wall time (cProfile sees the main thread only: an env stepped in a pool
+thread shows as the time the engine waits for it, which is what it costs the job):
+
+* by phase: ``start-up`` (imports, tasks, data: everything before the first job and after the
+  last but the report), ``initial job`` (the initial policy and its evaluation and reference
+  pool), ``training`` (collection and learner), ``evaluation``, ``probes`` (the gradient probes
+  and every reference pool), ``report``;
+* by component: ``env`` (calls into the envs and the env pool), ``policy forward`` (calls into
+  ``bpo_algos.policy`` but the backward passes they make), ``backward`` (autograd's backward
+  pass), ``engine bookkeeping`` (the own time of the rollout engine, its paths, trees and meters,
+  with the built-ins they call directly), ``other`` (the rest: the algorithms' advantages and
+  losses outside the policy, optimizer steps, files, imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SMALL_JOB = ["--algorithms", "rloo", "bpo", "--treatment", "bpo", "--seeds", "0", "--no-tune", "--updates", "4",
+             "--eval-every", "4", "--positive-control", "none", "--calibration-control", "none", "--jobs", "1", "--no-progress"]
+JOB_ARGS = {
+    # ALFWorld's initial policy without behaviour cloning (its expert trajectories on 1,000
+    # games take longer than the whole job): the runs, probes and evaluations are the default's
+    "alfworld": ["--sft-epochs", "0"],
+}
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return "load average: " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def _git(code: Path) -> str:
+    out = subprocess.run(["git", "-C", str(code), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+# ---- the job's own process ---------------------------------------------------------------------
+def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> None:
+    """Run the small job in this process (its code from ``PYTHONPATH``) with counters, under
+    cProfile when ``profile_path`` is given; write the counts and timings to ``result_path``."""
+    started = time.perf_counter()
+    import cProfile
+    import itertools
+
+    counts = {"env_steps": itertools.count(), "decisions": 0}
+
+    profiler = cProfile.Profile() if profile_path is not None else None
+    if profiler is not None:
+        profiler.enable()
+    from bpo_algos.policy.choice import ChoicePolicy
+    from bpo_envs.core import SnapshotEnv
+
+    step = SnapshotEnv.step
+
+    def counted_step(self: Any, action: Any) -> Any:
+        next(counts["env_steps"])  # atomic under the GIL: pool threads step too
+        return step(self, action)
+
+    SnapshotEnv.step = counted_step  # type: ignore[method-assign]
+    for name in ("sample", "sample_distinct"):
+        original = getattr(ChoicePolicy, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            out = _original(self, *args, **kwargs)
+            counts["decisions"] += sum(len(row) for row in out)
+            return out
+
+        setattr(ChoicePolicy, name, counted)
+    from bpo_experiments import compare
+
+    job_start = time.perf_counter()
+    compare.main(argv)
+    job_seconds = time.perf_counter() - job_start
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(str(profile_path))
+    result = {"wall_seconds": time.perf_counter() - started, "job_seconds": job_seconds, "cpu_seconds": time.process_time(),
+              "env_steps": next(counts["env_steps"]), "decisions": counts["decisions"]}
+    result_path.write_text(json.dumps(result))
+
+
+# ---- reading a profile ---------------------------------------------------------------------------
+def _where(func: tuple[str, int, str]) -> str:
+    return func[0].replace(os.sep, "/")
+
+
+def _in(func: tuple[str, int, str], *parts: str) -> bool:
+    """Whether ``func`` is a function (not a module's import) of a file whose path holds one of ``parts``."""
+    path = _where(func)
+    return func[2] != "<module>" and any(p in path for p in parts)
+
+
+ENV = ("/bpo_envs/pool.py", "/bpo_envs/core.py", "/bpo_envs/replay.py", "/bpo_envs/text.py", "/bpo_envs/tree_mdp.py",
+       "/bpo_envs/webshop/", "/bpo_envs/alfworld/", "/bpo_envs/swebench/")
+POLICY = ("/bpo_algos/policy/",)
+ENGINE = ("/bpo_algos/rollout.py", "/bpo_algos/paths.py", "/bpo_algos/tree.py", "/bpo_algos/budget", "/bpo_algos/compute.py")
+
+
+def _is_backward(func: tuple[str, int, str]) -> bool:
+    return func[2] == "<method 'run_backward' of 'torch._C._EngineBase' objects>" or (
+        func[2] in ("backward", "grad") and _in(func, "torch/_tensor.py", "torch/autograd/__init__.py"))
+
+
+def _entries(stats: dict[Any, Any], inside: Any) -> float:
+    """Seconds spent in calls into the functions ``inside`` accepts from functions it does not
+    (the outermost entries: nested calls inside are not counted twice)."""
+    total = 0.0
+    for func, (_, _, _, _, callers) in stats.items():
+        if not inside(func):
+            continue
+        for caller, edge in callers.items():
+            if not inside(caller):
+                total += edge[3]
+    return total
+
+
+def _edges(stats: dict[Any, Any], caller_in: Any, callee_in: Any) -> float:
+    """Seconds of the calls from functions ``caller_in`` accepts into functions ``callee_in``
+    accepts (the callee outside the caller's set)."""
+    total = 0.0
+    for func, (_, _, _, _, callers) in stats.items():
+        if not callee_in(func) or caller_in(func):
+            continue
+        for caller, edge in callers.items():
+            if caller_in(caller):
+                total += edge[3]
+    return total
+
+
+def _self_time(stats: dict[Any, Any], inside: Any) -> float:
+    """Seconds spent in the functions ``inside`` accepts themselves, and in the built-ins they
+    call directly (``len``, ``list.append``): their own work, none of the Python they call."""
+    total = 0.0
+    for func, (_, _, tottime, _, callers) in stats.items():
+        if inside(func):
+            total += tottime
+        elif func[0] == "~":
+            total += sum(edge[2] for caller, edge in callers.items() if inside(caller))
+    return total
+
+
+def _cum(stats: dict[Any, Any], path_part: str, name: str) -> float:
+    return sum(v[3] for f, v in stats.items() if path_part in _where(f) and f[2] == name)
+
+
+def shares(profile: Path) -> dict[str, Any]:
+    """The profile's phases and components (module docstring), in seconds and shares of its total."""
+    loaded = pstats.Stats(str(profile))
+    raw = loaded.stats  # type: ignore[attr-defined]
+    total = float(loaded.total_tt)  # type: ignore[attr-defined]
+    probes = _cum(raw, "bpo_experiments/runner.py", "probe") + sum(
+        edge[3] for f, v in raw.items() if f[2] == "reference_gradient" for c, edge in v[4].items() if c[2] == "initial_job")
+    evaluation = _entries(raw, lambda f: "bpo_experiments/evaluation.py" in _where(f))
+    initial = _cum(raw, "bpo_experiments/runner.py", "initial_job")
+    runs = _cum(raw, "bpo_experiments/runner.py", "run_one")
+    report = _cum(raw, "bpo_experiments/compare.py", "write_report")
+    eval_in_initial = sum(edge[3] for f, v in raw.items() if f[2] == "evaluate_episodes" for c, edge in v[4].items() if c[2] == "initial_job")
+    ref_in_initial = sum(edge[3] for f, v in raw.items() if f[2] == "reference_gradient" for c, edge in v[4].items() if c[2] == "initial_job")
+    phases = {
+        "start-up": total - initial - runs - report,
+        "initial job": initial - eval_in_initial - ref_in_initial,
+        "training": runs - (probes - ref_in_initial) - (evaluation - eval_in_initial),
+        "evaluation": evaluation,
+        "probes": probes,
+        "report": report,
+    }
+    env = _entries(raw, lambda f: _in(f, *ENV))
+    backward = _entries(raw, _is_backward)
+    policy = _entries(raw, lambda f: _in(f, *POLICY)) - _edges(raw, lambda f: _in(f, *POLICY), _is_backward)
+    engine = _self_time(raw, lambda f: _in(f, *ENGINE))
+    components = {"env": env, "policy forward": policy, "backward": backward, "engine bookkeeping": engine}
+    components["other"] = total - sum(components.values())
+    return {
+        "profiled_seconds": total,
+        "phases_seconds": phases,
+        "phases_share": {k: v / total for k, v in phases.items()},
+        "components_seconds": components,
+        "components_share": {k: v / total for k, v in components.items()},
+    }
+
+
+def _top(profile: Path, path: Path, header: str) -> None:
+    with path.open("w") as f:
+        f.write(header + "\n\n")
+        stats = pstats.Stats(str(profile), stream=f)
+        stats.strip_dirs().sort_stats("cumulative").print_stats(60)
+        stats.sort_stats("tottime").print_stats(30)
+
+
+# ---- the parent --------------------------------------------------------------------------------
+def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: Path) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix=f"bench-main-job-{env}-", dir=scratch))
+    result_path = out.with_suffix(".json")
+    argv = ["--envs", env, *SMALL_JOB, *JOB_ARGS.get(env, []), *extra, "--out", str(out / "job")]
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(argv), str(result_path), str(profile or "")]
+    environ = {**os.environ, "PYTHONPATH": str(code)}
+    before = _uptime()
+    t0 = time.perf_counter()
+    done = subprocess.run(command, env=environ, cwd=str(code), capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"the small job failed on {code} ({env}):\n{done.stderr[-4000:]}")
+    child = json.loads(result_path.read_text())
+    results = json.loads((out / "job" / "results.json").read_text())
+    return {"process_wall_seconds": wall, **child, "uptime_before": before, "uptime_after": _uptime(),
+            "decisions_per_second": child["decisions"] / child["job_seconds"],
+            "decisions_per_cpu_second": child["decisions"] / child["cpu_seconds"],
+            "env_steps_per_second": child["env_steps"] / child["job_seconds"],
+            "job_wall_seconds_reported": results["timing"]["wall_seconds"]}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(json.loads(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]) if sys.argv[4] else None)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--code", action="append", help="a checkout whose code runs the job (repeat to alternate; default: this one)")
+    parser.add_argument("--labels", nargs="+", help="a name per --code (default: each checkout's git commit)")
+    parser.add_argument("--envs", nargs="+", default=["webshop", "alfworld"])
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--no-profile", action="store_true", help="the plain runs only")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="first run each env's job once, untimed, on the first --code (fills the caches: ALFWorld's game translations)")
+    parser.add_argument("--job-args", default="", help="extra bpo-compare flags for every job (one string)")
+    parser.add_argument("--out", default="docs/results/bench-main-job")
+    args = parser.parse_args()
+    codes = [Path(c).resolve() for c in (args.code or [Path(__file__).resolve().parents[1]])]
+    labels = args.labels or [_git(c) for c in codes]
+    if len(labels) != len(codes):
+        raise SystemExit(f"{len(codes)} --code but {len(labels)} --labels")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-main-job-"))
+    extra = args.job_args.split()
+    rows: list[dict[str, Any]] = []
+    if args.warm_up:
+        for env in args.envs:
+            _one(codes[0], env, extra, None, scratch)
+    for r in range(args.rounds):
+        for env in args.envs:
+            for code, label in zip(codes, labels, strict=True):
+                row = {"round": r, "env": env, "label": label, "code": str(code), "commit": _git(code)}
+                row["plain"] = _one(code, env, extra, None, scratch)
+                print(f"{label} {env} plain: {row['plain']['job_seconds']:.1f} s ({row['plain']['uptime_before']})", flush=True)
+                if not args.no_profile:
+                    profile = scratch / f"{label}-{env}-{r}.prof"
+                    row["profiled"] = _one(code, env, extra, profile, scratch)
+                    row["profiled"].update(shares(profile))
+                    _top(profile, out / f"profile-{label}-{env}.txt",
+                         f"cProfile of the small {env} job on {label} ({code}, {row['commit']}), round {r}; {row['profiled']['uptime_before']}")
+                    print(f"{label} {env} profiled: {row['profiled']['job_seconds']:.1f} s", flush=True)
+                rows.append(row)
+    summary: dict[str, Any] = {}
+    for env in args.envs:
+        walls = {label: [row["plain"]["job_seconds"] for row in rows if row["env"] == env and row["label"] == label] for label in labels}
+        cpus = {label: [row["plain"]["cpu_seconds"] for row in rows if row["env"] == env and row["label"] == label] for label in labels}
+        summary[env] = {label: {"job_seconds_mean": sum(w) / len(w), "cpu_seconds_mean": sum(cpus[label]) / len(cpus[label])}
+                        for label, w in walls.items()}
+        if len(labels) >= 2:
+            first, last = labels[0], labels[-1]
+            for name, values in (("wall", walls), ("cpu", cpus)):
+                ratios = [a / b for a, b in zip(values[first], values[last], strict=True)]
+                summary[env][f"{name} speed-up {last} over {first}"] = {"per_round": ratios, "mean": sum(ratios) / len(ratios)}
+    result = {"small_job": ["bpo-compare", "--envs", "ENV", *SMALL_JOB], "job_args": {**JOB_ARGS, "all": extra}, "warm_up": args.warm_up,
+              "cpu_count": os.cpu_count(), "rows": rows, "summary": summary}
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
