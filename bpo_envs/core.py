@@ -505,9 +505,11 @@ def check_step_limit(env: gym.Env) -> None:
         if isinstance(current, gym.wrappers.TimeLimit):
             limits.append(int(current._max_episode_steps))
         current = current.env
+    if not limits:
+        return  # no TimeLimit above: the env's own limit is the only one (and no proxy is asked)
     owner = declared(current)
     own = owner.max_episode_steps if owner is not None else None
-    if limits and isinstance(own, int) and min(limits) > own:
+    if isinstance(own, int) and min(limits) > own:
         spec = current.spec if isinstance(current, gym.Env) else None
         name = spec.id if spec is not None else type(current).__name__
         raise ValueError(

@@ -243,7 +243,7 @@ class RemoteEnv(EnvCapabilities):
     """A local proxy for env ``slot`` of a :class:`RayEnvPool` (lent by ``acquire``).
 
     It forwards the hosted env's declarations (docs/envs.md): the constant ones are fetched
-    once, the methods call the actor. ``step_may_block`` is the proxy's own: True, since every
+    once, with the first ``reset`` (or the first read before it); the methods call the actor. ``step_may_block`` is the proxy's own: True, since every
     call waits on another process.
     """
 
@@ -260,7 +260,15 @@ class RemoteEnv(EnvCapabilities):
         return ray.get(ref, timeout=self.pool.timeout_s)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        return self._get(self.host.actor.reset.remote(self.slot, seed, options))
+        reply = self.host.actor.reset.remote(self.slot, seed, options)
+        if self._capabilities is None:
+            # fetched with the first reset (the actor answers it right after), so that the engine,
+            # reading a declaration of a lent env, never waits behind a step of the actor
+            declarations = self.host.actor.capabilities.remote(self.slot)
+            result = self._get(reply)
+            self._capabilities = self._get(declarations)
+            return result
+        return self._get(reply)
 
     def step(self, action: Any) -> StepResult:
         return self._get(self.host.actor.step.remote(self.slot, action))

@@ -79,7 +79,8 @@ class RemoteEnv(SnapshotSupport, EnvCapabilities, gym.Env[str, str]):
     """One session of a served env.
 
     It forwards the served env's declarations (docs/envs.md): the constant ones and
-    ``provenance()`` come with one ``capabilities`` message, fetched on first use; ``task_ids()``
+    ``provenance()`` come with one ``capabilities`` message, sent after the first ``reset`` (or at
+    the first read before it); ``task_ids()``
     and ``expert_actions()`` ask the server each time. ``step_may_block`` is its own, True: every
     call waits on the network. ``sample_action`` is not forwarded (the caller's rng stays here):
     None, the default.
@@ -153,7 +154,9 @@ class RemoteEnv(SnapshotSupport, EnvCapabilities, gym.Env[str, str]):
             data["seed"] = seed
         if options.get("task_id") is not None:
             data["task_id"] = options["task_id"]
-        return self._observe(self._call({"type": "reset", "data": data}))
+        result = self._observe(self._call({"type": "reset", "data": data}))
+        self._declared()  # with the first reset, so that a later read never talks over a step in flight
+        return result
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._started:
