@@ -104,9 +104,8 @@ def json_safe(value: Any) -> Any:
         return [json_safe(v) for v in value]
     if isinstance(value, set | frozenset):
         return sorted((json_safe(v) for v in value), key=repr)
-    # third-party: numpy (or torch) scalars, which bpo_envs does not type-check against
-    item = getattr(value, "item", None)  # third-party: see above
-    if callable(item) and getattr(value, "shape", None) == ():  # third-party: see above
+    item = getattr(value, "item", None)  # third-party: a numpy (or torch) scalar, not imported here
+    if callable(item) and getattr(value, "shape", None) == ():  # third-party: 0-d only, as above
         return json_safe(item())
     return str(value)
 
