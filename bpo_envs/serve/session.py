@@ -231,8 +231,6 @@ class Session:
     async def expert_actions(self) -> dict[str, Any]:
         if self._last is None:
             return error(WSErrorCode.EXECUTION_ERROR, "call reset before expert_actions")
-        if not self.declarations.has_expert:
-            return error(WSErrorCode.EXECUTION_ERROR, f"{type(self.env.unwrapped).__name__} declares no expert")
         actions = await self.run(lambda: list(self.declarations.expert_actions()))
         return {"type": "expert_actions", "data": {"actions": [str(a) for a in actions]}}
 
