@@ -301,7 +301,8 @@ class RolloutEngine:
 
     def _tree_prior(self, env: gym.Env) -> dict[str, float]:
         """A tree's expected cost before any was measured (see :class:`Topology`)."""
-        limit = getattr(getattr(env, "unwrapped", env), "max_episode_steps", None)
+        owner = bpo_envs.declared(env)  # None for an env that is not ours: no declared limit
+        limit = owner.max_episode_steps if owner is not None else None
         if not isinstance(limit, int | np.integer) or limit < 1:
             return {}
         return dict(self._topology.tree_prior(int(limit)))
@@ -495,8 +496,8 @@ class RolloutEngine:
         shared = path.snapshot
         if shared is None or path.rebuild or shared.node.parent is None or not self.pool.is_lent(shared.origin):
             return False
-        owner = getattr(shared.origin, "unwrapped", shared.origin)
-        return bool(getattr(owner, "restore_prefers_origin", False))
+        owner = bpo_envs.declared(shared.origin)
+        return owner is not None and owner.restore_prefers_origin
 
     def _attach_waiting(self, waiting: deque[PathState], ready: list[PathState]) -> None:
         while waiting and self.pool.n_free > 0:

@@ -3,9 +3,11 @@
 ``import bpo_envs`` registers ``BPO-WebShop-v0``, ``BPO-ALFWorld-v0``, ``BPO-SWEBench-v0`` and
 ``BPO-TreeMDP-v0`` (``gym.make("bpo_envs:BPO-TreeMDP-v0")`` works too). Every env can
 ``snapshot()`` and ``restore()`` its full state mid-episode; :func:`snapshot` and
-:func:`restore` see through wrappers; :func:`check_snapshot` checks the contract.
+:func:`restore` see through wrappers; :func:`check_snapshot` checks the contract. What an env
+can do beyond that it declares (:class:`EnvCapabilities`, read with :func:`declared`).
 """
 
+from bpo_envs.capabilities import EnvCapabilities, declared, require_declared
 from bpo_envs.core import (
     ConcurrentUseError,
     ResetNeeded,
@@ -30,6 +32,7 @@ register_envs()
 __all__ = [
     "ConcurrentUseError",
     "ENV_IDS",
+    "EnvCapabilities",
     "ReplayDivergenceError",
     "ReplaySnapshot",
     "ResetNeeded",
@@ -45,7 +48,9 @@ __all__ = [
     "TEXT_CHARSET",
     "TreeMDPEnv",
     "check_snapshot",
+    "declared",
     "replayed_steps",
+    "require_declared",
     "restore",
     "snapshot",
     "to_observation",

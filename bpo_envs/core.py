@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 import weakref
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from bpo_envs import portable as _portable
+from bpo_envs.capabilities import EnvCapabilities, declared
 from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space, to_observation
 
 PORTABLE_FORMAT = "bpo-snapshot/1"
@@ -247,34 +248,30 @@ class SnapshotSupport:
             )
 
 
-class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
+class SnapshotEnv(SnapshotSupport, EnvCapabilities, gym.Env[str, str]):
     """Base class of every BPO env: text in, text out, task selection, step limit, snapshots.
 
     Subclasses implement the task logic:
 
-    * ``task_ids() -> Sequence`` — every task this env can pose, in a fixed order.
+    * ``task_ids() -> Sequence`` — every task this env can pose, in a fixed order (the default,
+      None, declares no fixed list: ``reset`` then needs ``options={"task_id": ...}``).
     * ``_reset_task(task_id) -> (obs, info)`` — start the episode of that task.
     * ``_step(action) -> (obs, reward, terminated, info)`` — one agent step; set
       ``info["invalid_action"] = True`` (and say why in ``obs``) for an action it cannot run,
       ``info["won"]`` when the task is solved, ``info["admissible_actions"]`` where known.
     * ``_get_state()`` / ``_set_state(state)`` — the task state (copied, never aliased).
-    * ``expert_actions() -> list[str]`` — actions that solve the task from the current state.
+
+    and declare what else they can do (:class:`~bpo_envs.capabilities.EnvCapabilities`, each with
+    a default; docs/envs.md, "What an env declares"): ``step_may_block``,
+    ``restore_prefers_origin``, ``has_expert`` with ``expert_actions()``, ``provenance()``,
+    ``sample_action(rng)``. ``max_episode_steps`` is the constructor's.
 
     The base owns ``task_id``, the step counter and step limit, the done flag, the last
     observation and the env's ``np_random`` state, and puts all of them in every snapshot.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
-    restore_prefers_origin: bool = False
-    """True where restoring into the env that took the snapshot is much cheaper than into
-    another instance; the rollout engine then keeps forked siblings on their origin env."""
-    step_may_block: bool = True
-    """Whether one ``step`` (or ``reset``/``snapshot``/``restore``) may block or hang: wait on a
-    process, a container, the network or an unbounded search. True (the default) keeps the
-    call on a worker thread under a deadline, where it can be abandoned; an env whose every call
-    is bounded by construction declares False, and the rollout engine and ``bpo-serve`` then run
-    it inline (a call run inline cannot be stopped by a deadline: declare False only where that
-    can never be needed; docs/envs.md)."""
+    max_episode_steps: int
 
     def __init__(
         self,
@@ -305,9 +302,6 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         self._last_obs = ""
 
     # ---- to implement --------------------------------------------------------------------
-    def task_ids(self) -> Sequence[Any]:
-        raise NotImplementedError
-
     def _reset_task(self, task_id: Any) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
 
@@ -318,10 +312,6 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
         raise NotImplementedError
 
     def _set_state(self, state: Any) -> None:
-        raise NotImplementedError
-
-    def expert_actions(self) -> list[str]:
-        """Actions that solve the current task from the current state."""
         raise NotImplementedError
 
     # ---- public API ----------------------------------------------------------------------
@@ -350,6 +340,11 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
             task_id = self._resolve_task(options["task_id"])
         else:
             ids = self.task_ids()
+            if ids is None:
+                raise ValueError(
+                    f"{type(self).__name__} declares no fixed task list (task_ids() is None): "
+                    "pass options={'task_id': ...} to reset"
+                )
             if not ids:
                 raise ValueError(f"{type(self).__name__} has no tasks")
             task_id = ids[int(self.np_random.integers(len(ids)))]
@@ -443,6 +438,8 @@ class SnapshotEnv(SnapshotSupport, gym.Env[str, str]):
     # ---- helpers -------------------------------------------------------------------------
     def _resolve_task(self, task_id: Any) -> Any:
         ids = self.task_ids()
+        if ids is None:  # no fixed list: the env's _reset_task judges the id
+            return task_id
         if task_id in ids:
             return task_id
         # accept the string form of a non-string id (CLI users type "3")
@@ -479,8 +476,10 @@ def _layers(env: gym.Env) -> tuple[list[Any], SnapshotSupport]:
     while True:
         if isinstance(current, SnapshotSupport):
             return layers, current
-        inner = getattr(type(current), "snapshot", None)
-        if callable(inner) and callable(getattr(type(current), "restore", None)):
+        # a user's layer (often a gym.Wrapper) with its own snapshot()/restore(): the documented
+        # protocol (docs/snapshots.md), so these two are read from a class that is not ours
+        inner = getattr(type(current), "snapshot", None)  # third-party: a user's layer, see above
+        if callable(inner) and callable(getattr(type(current), "restore", None)):  # third-party: as above
             return layers, current
         if isinstance(current, gym.Wrapper):
             layers.append(current)
@@ -506,9 +505,13 @@ def check_step_limit(env: gym.Env) -> None:
         if isinstance(current, gym.wrappers.TimeLimit):
             limits.append(int(current._max_episode_steps))
         current = current.env
-    own = getattr(current, "max_episode_steps", None)
-    if limits and isinstance(own, int) and min(limits) > own:
-        name = current.spec.id if getattr(current, "spec", None) is not None else type(current).__name__
+    if not limits:
+        return  # no TimeLimit above: the env's own limit is the only one (and no proxy is asked)
+    owner = declared(current)
+    own = owner.max_episode_steps if owner is not None else None
+    if isinstance(own, int) and min(limits) > own:
+        spec = current.spec if isinstance(current, gym.Env) else None
+        name = spec.id if spec is not None else type(current).__name__
         raise ValueError(
             f"max_episode_steps={min(limits)} was asked for, but {name} truncates at its own limit, "
             f"{own} steps: gym.make keeps max_episode_steps for Gymnasium's TimeLimit wrapper and "
@@ -526,7 +529,7 @@ def _capture_wrappers(layers: list[Any]) -> tuple[tuple[str, dict[str, Any]], ..
     for layer in layers:
         attrs = _WRAPPER_ATTRS.get(type(layer))
         if attrs:
-            out.append((type(layer).__qualname__, {a: copy.deepcopy(getattr(layer, a, None)) for a in attrs}))
+            out.append((type(layer).__qualname__, {a: copy.deepcopy(getattr(layer, a)) for a in attrs}))
     return tuple(out)
 
 

@@ -237,7 +237,7 @@ def build_messages(
 
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
     """The prompt text with the generation prompt: the tokenizer's chat template, else plain."""
-    if getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None):  # third-party: a transformers tokenizer (older ones lack it)
         return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
     text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
     return text + "Assistant: "

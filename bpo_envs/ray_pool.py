@@ -15,7 +15,8 @@ Layout: ``actors`` Ray actors each host envs (made in the actor from the factori
 factory must be picklable: a lambda or a module-level function). Env slot ``i`` lives on actor
 ``i % actors``. ``acquire()`` lends a :class:`RemoteEnv`, a local proxy with ``reset``,
 ``step``, ``snapshot`` and ``restore`` (so :func:`bpo_envs.snapshot` and
-:func:`bpo_envs.restore` work on it). Its snapshots (:class:`RemoteSnapshot`) stay on the actor
+:func:`bpo_envs.restore` work on it) that forwards the hosted env's declarations (its step
+limit, restore preference, expert, task ids, provenance and sampler; docs/envs.md). Its snapshots (:class:`RemoteSnapshot`) stay on the actor
 that took them: the driver holds a handle. Restoring on the same actor moves no state;
 restoring onto another actor moves the snapshot's ``portable()`` bytes actor to actor through
 the Ray object store (never through the driver). ``step_many`` runs the steps of different
@@ -43,7 +44,9 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
+from bpo_envs.capabilities import EnvCapabilities, declared
 from bpo_envs.core import (
     Snapshot,
     SnapshotError,
@@ -99,6 +102,33 @@ class EnvHost:
     def spaces(self, slot: int) -> tuple[gym.Space, gym.Space]:
         env = self._env(slot)
         return env.observation_space, env.action_space
+
+    def _declared(self, slot: int) -> EnvCapabilities:
+        """The hosted env's declarations; the defaults for an env that is not ours."""
+        return declared(self._env(slot)) or _NOTHING_DECLARED
+
+    def capabilities(self, slot: int) -> dict[str, Any]:
+        """The hosted env's constant declarations, which its :class:`RemoteEnv` forwards."""
+        owner = self._declared(slot)
+        return {
+            "max_episode_steps": owner.max_episode_steps,
+            "restore_prefers_origin": owner.restore_prefers_origin,
+            "has_expert": owner.has_expert,
+        }
+
+    def task_ids(self, slot: int) -> list[Any] | None:
+        ids = self._declared(slot).task_ids()
+        return None if ids is None else list(ids)
+
+    def expert_actions(self, slot: int) -> list[str]:
+        return list(self._declared(slot).expert_actions())
+
+    def provenance(self, slot: int) -> dict[str, Any] | None:
+        return self._declared(slot).provenance()
+
+    def sample_action(self, slot: int, rng: np.random.Generator) -> tuple[str | None, dict[str, Any]]:
+        """The hosted env's ``sample_action`` with the caller's ``rng``, and that rng's state after."""
+        return self._declared(slot).sample_action(rng), rng.bit_generator.state
 
     def reset(self, slot: int, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         return self._env(slot).reset(seed=seed, options=options)
@@ -165,6 +195,10 @@ class EnvHost:
             self.remake(slot)
 
 
+_NOTHING_DECLARED = EnvCapabilities()
+"""The declarations of a hosted env that is not ours: the defaults."""
+
+
 class _Host:
     """The driver's record of one actor (a restarted actor is a new ``_Host``)."""
 
@@ -205,14 +239,20 @@ class RemoteSnapshot(Snapshot):
         return f"RemoteSnapshot(actor={self.host.index}, id={self.sid}, {status})"
 
 
-class RemoteEnv:
-    """A local proxy for env ``slot`` of a :class:`RayEnvPool` (lent by ``acquire``)."""
+class RemoteEnv(EnvCapabilities):
+    """A local proxy for env ``slot`` of a :class:`RayEnvPool` (lent by ``acquire``).
+
+    It forwards the hosted env's declarations (docs/envs.md): the constant ones are fetched
+    once, with the first ``reset`` (or the first read before it); the methods call the actor. ``step_may_block`` is the proxy's own: True, since every
+    call waits on another process.
+    """
 
     def __init__(self, pool: RayEnvPool, slot: int, host: _Host) -> None:
         self.pool = pool
         self.slot = slot
         self.host = host
         self._spaces: tuple[gym.Space, gym.Space] | None = None
+        self._capabilities: dict[str, Any] | None = None
         self.replayed_steps = 0
         """Env steps replayed by this proxy's restores on its actor (read by the engine's meter)."""
 
@@ -220,7 +260,15 @@ class RemoteEnv:
         return ray.get(ref, timeout=self.pool.timeout_s)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        return self._get(self.host.actor.reset.remote(self.slot, seed, options))
+        reply = self.host.actor.reset.remote(self.slot, seed, options)
+        if self._capabilities is None:
+            # fetched with the first reset (the actor answers it right after), so that the engine,
+            # reading a declaration of a lent env, never waits behind a step of the actor
+            declarations = self.host.actor.capabilities.remote(self.slot)
+            result = self._get(reply)
+            self._capabilities = self._get(declarations)
+            return result
+        return self._get(reply)
 
     def step(self, action: Any) -> StepResult:
         return self._get(self.host.actor.step.remote(self.slot, action))
@@ -253,6 +301,38 @@ class RemoteEnv:
         self.replayed_steps += replayed
         self.pool.stats["moved_restores"] += 1
         self.pool.stats["moved_bytes"] += moved
+
+    # ---- the hosted env's declarations --------------------------------------------------
+    def _declared(self) -> dict[str, Any]:
+        if self._capabilities is None:
+            self._capabilities = self._get(self.host.actor.capabilities.remote(self.slot))
+        return self._capabilities
+
+    @property
+    def max_episode_steps(self) -> int | None:  # type: ignore[override]
+        return self._declared()["max_episode_steps"]
+
+    @property
+    def restore_prefers_origin(self) -> bool:  # type: ignore[override]
+        return self._declared()["restore_prefers_origin"]
+
+    @property
+    def has_expert(self) -> bool:  # type: ignore[override]
+        return self._declared()["has_expert"]
+
+    def task_ids(self) -> list[Any] | None:
+        return self._get(self.host.actor.task_ids.remote(self.slot))
+
+    def expert_actions(self) -> list[str]:
+        return self._get(self.host.actor.expert_actions.remote(self.slot))
+
+    def provenance(self) -> dict[str, Any] | None:
+        return self._get(self.host.actor.provenance.remote(self.slot))
+
+    def sample_action(self, rng: np.random.Generator) -> str | None:
+        action, state = self._get(self.host.actor.sample_action.remote(self.slot, rng))
+        rng.bit_generator.state = state  # the draw advances the caller's rng, as a local env's would
+        return action
 
     @property
     def observation_space(self) -> gym.Space:

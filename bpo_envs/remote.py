@@ -20,6 +20,7 @@ import gymnasium as gym
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from bpo_envs.capabilities import EnvCapabilities
 from bpo_envs.core import ResetNeeded, Snapshot, SnapshotError, SnapshotKindError, SnapshotSupport
 from bpo_envs.serve.protocol import dumps, info_from_observation, loads
 from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space
@@ -74,8 +75,15 @@ def _ws_url(base_url: str) -> str:
     return url if url.endswith("/ws") else url + "/ws"
 
 
-class RemoteEnv(SnapshotSupport, gym.Env[str, str]):
+class RemoteEnv(SnapshotSupport, EnvCapabilities, gym.Env[str, str]):
     """One session of a served env.
+
+    It forwards the served env's declarations (docs/envs.md): the constant ones and
+    ``provenance()`` come with one ``capabilities`` message, sent after the first ``reset`` (or at
+    the first read before it); ``task_ids()``
+    and ``expert_actions()`` ask the server each time. ``step_may_block`` is its own, True: every
+    call waits on the network. ``sample_action`` is not forwarded (the caller's rng stays here):
+    None, the default.
 
     Args:
         base_url: the server, e.g. ``http://127.0.0.1:8000`` (``ws://`` works too).
@@ -103,6 +111,7 @@ class RemoteEnv(SnapshotSupport, gym.Env[str, str]):
         self._releases: list[str] = []
         self._done = True
         self._started = False
+        self._capabilities: dict[str, Any] | None = None
 
     # ---- wire ----------------------------------------------------------------------------
     def _send(self, message: dict[str, Any]) -> None:
@@ -145,7 +154,9 @@ class RemoteEnv(SnapshotSupport, gym.Env[str, str]):
             data["seed"] = seed
         if options.get("task_id") is not None:
             data["task_id"] = options["task_id"]
-        return self._observe(self._call({"type": "reset", "data": data}))
+        result = self._observe(self._call({"type": "reset", "data": data}))
+        self._declared()  # with the first reset, so that a later read never talks over a step in flight
+        return result
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not self._started:
@@ -172,10 +183,31 @@ class RemoteEnv(SnapshotSupport, gym.Env[str, str]):
             self._ws = None
         super().close()
 
-    # ---- what the rollout engine asks of an env ------------------------------------------
-    def task_ids(self) -> list[Any]:
-        """The served env's task ids."""
-        return list(self._call({"type": "task_ids"})["task_ids"])
+    # ---- the served env's declarations ---------------------------------------------------
+    def _declared(self) -> dict[str, Any]:
+        if self._capabilities is None:
+            self._capabilities = self._call({"type": "capabilities"})
+        return self._capabilities
+
+    @property
+    def max_episode_steps(self) -> int | None:  # type: ignore[override]
+        return self._declared()["max_episode_steps"]
+
+    @property
+    def restore_prefers_origin(self) -> bool:  # type: ignore[override]
+        return self._declared()["restore_prefers_origin"]
+
+    @property
+    def has_expert(self) -> bool:  # type: ignore[override]
+        return self._declared()["has_expert"]
+
+    def provenance(self) -> dict[str, Any] | None:
+        return self._declared()["provenance"]
+
+    def task_ids(self) -> list[Any] | None:
+        """The served env's task ids (None where it declares no fixed list)."""
+        ids = self._call({"type": "task_ids"})["task_ids"]
+        return None if ids is None else list(ids)
 
     def expert_actions(self) -> list[str]:
         """The served env's expert actions from the current state."""

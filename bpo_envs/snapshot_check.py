@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from bpo_envs.capabilities import declared
 from bpo_envs.core import SnapshotReleasedError, _snapshot_owner, restore, snapshot
 from bpo_envs.seeding import key_seed
 
@@ -71,7 +72,7 @@ def _diff(expected: Transition, got: Transition) -> str:
 
 
 def _default_chooser(env: gym.Env) -> ActionChooser:
-    sampler = getattr(env.unwrapped, "sample_action", None)
+    owner = declared(env)  # None for an env that is not ours: it is walked by its action space
 
     def choose(obs: str, info: dict[str, Any], rng: np.random.Generator) -> str:
         admissible = info.get("admissible_actions")
@@ -79,9 +80,8 @@ def _default_chooser(env: gym.Env) -> ActionChooser:
             return INVALID_PROBE
         if admissible:
             return str(admissible[int(rng.integers(len(admissible)))])
-        if callable(sampler):
-            return sampler(rng)
-        return env.action_space.sample()
+        sampled = owner.sample_action(rng) if owner is not None else None
+        return sampled if sampled is not None else env.action_space.sample()
 
     return choose
 

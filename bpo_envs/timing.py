@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from bpo_envs.capabilities import declared
 from bpo_envs.core import restore, snapshot
 from bpo_envs.replay import ReplaySnapshot
 from bpo_envs.seeding import key_seed
@@ -51,12 +52,13 @@ def random_action(env: gym.Env, info: dict[str, Any], rng: np.random.Generator) 
     admissible = info.get("admissible_actions")
     if admissible:
         return str(admissible[int(rng.integers(len(admissible)))])
-    sampler = getattr(env.unwrapped, "sample_action", None)
-    if sampler is None:
+    owner = declared(env)
+    sampled = owner.sample_action(rng) if owner is not None else None
+    if sampled is None:
         raise ValueError(
             f"{env.unwrapped!r} lists no admissible actions and has no sample_action()"
         )
-    return sampler(rng)
+    return sampled
 
 
 @dataclass

@@ -69,6 +69,7 @@ class TreeMDPEnv(SnapshotEnv):
     """A depth-``depth`` tree with ``n_actions`` actions per node; reward at the leaf."""
 
     step_may_block = False  # a table lookup: bounded by construction
+    has_expert = True  # the optimal path, by enumeration
 
     def __init__(
         self,
@@ -295,13 +296,14 @@ class TreeMDPEnv(SnapshotEnv):
     def agent_probs(self, log_probs: LogProbFn, task: int, level: int, memory: tuple[int, ...]) -> np.ndarray:
         """The agent's action probabilities (float64, before slip) at the node ``(level, memory)``."""
         logp = log_probs(self.observation_of(task, self._representative(level, memory)), self.actions)
-        if hasattr(logp, "detach"):
+        if hasattr(logp, "detach"):  # third-party: a torch tensor (bpo_envs does not import torch) or an array
             return logp.detach().double().exp().numpy()
         return np.exp(np.asarray(logp, dtype=float))
 
     def _executed(self, log_probs: LogProbFn, task: int, level: int, memory: tuple[int, ...]) -> Any:
         logp = log_probs(self.observation_of(task, self._representative(level, memory)), self.actions)
         # float64: float32 probabilities make E Var(R | h_d) wobble by 1e-8 across depths
+        # third-party: a torch tensor (bpo_envs does not import torch) or an array, by hasattr
         probs = logp.double().exp() if hasattr(logp, "double") else np.exp(np.asarray(logp, dtype=float))
         return self.transition_probs(probs)
 
@@ -330,6 +332,7 @@ class TreeMDPEnv(SnapshotEnv):
             key = (level, memory)
             if key not in probs:
                 q = self._executed(log_probs, task, level, memory)
+                # third-party: a torch tensor or an array, by hasattr (as above)
                 probs[key] = np.asarray(q.detach().double().numpy() if hasattr(q, "detach") else q, dtype=float)
             return probs[key]
 

@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 import bpo_envs  # noqa: F401 - registers the ids
+from bpo_envs.capabilities import require_declared
 from bpo_experiments.presets import EnvSetup
 
 
@@ -60,9 +61,11 @@ def _ids_and_provenance(make: Callable[[], gym.Env]) -> tuple[list[Any], dict[st
     for an env without one)."""
     env = make()
     try:
-        ids = list(env.unwrapped.task_ids())
-        provenance = getattr(env.unwrapped, "provenance", None)
-        return ids, provenance() if callable(provenance) else None
+        owner = require_declared(env, "a comparison's task split")
+        ids = owner.task_ids()
+        if ids is None:
+            raise ValueError(f"{type(owner).__name__} declares no fixed task list (task_ids() is None): a comparison draws its tasks from one")
+        return list(ids), owner.provenance()
     finally:
         env.close()
 

@@ -99,11 +99,11 @@ class SnapshotMachine(RuleBasedStateMachine):
     @rule(valid=st.booleans() | st.just(True), pick=st.integers(0, 10**6), text=FREE_TEXT)
     def step(self, valid, pick, text):
         admissible = self.info.get("admissible_actions")
-        sampler = getattr(self.env.unwrapped, "sample_action", None)
+        sampled = self.env.unwrapped.sample_action(np.random.default_rng(pick)) if valid and not admissible else None
         if valid and admissible:
             action = admissible[pick % len(admissible)]
-        elif valid and callable(sampler):
-            action = sampler(np.random.default_rng(pick))
+        elif sampled is not None:  # the env's declared sampler (None where it has none)
+            action = sampled
         else:
             action = sequential(text) if self.shell else text
         got = self.env.step(action)

@@ -182,3 +182,8 @@ def test_example_trains_with_rewards_from_the_env(tmp_path, env_args, stepped):
     if stepped:
         assert sum(len(e["actions"]) for e in episodes) > 0  # TRL's tool calls stepped the env
         assert any(e["done"] for e in episodes) and any(e["reward"] > 0 for e in episodes)
+
+
+def test_make_dataset_takes_the_envs_declared_task_ids():
+    env_class = trl_env.environment_factory("BPO-TreeMDP-v0", depth=3, n_actions=2, seed=0, n_tasks=4)
+    assert list(trl_env.make_dataset(env_class)["task_id"]) == list(gym.make("BPO-TreeMDP-v0", n_tasks=4).unwrapped.task_ids())

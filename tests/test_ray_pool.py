@@ -218,3 +218,30 @@ def test_replayed_steps_on_the_actors_reach_the_meter():
         remote = collect(pool).compute
     assert local.replay_steps > 0
     assert (remote.replay_steps, remote.env_steps) == (local.replay_steps, local.env_steps)
+
+
+class PinnedTree(bpo_envs.TreeMDPEnv):
+    restore_prefers_origin = True  # as ALFWorld declares
+
+
+def test_the_proxy_forwards_what_the_hosted_env_declares():
+    import numpy as np
+
+    shop = webshop_fn()
+    with RayEnvPool([shop, functools.partial(PinnedTree, **TREE)], actors=1) as pool:
+        proxy, pinned = pool.acquire(), pool.acquire()
+        local = shop()
+        here = local.unwrapped
+        assert bpo_envs.declared(proxy) is proxy and isinstance(proxy, bpo_envs.EnvCapabilities)
+        proxy.reset(seed=0, options={"task_id": 3})
+        local.reset(seed=0, options={"task_id": 3})
+        assert (proxy.max_episode_steps, proxy.restore_prefers_origin, proxy.has_expert) == (here.max_episode_steps, False, True)
+        assert proxy.step_may_block and not here.step_may_block  # the proxy's own: every call waits on an actor
+        assert proxy.task_ids() == list(here.task_ids())
+        assert proxy.expert_actions() == here.expert_actions()
+        assert proxy.provenance()["files_sha256"] == here.provenance()["files_sha256"]
+        rng, twin = np.random.default_rng(2), np.random.default_rng(2)
+        assert proxy.sample_action(rng) == here.sample_action(twin)
+        assert rng.random() == twin.random()  # the caller's rng advanced as a local env's would
+        assert pinned.restore_prefers_origin and pinned.max_episode_steps == PinnedTree(**TREE).max_episode_steps
+        local.close()

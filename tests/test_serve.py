@@ -122,6 +122,30 @@ def test_remote_env_passes_check_snapshot(server):
         env.close()
 
 
+def test_remote_env_forwards_what_the_served_env_declares(server):
+    import numpy as np
+
+    name, url = server
+    local = make_or_skip(name)()
+    env = RemoteEnv(url)
+    try:
+        here = local.unwrapped
+        assert bpo_envs.declared(env) is env
+        env.reset(seed=0)
+        assert (env.max_episode_steps, env.restore_prefers_origin, env.has_expert) == (
+            here.max_episode_steps, here.restore_prefers_origin, here.has_expert)
+        assert env.step_may_block  # its own: every call waits on the network
+        provenance = here.provenance()
+        if provenance is None:
+            assert env.provenance() is None
+        else:
+            assert env.provenance()["env"] == provenance["env"] and set(env.provenance()) == set(provenance)
+        assert env.sample_action(np.random.default_rng(0)) is None  # not forwarded: the rng stays here
+    finally:
+        env.close()
+        local.close()
+
+
 # ---- limits and bad input (one small TreeMDP server) --------------------------------------
 TREE = ("BPO-TreeMDP-v0", {"depth": 4, "n_actions": 3, "seed": 1, "n_tasks": 3})
 TOKEN = "s3cret-token"

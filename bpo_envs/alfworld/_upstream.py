@@ -315,7 +315,7 @@ def _clone(obj: Any) -> Any:
     if isinstance(obj, _TEXTGEN_SYMBOL[0]):
         new = copy.copy(obj)
         for name in ("symbol", "expression"):
-            value = getattr(obj, name, None)
+            value = getattr(obj, name, None)  # third-party: a textgen symbol, which may lack either
             if isinstance(value, (list, _TEXTGEN_SYMBOL[0])):
                 setattr(new, name, _clone(value))
         return new
@@ -369,7 +369,11 @@ def _fast_textgen(textgen: Any) -> dict[str, Any]:
 
 # textworld's PddlEnv builds the game's state (a Fast Downward task load plus ~1k fact parses)
 # in load() and again in reset(); right after load() the second is the same as the first.
-_REUSE = threading.local()
+class _Reusable(threading.local):
+    state: Any = None  # per thread: the state reuse_loaded_state left, else None
+
+
+_REUSE = _Reusable()
 
 
 def reuse_loaded_state(state: Any) -> None:
@@ -381,7 +385,7 @@ def reuse_loaded_state(state: Any) -> None:
 
 def _pddl_state_factory(original: Any) -> Any:
     def make(downward_lib: Any, pddl_problem: str, logic: Any) -> Any:
-        pending = getattr(_REUSE, "state", None)
+        pending = _REUSE.state
         _REUSE.state = None
         if (
             pending is not None

@@ -191,7 +191,7 @@ class AlfredEngine:
             vars_by_type={t: set(v) for t, v in ps._vars_by_type.items()},
             var_counts=ps._var_counts.copy(),
             game_state=env.state,
-            operators=getattr(ps, "_operators", {}),
+            operators=getattr(ps, "_operators", {}),  # third-party: textworld's PddlState, absent before first use
             moves=env._moves,
         )
 

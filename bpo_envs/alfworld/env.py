@@ -134,6 +134,7 @@ class ALFWorldEnv(SnapshotEnv):
     """
 
     restore_prefers_origin = True  # native state-id restores only on the env that took them
+    has_expert = True  # the planner's (or alfworld's handcoded) plan: expert=
     # step_may_block stays True (the default), by measurement. A step alone is bounded work in
     # process (Fast Downward's successor and textworld's admissible-command grounding on a
     # finite game; random admissible actions on generated games, thread CPU time: median 3.2 ms,

@@ -40,6 +40,7 @@ from typing import Any
 import gymnasium as gym
 
 import bpo_envs
+from bpo_envs.capabilities import declared
 from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
 from bpo_envs.integrations import require
 from bpo_envs.portable import dumps
@@ -109,7 +110,9 @@ class SkyRLEnv(BaseTextEnv):
         self.env_id = str(env_id)
         self.env = gym.make(self.env_id, **config)
         check_step_limit(self.env)
-        limits = [getattr(self.env.unwrapped, "max_episode_steps", None), getattr(self.env.spec, "max_episode_steps", None)]
+        owner = declared(self.env)  # None for an env that is not ours: only its TimeLimit counts
+        limits = [owner.max_episode_steps if owner is not None else None,
+                  self.env.spec.max_episode_steps if self.env.spec is not None else None]
         limits = [int(n) for n in limits if n]  # gym.make's max_episode_steps= adds a TimeLimit
         self.max_turns = min(limits) if limits else self.max_turns
         self._progress: _Progress | None = None

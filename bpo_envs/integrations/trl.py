@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import bpo_envs
+from bpo_envs.capabilities import require_declared
 from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
 from bpo_envs.integrations import require
 from bpo_envs.portable import dumps
@@ -256,11 +257,13 @@ def make_dataset(
 
     if task_ids is None:
         env = gym.make(env_class.env_id, **env_class.env_kwargs)
-        lister = getattr(env.unwrapped, "task_ids", None)
-        if lister is None:
+        try:
+            listed = require_declared(env, "make_dataset without task_ids=").task_ids()
+        finally:
+            env.close()
+        if listed is None:
             raise ValueError(f"{env_class.env_id} does not list its tasks: pass task_ids=")
-        task_ids = list(lister())
-        env.close()
+        task_ids = list(listed)
     ids = list(task_ids) * repeat
     if not ids:
         raise ValueError("make_dataset needs at least one task id")

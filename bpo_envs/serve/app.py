@@ -354,6 +354,8 @@ class EnvServer:
                 return await session.task_ids()
             if kind == "expert_actions":
                 return await session.expert_actions()
+            if kind == "capabilities":
+                return await session.capabilities()
             if kind == "release":
                 ids = data.get("snapshot_ids") if isinstance(data, dict) else None
                 for snapshot_id in ids if isinstance(ids, list) else []:
@@ -361,7 +363,7 @@ class EnvServer:
                         self.store.release(snapshot_id)
                 return None
             return error(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {shown(kind)}; the types are reset, step, state, close, "
-                         "release, task_ids, expert_actions")
+                         "release, task_ids, expert_actions, capabilities")
         except UnknownSnapshotError as exc:
             return error(WSErrorCode.VALIDATION_ERROR, str(exc), snapshot_id=exc.snapshot_id)
         except SnapshotTableFull as exc:

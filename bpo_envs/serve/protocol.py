@@ -104,8 +104,8 @@ def json_safe(value: Any) -> Any:
         return [json_safe(v) for v in value]
     if isinstance(value, set | frozenset):
         return sorted((json_safe(v) for v in value), key=repr)
-    item = getattr(value, "item", None)  # numpy scalars
-    if callable(item) and getattr(value, "shape", None) == ():
+    item = getattr(value, "item", None)  # third-party: a numpy (or torch) scalar, not imported here
+    if callable(item) and getattr(value, "shape", None) == ():  # third-party: 0-d only, as above
         return json_safe(item())
     return str(value)
 
@@ -155,7 +155,7 @@ def error(code: WSErrorCode | str, message: str, **extra: Any) -> dict[str, Any]
     """An OpenEnv error message (``WSErrorResponse``), the message cut to :data:`MAX_ERROR_CHARS`."""
     if len(message) > MAX_ERROR_CHARS:
         message = message[: MAX_ERROR_CHARS - 20] + " ... (cut)"
-    return {"type": "error", "data": {"message": message, "code": str(getattr(code, "value", code)), **extra}}
+    return {"type": "error", "data": {"message": message, "code": str(code), **extra}}
 
 
 __all__ = [

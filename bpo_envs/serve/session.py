@@ -20,6 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from bpo_envs.capabilities import EnvCapabilities, declared
 from bpo_envs.core import SnapshotEnv, restore, snapshot
 from bpo_envs.serve.protocol import (
     MAX_ID_CHARS,
@@ -34,6 +35,9 @@ from bpo_envs.serve.protocol import (
     shown,
 )
 from bpo_envs.serve.snapshots import SnapshotStore
+
+_NOTHING_DECLARED = EnvCapabilities()
+"""The declarations of a served env that is not ours: the defaults."""
 
 
 class DeadlineExceeded(RuntimeError):
@@ -205,14 +209,29 @@ class Session:
         state = {"episode_id": self._episode_id, "step_count": self._steps, "snapshot_id": snapshot_id, "task_id": task_id, "done": self._done}
         return {"type": "state", "data": state}
 
+    @property
+    def declarations(self) -> EnvCapabilities:
+        """The served env's declarations (docs/envs.md); the defaults for an env that is not ours."""
+        return declared(self.env) or _NOTHING_DECLARED
+
+    async def capabilities(self) -> dict[str, Any]:
+        owner = self.declarations
+        data = {
+            "max_episode_steps": owner.max_episode_steps,
+            "restore_prefers_origin": owner.restore_prefers_origin,
+            "has_expert": owner.has_expert,
+            "provenance": json_safe(await self.run(owner.provenance)),
+        }
+        return {"type": "capabilities", "data": data}
+
     async def task_ids(self) -> dict[str, Any]:
-        ids = await self.run(lambda: list(self.env.unwrapped.task_ids()))
-        return {"type": "task_ids", "data": {"task_ids": json_safe(ids)}}
+        ids = await self.run(self.declarations.task_ids)
+        return {"type": "task_ids", "data": {"task_ids": None if ids is None else json_safe(list(ids))}}
 
     async def expert_actions(self) -> dict[str, Any]:
         if self._last is None:
             return error(WSErrorCode.EXECUTION_ERROR, "call reset before expert_actions")
-        actions = await self.run(lambda: list(self.env.unwrapped.expert_actions()))
+        actions = await self.run(lambda: list(self.declarations.expert_actions()))
         return {"type": "expert_actions", "data": {"actions": [str(a) for a in actions]}}
 
     def _sent(self, reply: dict[str, Any]) -> dict[str, Any]:

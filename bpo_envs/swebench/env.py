@@ -171,6 +171,9 @@ class SWEBenchEnv(SnapshotEnv):
     step limit without grading: ``submitted: False`` and reward 0.
     """
 
+    # step_may_block stays True (the default): a step runs a command in a sandbox or container
+    has_expert = True  # the row's gold patch, then submit
+
     def __init__(
         self,
         instances: str | Path | Iterable[Mapping[str, Any]] | None = None,

@@ -44,9 +44,10 @@ def swebench_modules() -> dict[str, Any]:
             "BPO-SWEBench-v0 grades with the swebench harness (4.x): "
             "pip install 'bpo-gym[swe]'  (or pip install 'swebench>=4.1,<5')"
         ) from exc
-    if not hasattr(constants, "MAP_REPO_VERSION_TO_SPECS"):
+    version = getattr(swebench, "__version__", "?")  # third-party: swebench may not set it
+    if not hasattr(constants, "MAP_REPO_VERSION_TO_SPECS"):  # third-party: swebench 5.x removed it
         raise RuntimeError(
-            f"swebench {getattr(swebench, '__version__', '?')} has no MAP_REPO_VERSION_TO_SPECS "
+            f"swebench {version} has no MAP_REPO_VERSION_TO_SPECS "
             "(5.x cannot build eval scripts from classic rows): pip install 'swebench>=4.1,<5'"
         )
     return {
@@ -55,7 +56,7 @@ def swebench_modules() -> dict[str, Any]:
         "log_parsers": log_parsers,
         "create_scripts": create_scripts,
         "test_spec": test_spec,
-        "version": getattr(swebench, "__version__", "?"),
+        "version": version,
     }
 
 
@@ -65,7 +66,7 @@ def _parser_by_name(name: str) -> Any:
             mod = importlib.import_module(f"swebench.harness.log_parsers.{module}")
         except ImportError:
             continue
-        fn = getattr(mod, name, None)
+        fn = getattr(mod, name, None)  # third-party: a swebench parser module, by the row's parser name
         if callable(fn):
             return fn
     raise ValueError(f"swebench has no log parser named {name!r}")

@@ -42,7 +42,7 @@ def _test_list(value: Any, where: str) -> list[str]:
             value = json.loads(value) if value.strip() else []
         except json.JSONDecodeError as exc:
             raise InstanceError(f"{where}: not a JSON list of test names: {exc}") from exc
-    if hasattr(value, "tolist"):  # numpy arrays from parquet
+    if hasattr(value, "tolist"):  # third-party: numpy arrays from parquet
         value = value.tolist()
     if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
         raise InstanceError(f"{where}: expected a list of test names, got {type(value).__name__}")
@@ -57,6 +57,7 @@ def normalize_row(row: Mapping[str, Any], base_dir: Path | None = None) -> dict[
     missing = [k for k in REQUIRED if k not in row or row[k] is None]
     if missing:
         raise InstanceError(f"instance {name!r} lacks required column(s) {missing}")
+    # third-party: numpy scalars from parquet (hasattr below)
     out = {k: (v.item() if hasattr(v, "item") and not isinstance(v, str) else v) for k, v in row.items()}
     out["FAIL_TO_PASS"] = _test_list(row["FAIL_TO_PASS"], f"{name} FAIL_TO_PASS")
     out["PASS_TO_PASS"] = _test_list(row["PASS_TO_PASS"], f"{name} PASS_TO_PASS")

@@ -831,7 +831,7 @@ def make_dirs_inside(root: Path, relative: str) -> None:
     """``mkdir -p root/relative`` one folder at a time, each opened without following a link:
     :class:`SnapshotError` naming the path when a part of it is not a folder (a link to
     elsewhere, a file), so nothing outside ``root`` is created or followed."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)  # third-party: os, platform flag
     fd = os.open(root, flags)
     try:
         done: list[str] = []

@@ -127,7 +127,7 @@ _STDLIB_FALLBACK = (
     "tokenize", "traceback", "types", "typing", "warnings", "weakref", "zipfile", "zipimport",
 )
 SHADOWED_MODULES = frozenset(_PYTEST_AND_FRIENDS) | frozenset(
-    getattr(sys, "stdlib_module_names", _STDLIB_FALLBACK)
+    getattr(sys, "stdlib_module_names", _STDLIB_FALLBACK)  # third-party: sys, Python >= 3.10 only
 )
 """Top-level module names a root-level module or package must not shadow."""
 
@@ -465,7 +465,7 @@ def _put(root: str, rel: str, entry: list, data: bytes = b"") -> None:
     elif entry[0] == "dir":
         os.mkdir(path)
     elif entry[0] == "file":
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),  # third-party: os, platform flag
                      0o755 if entry[1] else 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

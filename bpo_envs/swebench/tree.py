@@ -46,7 +46,7 @@ SCRUB_DEPTH = 32
 MAX_OPEN_DIRS = 64
 """Folder descriptors :func:`remove_tree` holds at once (deeper folders are moved up first)."""
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)  # third-party: os, platform flag
 
 
 @dataclass

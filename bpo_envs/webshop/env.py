@@ -115,6 +115,7 @@ class WebShopEnv(SnapshotEnv):
     """
 
     step_may_block = False  # pure in-memory pages and search over a loaded catalog: bounded by construction
+    has_expert = True  # the goal's own search and purchase
 
     def __init__(
         self,
