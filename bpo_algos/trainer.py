@@ -189,10 +189,12 @@ class Trainer:
         self._advance_tasks(batch, len(tasks))
         self.policy.train()
         losses, norms = [], []
+        # ALGO LOGIC: ``epochs`` optimizer steps on the batch (Trainer.optimize)
         for _ in range(self.config.epochs):
             loss, norm = self.optimize(batch)
             losses.append(loss)
             norms.append(norm)
+        # end ALGO LOGIC
         if self.parallel is not None:
             self.parallel.clear_cache()
         if self.config.epochs > 1:
@@ -256,12 +258,15 @@ class Trainer:
         else:
             indices = itertools.count(self.rank, self.world_size)
         seed = dp.update_seed(self.config.seed, self.update)
+        # ALGO LOGIC: the batch (Algorithm.collect: the topology builds the trees, the estimator
+        # writes the advantages) and the adaptive state later batches branch by (end_batch)
         batch = self.algorithm.collect(self.policy, self.pool, tasks, budget, seed=seed, tree_indices=indices, finish=False)
         if self.parallel is None:
             self.algorithm.end_batch(batch)
         else:
             entropies = self.parallel.global_entropies([(t.index, tree_entropies(t)) for t in batch.trees])
             self.algorithm.end_batch(Batch(batch.algorithm, batch.trees, batch.compute, entropies))
+        # end ALGO LOGIC
         return batch
 
     def optimize(self, batch: Batch) -> tuple[float, float]:

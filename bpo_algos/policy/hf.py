@@ -237,6 +237,7 @@ class HFPolicy(Policy, nn.Module):
             policy's own; :meth:`sampling_temperature`).
     """
 
+    restored_in_place = True  # its parameters exist from construction; a copy costs a model
     _generator: torch.Generator | None = None
     """The sampling generator (made in ``__init__``; None while the module is being built)."""
 

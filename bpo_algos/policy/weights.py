@@ -86,9 +86,8 @@ def fresh_copy(initial: Any, saved: InitialWeights | None) -> Any:
     return copy.deepcopy(initial)
 
 
-def reusable(policy: Any) -> bool:
-    """Whether runs should restore ``policy`` in place rather than deep-copy it: a transformers
-    (or vLLM) policy, whose parameters are fixed at construction."""
-    from bpo_algos.policy.hf import HFPolicy
-
-    return isinstance(policy, HFPolicy)
+def reusable(policy: Policy) -> bool:
+    """Whether runs should restore ``policy`` in place rather than deep-copy it: what the
+    policy declares (:attr:`Policy.restored_in_place`; True for transformers and vLLM
+    policies, whose parameters are fixed at construction)."""
+    return policy.restored_in_place
