@@ -276,3 +276,20 @@ def test_the_probe_scan_flags_a_new_probe_and_accepts_a_third_party_one():
     assert probes('p = getattr(tok, "pad_token_id", None)  # third-party: tokenizers differ\n', "bpo_algos/a.py") == []
     assert probes('# third-party: transformers configs differ\np = getattr(cfg, "x", None)\n', "bpo_algos/a.py") == []
     assert probes('p = getattr(meter, name)\n', "bpo_algos/a.py") == []
+
+
+def test_vllm_policy_declares_its_engine_state():
+    """``VLLMPolicy``'s engine state has class defaults (read, not probed): closing or waking a
+    policy whose engine was never built, or was closed, is a no-op (no vLLM needed)."""
+    from bpo_algos.policy.vllm_policy import VLLMPolicy
+
+    assert VLLMPolicy.llm is None and VLLMPolicy.asleep is False and VLLMPolicy.sleep_during_update is False
+    assert VLLMPolicy.samples_from_rngs is False and VLLMPolicy.restored_in_place is True
+    unbuilt = object.__new__(VLLMPolicy)
+    nn.Module.__init__(unbuilt)
+    unbuilt.train()
+    unbuilt._wake()
+    unbuilt.close()
+    unbuilt.llm = object()  # an engine, then closed: the class default shows again
+    unbuilt.close()
+    assert unbuilt.llm is None
