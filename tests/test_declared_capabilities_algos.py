@@ -25,12 +25,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import one_process_reference
 import pytest
 import torch
 from torch import nn
 
 import bpo_envs  # noqa: F401
-import one_process_reference
 from baselines import RLOO
 from bpo_algos import Trainer, TrainerConfig
 from bpo_algos import data_parallel as dp
@@ -67,6 +67,9 @@ def test_the_policy_base_declares_every_optional_member_with_its_default():
     from bpo_algos.policy.hf import HFPolicy
 
     assert HFPolicy.restored_in_place is True and TabularPolicy.restored_in_place is False
+    from bpo_algos.policy.weights import reusable
+
+    assert not reusable(TabularPolicy()) and not reusable(nn.Linear(2, 2))  # a bare module is no Policy
     assert HFPolicy._generator is None  # until __init__ makes it: HFPolicy._apply reads it
 
 

@@ -86,8 +86,9 @@ def fresh_copy(initial: Any, saved: InitialWeights | None) -> Any:
     return copy.deepcopy(initial)
 
 
-def reusable(policy: Policy) -> bool:
-    """Whether runs should restore ``policy`` in place rather than deep-copy it: what the
-    policy declares (:attr:`Policy.restored_in_place`; True for transformers and vLLM
-    policies, whose parameters are fixed at construction)."""
-    return policy.restored_in_place
+def reusable(policy: Any) -> bool:
+    """Whether runs should restore ``policy`` in place rather than deep-copy it: what a
+    :class:`Policy` declares (:attr:`Policy.restored_in_place`; True for transformers and vLLM
+    policies, whose parameters are fixed at construction); any other object (a bare module) is
+    copied."""
+    return isinstance(policy, Policy) and policy.restored_in_place
