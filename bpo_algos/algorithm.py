@@ -301,8 +301,10 @@ class Algorithm(Topology):
             self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
         for tree in result.trees:
             tree.algorithm = self.name
+        # ALGO LOGIC: the topology's last step, then the advantages (the registered estimator)
         self.finish_trees(result.trees)
         self.compute_advantages(result.trees)
+        # end ALGO LOGIC
         batch = Batch(self.name, result.trees, result.compute, result.entropies)
         if self.shared.kl_coef:
             with torch.no_grad():

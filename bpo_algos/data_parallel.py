@@ -38,6 +38,13 @@ Launched by ``torchrun --nproc_per_node=N`` (or ``accelerate launch``), every ra
   LoRA (float64: ~1e-16), also across a resume. The gradient-variance probe
   (``diagnostics.gradient_samples``) refuses a sharded policy.
 
+Where it sits: on one process the loss path is ``Trainer -> Algorithm`` and nothing here runs
+(:meth:`bpo_algos.trainer.Trainer.optimize`). Only on several ranks does the Trainer build a
+:class:`DataParallel`, a layer *around* the algorithm's loss: it asks the algorithm for its
+normaliser, all-reduces it, calls :meth:`~bpo_algos.algorithm.Algorithm.backward` with it, then
+sums the gradients (``Trainer -> DataParallel -> Algorithm``, then back in ``DataParallel`` for
+the reduce); the algorithm never calls into this module.
+
 Nothing here starts a process group by itself except :func:`init_from_env`, which does so only
 when ``WORLD_SIZE`` > 1 is set by a launcher.
 """
@@ -48,12 +55,18 @@ import atexit
 import dataclasses
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from bpo_algos.algorithm import Algorithm, Batch
+from bpo_algos.compute import ComputeMeter
+from bpo_algos.losses import gradient_norm  # (also reachable here, where it used to live)
+from bpo_algos.policy.base import Policy
 
 log = logging.getLogger(__name__)
 
@@ -348,34 +361,29 @@ def load_full_state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 class DataParallel:
-    """This process's part in one training run: one process, ``N`` ranks, or ``N`` FSDP ranks.
+    """This rank's part in a training run of ``N > 1`` ranks (``N`` FSDP ranks with ``fsdp``).
 
-    The :class:`~bpo_algos.trainer.Trainer` asks it for the share of the batch this rank
-    builds, the backward pass of that share, the gradient reductions and the global meters; on
-    one process every step is the plain one-process computation (see the module docstring).
+    A layer around the algorithm's loss, built by the :class:`~bpo_algos.trainer.Trainer` only
+    when a launcher started several ranks (one process never builds one): :meth:`gradient` is the
+    whole batch's gradient from this rank's trees (global normaliser, summed gradients, norm and
+    clipping), and the global meters are the whole batch's (see the module docstring).
     """
 
-    def __init__(self, policy: Any, algorithm: Any, *, fsdp: bool, precision: str, device: torch.device) -> None:
+    def __init__(self, policy: Policy, algorithm: Algorithm, *, fsdp: bool, precision: str, device: torch.device) -> None:
         init_from_env()
         self.rank, self.world_size = rank(), world_size()
+        if self.world_size < 2:
+            raise ValueError("DataParallel is for several ranks; one process trains Trainer -> Algorithm directly")
         self.policy = policy
         self.algorithm = algorithm
         self.device = device
-        if self.world_size > 1:
-            broadcast_parameters(policy)  # rank 0's initial weights everywhere, then shards
+        broadcast_parameters(policy)  # rank 0's initial weights everywhere, then shards
         self.fsdp = self._shard(fsdp, precision)
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
 
     # ---- FSDP ----------------------------------------------------------------------------
     def _shard(self, wanted: bool, precision: str) -> bool:
         """Shard ``policy.model`` when ``fsdp=True`` on several ranks (``TrainerConfig.fsdp``)."""
         if not wanted:
-            return False
-        if self.world_size == 1:
-            log.warning("fsdp=True on one process: nothing to shard, the model trains unsharded")
             return False
         model = self.policy.shardable_model()
         if model is None:
@@ -413,7 +421,7 @@ class DataParallel:
         self._new_micro_batch()
         model = self.policy.model
         out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.device), use_cache=False)
-        logits = out.logits if hasattr(out, "logits") else out[0]
+        logits = out.logits if hasattr(out, "logits") else out[0]  # third-party: a transformers output object, or a tuple
         (logits.float().sum() * 0.0).backward()
 
     def gather_weights(self) -> None:
@@ -432,17 +440,32 @@ class DataParallel:
             self.policy.clear_cache()
 
     # ---- the batch's share and its gradient ----------------------------------------------
-    def backward(self, batch: Any, micro_batch_tokens: int | None) -> float:
+    def gradient(
+        self,
+        batch: Batch,
+        micro_batch_tokens: int | None,
+        max_grad_norm: float | None,
+        parameters: Callable[[], list[torch.nn.Parameter]],
+        compute_context: Callable[[], AbstractContextManager[Any]],
+    ) -> tuple[float, float]:
+        """The whole batch's gradient in every rank's ``.grad``, from this rank's trees:
+        :meth:`backward` (inside ``compute_context()``, the Trainer's autocast), then
+        :meth:`reduce` over ``parameters()`` (read after the backward: under FSDP the sharded
+        parameters are registered again only then). Returns ``(loss, gradient norm before
+        clipping)``, both the whole batch's."""
+        self.gather_weights()  # (re)gathered after the previous epoch's step
+        with compute_context():
+            loss = self.backward(batch, micro_batch_tokens)
+        self.shard_weights()
+        return self.reduce(parameters(), loss, max_grad_norm)
+
+    def backward(self, batch: Batch, micro_batch_tokens: int | None) -> float:
         """Accumulate this rank's share of the whole batch's gradient; returns its loss.
 
-        One process without micro-batches: the algorithm's loss and one backward. Otherwise
-        every micro-batch divided by the global normaliser (the sum over ranks), and under
-        FSDP zero passes up to the largest micro-batch count over ranks."""
+        Every micro-batch is divided by the global normaliser (the sum over ranks of
+        :meth:`~bpo_algos.algorithm.Algorithm.loss_normaliser`), and under FSDP zero passes run
+        up to the largest micro-batch count over ranks."""
         algorithm = self.algorithm
-        if micro_batch_tokens is None and not self.distributed:
-            loss = algorithm.loss(self.policy, batch)
-            loss.backward()
-            return float(loss.detach())
         z_local = algorithm.loss_normaliser(batch) if batch.steps else 0.0
         z, n_trees = all_reduce_sum([z_local, float(batch.n_trees)])
         if algorithm.shared.aggregation == "step-sum":
@@ -480,26 +503,23 @@ class DataParallel:
             if max_grad_norm is not None:
                 clip_gradients_(params, max_grad_norm, norm)
             return loss_value, norm
-        if self.distributed:
-            check_same_parameters(params)
-            all_reduce_gradients(params)
-            (loss_value,) = all_reduce_sum([loss_value])
+        check_same_parameters(params)
+        all_reduce_gradients(params)
+        (loss_value,) = all_reduce_sum([loss_value])
         norm = gradient_norm(params)
         if max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         return loss_value, norm
 
     # ---- global meters -------------------------------------------------------------------
-    def global_compute(self, meter: Any) -> Any:
-        """The batch meter summed over ranks (the meter itself on one process)."""
-        if not self.distributed:
-            return meter
+    def global_compute(self, meter: ComputeMeter) -> ComputeMeter:
+        """The batch meter summed over ranks."""
         names = [f.name for f in dataclasses.fields(meter)]
         summed = all_reduce_sum([getattr(meter, n) for n in names])
         return type(meter)(**{n: (int(v) if isinstance(getattr(meter, n), int) else v) for n, v in zip(names, summed, strict=True)})
 
     @staticmethod
-    def global_row(batch: Any, compute: Any) -> dict[str, Any]:
+    def global_row(batch: Batch, compute: ComputeMeter) -> dict[str, Any]:
         """A logged row's batch statistics over every rank's trees (means over trees and steps)."""
         success = sum(t.success_rate() for t in batch.trees)
         returns = sum(t.mean_return() for t in batch.trees)
@@ -520,13 +540,6 @@ class DataParallel:
 
     def global_entropies(self, per_tree: list[tuple[int, list[float]]]) -> list[float]:
         """Every rank's decision entropies, ordered by tree index (for adaptive state)."""
-        if self.distributed:
-            per_tree = [item for part in all_gather_objects(per_tree) for item in part]
+        per_tree = [item for part in all_gather_objects(per_tree) for item in part]
         return [e for _, es in sorted(per_tree, key=lambda t: t[0]) for e in es]
 
-
-def gradient_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
-    """L2 norm of all gradients together (accumulated in float64: a float32 sum over millions
-    of squares is off in the fourth digit)."""
-    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64) for p in parameters if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0

@@ -25,6 +25,8 @@ advantages, weights and masks without a device error.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "step-sum")
@@ -153,3 +155,10 @@ def policy_loss(
     stats["clip_frac"] = _scalar((clipped * mask).sum() / denom)
     stats["approx_kl_old"] = _scalar((((old_logp - logp).detach()) * mask).sum() / denom)
     return loss, stats
+
+
+def gradient_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
+    """L2 norm of all gradients together (accumulated in float64: a float32 sum over millions
+    of squares is off in the fourth digit)."""
+    norms = [torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64) for p in parameters if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0

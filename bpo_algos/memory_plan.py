@@ -239,7 +239,7 @@ def preset_plans(preset: Any) -> dict[str, MemoryPlan]:
     (``shared.kl_coef > 0``; offloaded with ``reference_offload``), vLLM's copy, ``trainer.micro_batch_tokens``,
     ``pool_size`` decoding rows of ``max_model_len`` tokens. Empty for a CPU preset or a model
     whose config is not known here."""
-    if not getattr(preset, "gpus", None):
+    if not preset.gpus:
         return {}
     config = preset_config(preset.policy)
     if config is None:

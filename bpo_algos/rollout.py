@@ -57,6 +57,11 @@ prefill, scoring), the tokens the learner will train on for each recorded step
 
 Env failures are retried, rebuilt or dropped by :class:`~bpo_algos.recovery.FailureHandler`
 (see :mod:`bpo_algos.recovery` for what that does to the estimate).
+
+Reading guide: ``# ALGO LOGIC: ...`` / ``# end ALGO LOGIC`` banners mark the algorithms' own
+rules (which task a tree is on, where to branch and how many siblings, how siblings are
+sampled and continued, the tree's edges and weights, Tree-GRPO's expansions); everything else
+is metering, scheduling and failure recovery, which never changes what is estimated.
 """
 
 from __future__ import annotations
@@ -218,9 +223,11 @@ class RolloutEngine:
         meter, start = self._meter, self._start
         if tree_indices is None:
             tree_indices = itertools.count() if budget is not None else range(len(tasks))
+        # ALGO LOGIC: which task each tree is on
         per_task = topology.trees_per_task
         # (tree index, task): the m trees of an index j*m .. j*m + m - 1, all on task j
         task_iter = ((i * per_task + k, tasks[i % len(tasks)]) for i in tree_indices for k in range(per_task))
+        # end ALGO LOGIC
         trees: list[RolloutTree] = []
         builds: list[TreeBuild] = []
         entropies: list[float] = []
@@ -400,6 +407,7 @@ class RolloutEngine:
         """Entropy where the topology wants it, then the branch factor and the samples of every
         deciding path (forks queued in ``waiting``)."""
         topology = self._topology
+        # ALGO LOGIC: branch-point selection and sibling count (self._call only meters the calls)
         # rule 1: entropy (and so the branch decision) before any action is sampled here
         need_h = [p for p in deciding if not p.is_root and topology.wants_entropy(p)]
         if need_h:
@@ -424,9 +432,10 @@ class RolloutEngine:
             for path, actions in zip(paths, samples, strict=True):
                 if len(actions) != n and not (distinct and 1 <= len(actions) < n):
                     raise RuntimeError(f"policy returned {len(actions)} samples, asked for {n}")
-                path.pending = actions[0]
+                path.pending = actions[0]  # the backbone continues with its own sample
                 if len(actions) > 1:
                     self._fork(path, actions, waiting)
+        # end ALGO LOGIC
 
     def _fork(self, path: PathState, actions: list[Action], waiting: deque[PathState]) -> None:
         node = path.node
@@ -443,6 +452,7 @@ class RolloutEngine:
         if snap is not None:
             shared = SharedSnapshot(snap, path.env, pending=len(actions) - 1, node=node)
             path.build.snapshots[id(node)] = shared
+        # ALGO LOGIC: the other n - 1 samples become siblings, each rolled on from this node
         sibling_level = path.level if path.is_root else path.level + 1
         for j, action in enumerate(actions[1:], start=1):
             waiting.append(
@@ -452,6 +462,7 @@ class RolloutEngine:
         path.build.open_paths += len(actions) - 1
         if not path.is_root:
             path.branch_points += 1
+        # end ALGO LOGIC
         if snap is None:
             self._failures.fail(path, "snapshot", error, waiting)
 
@@ -459,6 +470,7 @@ class RolloutEngine:
         """Add the step's edge to the tree; True when the path's episode ended."""
         obs, reward, terminated, truncated, info = result
         self._charge(path.build, env_steps=1)
+        # ALGO LOGIC: the step's edge in the tree (reward, termination; what advantages read)
         node = path.node
         child = Node(
             context=node.context.child(action.command, obs, admissible_of(info)),
@@ -468,6 +480,7 @@ class RolloutEngine:
         edge = Edge(node, child, action, float(reward), bool(terminated), bool(truncated), info)
         child.parent = edge
         path.build.add_child(node, edge, path.key)
+        # end ALGO LOGIC
         self._charge(path.build, train_tokens=int(self._policy.train_tokens(edge)))
         path.node = child
         path.is_root = False
@@ -589,11 +602,14 @@ class RolloutEngine:
             if self._failures.tree_lost(build):
                 trees.remove(build.tree)
                 continue
+            # ALGO LOGIC: weights (rule 3) and edge values, once the tree is whole
             build.tree.finalize()
+            # end ALGO LOGIC
         return finished
 
     def _expand(self, build: TreeBuild, waiting: deque[PathState]) -> bool:
         """Queue the topology's expansions of ``build``'s finished tree; True if any."""
+        # ALGO LOGIC: the topology's expansions (Tree-GRPO): one more i.i.d. path from each node
         nodes = list(self._topology.expansions(build.tree, build.expansion_round))
         build.expansion_round += 1
         for i, node in enumerate(nodes):
@@ -602,4 +618,5 @@ class RolloutEngine:
             node.branch_factor = max(node.branch_factor, len(node.children)) + 1
             waiting.append(PathState(build, node, rebuild=True, key=(1, build.expansion_round - 1, i)))
         build.open_paths += len(nodes)
+        # end ALGO LOGIC
         return bool(nodes)

@@ -17,6 +17,16 @@ code trains data-parallel (:mod:`bpo_algos.data_parallel`): trees split across r
 with its own random stream as on one process (:meth:`Trainer.collect`), one global normaliser, gradients summed, meters all-reduced, files from rank 0;
 ``fsdp=True`` shards the model with FSDP2 there.
 
+The loss path: on one process :meth:`Trainer.optimize` calls the algorithm directly
+(``Algorithm.loss`` and one backward, or ``Algorithm.backward`` per micro-batch) and takes the
+gradient norm and clipping itself; nothing of :mod:`bpo_algos.data_parallel` runs. On several
+ranks a :class:`~bpo_algos.data_parallel.DataParallel` wraps that same algorithm call (global
+normaliser before, summed gradients after); docs/training.md.
+
+Reading guide: ``# ALGO LOGIC: ...`` / ``# end ALGO LOGIC`` banners mark the algorithm's own
+rules (which tasks, the loss, the optimizer step); the rest is metering, logging, data
+parallelism and checkpoints.
+
 Settings: :class:`~bpo_algos.trainer_config.TrainerConfig`. Logs: :mod:`bpo_algos.run_log`.
 Checkpoints (:mod:`bpo_algos.checkpoints`) are written atomically after each update, so a run
 killed at any moment resumes (``resume=True``) losing at most the update in progress.
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
 import time
 import warnings
@@ -41,6 +52,7 @@ from bpo_algos import data_parallel as dp
 from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.compute import Budget, ComputeMeter, cost_flops
 from bpo_algos.devices import autocast, policy_device, resolve_device, upcast_trainable
+from bpo_algos.losses import gradient_norm
 from bpo_algos.policy.base import Policy
 from bpo_algos.rollout import EnvFn, EnvPool, tree_entropies
 from bpo_algos.run_log import RunLog
@@ -48,6 +60,8 @@ from bpo_algos.trainer_config import TrainerConfig
 from bpo_algos.tree import save_trees
 
 __all__ = ["Trainer", "TrainerConfig"]
+
+log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -98,9 +112,15 @@ class Trainer:
         self._task_cursor = 0
         torch.manual_seed(cfg.seed)
         policy.seed(cfg.seed)
-        # this process's part: one process, or one of N ranks (same weights, maybe sharded)
-        self.parallel = dp.DataParallel(policy, algorithm, fsdp=cfg.fsdp, precision=cfg.precision, device=self.device)
-        self.rank, self.world_size, self.fsdp = self.parallel.rank, self.parallel.world_size, self.parallel.fsdp
+        # one process: no data-parallel layer at all; N ranks: one around the algorithm's loss
+        # (the same weights everywhere, maybe sharded)
+        self.rank, self.world_size = dp.rank(), dp.world_size()
+        self.parallel: dp.DataParallel | None = None
+        if self.world_size > 1:
+            self.parallel = dp.DataParallel(policy, algorithm, fsdp=cfg.fsdp, precision=cfg.precision, device=self.device)
+        elif cfg.fsdp:
+            log.warning("fsdp=True on one process: nothing to shard, the model trains unsharded")
+        self.fsdp = self.parallel is not None and self.parallel.fsdp
         # an empty tensor keeps the optimizer's parameter group non-empty while a tabular
         # policy has no entries yet, and a rebuilt optimizer aligned with a saved one on resume
         # (not under FSDP: there every optimized parameter belongs to the policy's checkpoint)
@@ -163,17 +183,20 @@ class Trainer:
         start = time.perf_counter()
         tasks = self.draw_tasks()
         self.policy.eval()
-        self.parallel.gather_weights()
+        self.gather_weights()
         with autocast(self.config.precision, self.device):
             batch = self.collect(tasks)  # the algorithm writes the advantages
         self._advance_tasks(batch, len(tasks))
         self.policy.train()
         losses, norms = [], []
+        # ALGO LOGIC: ``epochs`` optimizer steps on the batch (Trainer.optimize)
         for _ in range(self.config.epochs):
             loss, norm = self.optimize(batch)
             losses.append(loss)
             norms.append(norm)
-        self.parallel.clear_cache()
+        # end ALGO LOGIC
+        if self.parallel is not None:
+            self.parallel.clear_cache()
         if self.config.epochs > 1:
             # the engine charged one learner pass per recorded step; every further epoch is another
             extra = (self.config.epochs - 1) * batch.compute.train_tokens
@@ -181,10 +204,10 @@ class Trainer:
             batch.compute.flops += cost_flops(self.policy.flops_parameters(), train_tokens=extra)
         self.update += 1
         self.last_batch = batch
-        compute = self.parallel.global_compute(batch.compute)
+        compute = batch.compute if self.parallel is None else self.parallel.global_compute(batch.compute)
         self.total_compute.add(compute)
         row = self._row(batch, losses, norms, time.perf_counter() - start)
-        if self.parallel.distributed:
+        if self.parallel is not None:
             row.update(self.parallel.global_row(batch, compute))
         self.history.append(row)
         self.log.write(row, self.update)
@@ -235,27 +258,79 @@ class Trainer:
         else:
             indices = itertools.count(self.rank, self.world_size)
         seed = dp.update_seed(self.config.seed, self.update)
+        # ALGO LOGIC: the batch (Algorithm.collect: the topology builds the trees, the estimator
+        # writes the advantages) and the adaptive state later batches branch by (end_batch)
         batch = self.algorithm.collect(self.policy, self.pool, tasks, budget, seed=seed, tree_indices=indices, finish=False)
-        if self.world_size == 1:
+        if self.parallel is None:
             self.algorithm.end_batch(batch)
         else:
             entropies = self.parallel.global_entropies([(t.index, tree_entropies(t)) for t in batch.trees])
             self.algorithm.end_batch(Batch(batch.algorithm, batch.trees, batch.compute, entropies))
+        # end ALGO LOGIC
         return batch
 
     def optimize(self, batch: Batch) -> tuple[float, float]:
-        """One optimizer step on ``batch`` (micro-batched, summed over ranks); returns the
-        loss and the gradient norm before clipping."""
+        """One optimizer step on ``batch``; returns the loss and the gradient norm before
+        clipping.
+
+        One process: ``Trainer -> Algorithm`` (:meth:`backward`), then the norm and clipping
+        here. Several ranks: the data-parallel layer wraps the same algorithm call
+        (:meth:`~bpo_algos.data_parallel.DataParallel.gradient`: the global normaliser before
+        it, the gradients summed after it), so the step sees the whole batch's gradient."""
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
-        self.parallel.gather_weights()  # (re)gathered after the previous epoch's step
-        with autocast(cfg.precision, self.device):
-            loss = self.parallel.backward(batch, cfg.micro_batch_tokens)
-        self.parallel.shard_weights()
-        self._add_new_parameters()
-        loss, norm = self.parallel.reduce(self.trainable(), loss, cfg.max_grad_norm)
+        if self.parallel is None:
+            with autocast(cfg.precision, self.device):
+                loss = self.backward(batch)
+            params = self._parameters_to_step()
+            norm = gradient_norm(params)
+            if cfg.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        else:
+            loss, norm = self.parallel.gradient(
+                batch, cfg.micro_batch_tokens, cfg.max_grad_norm, self._parameters_to_step,
+                lambda: autocast(cfg.precision, self.device),
+            )
+        # ALGO LOGIC: the policy update (one optimizer step on the whole batch's clipped gradient)
         self.optimizer.step()
+        # end ALGO LOGIC
         return loss, norm
+
+    def backward(self, batch: Batch) -> float:
+        """One process: accumulate ``d loss / d theta`` of the whole ``batch``; returns the loss.
+
+        Without micro-batches the algorithm's :meth:`~bpo_algos.algorithm.Algorithm.loss` and one
+        backward; with ``micro_batch_tokens`` its :meth:`~bpo_algos.algorithm.Algorithm.backward`,
+        one micro-batch at a time over the batch's own normaliser (a batch with no steps then
+        has no gradient and loss 0)."""
+        tokens = self.config.micro_batch_tokens
+        # ALGO LOGIC: the loss (clipped surrogate + KL, weights of rule 3; bpo_algos.losses)
+        if tokens is None:
+            loss = self.algorithm.loss(self.policy, batch)
+            loss.backward()
+            value = float(loss.detach())
+        elif not batch.steps:
+            value = 0.0
+        else:
+            value = self.algorithm.backward(self.policy, batch, micro_batch_tokens=tokens)
+        # end ALGO LOGIC
+        return value
+
+    def _parameters_to_step(self) -> list[torch.nn.Parameter]:
+        """The parameters the step updates, new tabular entries added to the optimizer first."""
+        self._add_new_parameters()
+        return self.trainable()
+
+    def gather_weights(self) -> None:
+        """Under FSDP, the full weights on every rank for forwards that are not collectives
+        (collection, evaluation); a no-op otherwise."""
+        if self.parallel is not None:
+            self.parallel.gather_weights()
+
+    def shard_weights(self) -> None:
+        """Under FSDP, the sharded parameters again after :meth:`gather_weights`; a no-op otherwise."""
+        if self.parallel is not None:
+            self.parallel.shard_weights()
 
     def _row(self, batch: Batch, losses: list[float], norms: list[float], seconds: float) -> dict[str, Any]:
         row: dict[str, Any] = {

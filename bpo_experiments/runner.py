@@ -217,12 +217,12 @@ class _Measurements:
         if u == 0 or same:  # the initial job's evaluation of this very policy
             success = self.warm["success"]
         else:
-            trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
+            trainer.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
             try:
                 wins = evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, self.config.eval_episodes, self.seed)
                 success = float(np.mean(wins))
             finally:
-                trainer.parallel.shard_weights()
+                trainer.shard_weights()
         compute = {k: float(v) for k, v in trainer.total_compute.to_dict().items()}
         self.evals.append({"update": u, "success": success, "compute": compute, **({"warm_start_state": True} if same else {})})
         write_on_rank0(self.folder / "evals.json", self.evals)

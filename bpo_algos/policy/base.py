@@ -161,6 +161,13 @@ class Policy:
     where its parameters are."""
     train_batch_size: int | None = None
     """Steps per forward pass of :meth:`token_logprobs` (None: all in one)."""
+    restored_in_place: bool = False
+    """Whether a comparison restores this policy's saved initial weights in place before each
+    run (:class:`~bpo_algos.policy.weights.InitialWeights`) rather than deep-copying it: True
+    for a policy whose parameters all exist from construction and whose copy is costly (a
+    transformers model, a vLLM engine); a policy that adds parameters while collecting (a
+    table) is copied."""
+
     def __init__(self) -> None:
         self.meter = ComputeMeter()
         self._reference: Any = None  # the frozen k3 KL reference, once set_reference made one

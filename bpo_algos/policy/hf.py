@@ -107,12 +107,12 @@ def disable_dropout(model: nn.Module) -> int:
             module.p = 0.0
             changed += 1
         for name in ("attention_dropout", "dropout"):
-            value = getattr(module, name, None)
+            value = getattr(module, name, None)  # third-party: torch/transformers modules name their dropout fields differently
             if isinstance(value, float) and value:
                 setattr(module, name, 0.0)
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None)  # third-party: a plain torch module has no transformers config
     for name in DROPOUT_FIELDS:
-        if isinstance(getattr(config, name, None), float):
+        if isinstance(getattr(config, name, None), float):  # third-party: each transformers config has its own dropout fields
             setattr(config, name, 0.0)
     return changed
 
@@ -120,7 +120,7 @@ def disable_dropout(model: nn.Module) -> int:
 def model_max_len(config: Any) -> int | None:
     """The longest sequence the model's config allows (``max_position_embeddings`` and kin)."""
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
+        value = getattr(config, name, None)  # third-party: transformers configs name the length limit differently
         if isinstance(value, int) and value > 0:
             return value
     return None
@@ -145,6 +145,7 @@ def offloaded_copy(model: nn.Module, device: Any, dtype: torch.dtype | None = No
         for name, buf in model.named_buffers():  # non-persistent buffers (rotary frequencies)
             owner, _, leaf = name.rpartition(".")
             ref.get_submodule(owner)._buffers[leaf] = host(buf)
+        # third-party: transformers models and configs differ in whether they tie embeddings
         if getattr(model.config, "tie_word_embeddings", False) and hasattr(ref, "tie_weights"):
             ref.tie_weights()
     except (TypeError, AttributeError):  # not a config-constructed model: copy, then move
@@ -236,6 +237,10 @@ class HFPolicy(Policy, nn.Module):
             policy's own; :meth:`sampling_temperature`).
     """
 
+    restored_in_place = True  # its parameters exist from construction; a copy costs a model
+    _generator: torch.Generator | None = None
+    """The sampling generator (made in ``__init__``; None while the module is being built)."""
+
     def __init__(
         self,
         model: Any,
@@ -324,10 +329,11 @@ class HFPolicy(Policy, nn.Module):
         self._reference: nn.Module | None = None
 
         stops = {self.prompts.eos_token_id}
+        # third-party: a transformers model may have no generation config, or one without an eos
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         stops.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
         self.stop_token_ids = frozenset(int(s) for s in stops)
-        pad = getattr(tokenizer, "pad_token_id", None)
+        pad = getattr(tokenizer, "pad_token_id", None)  # third-party: not every tokenizer object defines a pad token
         self.pad_token_id = int(pad if pad is not None else self.prompts.eos_token_id)
         self._generator = torch.Generator(device=device)
         self._generator.manual_seed(seed)
@@ -391,19 +397,19 @@ class HFPolicy(Policy, nn.Module):
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
         model = self.model.get_base_model() if self.lora else self.model
         model.gradient_checkpointing_enable(**kwargs)
-        if self.lora and hasattr(model, "enable_input_require_grads"):
+        if self.lora and hasattr(model, "enable_input_require_grads"):  # third-party: older transformers models lack it
             model.enable_input_require_grads()
 
     @property
     def gradient_checkpointing(self) -> bool:
         model = self.model.get_base_model() if self.lora else self.model
-        return bool(getattr(model, "is_gradient_checkpointing", False))
+        return bool(getattr(model, "is_gradient_checkpointing", False))  # third-party: a model without checkpointing support lacks it
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> HFPolicy:
         """``policy.to(device)``: also move the inputs' device and the sampling generator (an
         offloaded reference stays in host memory)."""
         offloaded = self._modules.get("_reference")
-        if offloaded is not None and getattr(offloaded, "_bpo_offloaded", False):
+        if offloaded is not None and self.reference_offload:
             del self._modules["_reference"]
             try:
                 super()._apply(fn, *args, **kwargs)
@@ -412,7 +418,7 @@ class HFPolicy(Policy, nn.Module):
         else:
             super()._apply(fn, *args, **kwargs)
         device = next(self.model.parameters()).device
-        if device != getattr(self, "device", device) and hasattr(self, "_generator"):
+        if self._generator is not None and device != self.device:
             seed = int(torch.randint(2**62, (1,), generator=self._generator))
             self._generator = torch.Generator(device=device)
             self._generator.manual_seed(seed)

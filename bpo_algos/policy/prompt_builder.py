@@ -35,7 +35,7 @@ class PromptBuilder:
         self.config = config
         self._cache: OrderedDict[Context, tuple[int, ...]] = OrderedDict()
         self._cache_size = cache_size
-        eos = getattr(tokenizer, "eos_token_id", None)
+        eos = getattr(tokenizer, "eos_token_id", None)  # third-party: any tokenizer-like object; a clear error below if it has none
         if eos is None:
             raise ValueError("the tokenizer has no eos_token_id: a policy needs a stop token")
         self.eos_token_id = int(eos)

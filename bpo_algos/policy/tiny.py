@@ -242,7 +242,7 @@ def convert_gguf(folder: str | os.PathLike[str], gguf_file: str, out: str | os.P
     # the weights are dequantised, but the model still carries the GGUF quantizer, which refuses
     # to save: rebuild a plain model from the config and copy the weights over
     config = loaded.config
-    if hasattr(config, "quantization_config"):
+    if hasattr(config, "quantization_config"):  # third-party: transformers sets it only on GGUF/quantized loads
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())

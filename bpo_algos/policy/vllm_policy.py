@@ -69,6 +69,12 @@ class VLLMPolicy(HFPolicy):
     """
 
     samples_from_rngs = False  # vLLM samples from its engine seed (see sample())
+    llm: Any = None
+    """The ``vllm.LLM`` engine (None before ``__init__`` makes it and after :meth:`close`)."""
+    sleep_during_update: bool = False
+    """Whether the engine sleeps through updates (vLLM's sleep mode; module docstring)."""
+    asleep: bool = False
+    """Whether the engine sleeps now (``HFPolicy.__init__`` switches modes before it exists)."""
 
     def __init__(
         self,
@@ -160,13 +166,13 @@ class VLLMPolicy(HFPolicy):
     def train(self, mode: bool = True) -> VLLMPolicy:  # type: ignore[override]
         """Training mode; with ``sleep_during_update`` the vLLM engine sleeps (KV cache freed)."""
         super().train(mode)
-        if mode and getattr(self, "sleep_during_update", False) and not self.asleep:
+        if mode and self.sleep_during_update and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
         return self
 
     def _wake(self) -> None:
-        if getattr(self, "asleep", False):
+        if self.asleep:
             self.llm.wake_up()
             self.asleep = False
             if self.sleep_level == 2:
@@ -180,9 +186,8 @@ class VLLMPolicy(HFPolicy):
 
     def close(self) -> None:
         """Free the vLLM engine."""
-        engine = getattr(self, "llm", None)
-        if engine is not None:
-            del self.llm
+        if self.llm is not None:
+            del self.llm  # the class default None shows again
             import gc
 
             gc.collect()
@@ -234,7 +239,7 @@ class VLLMPolicy(HFPolicy):
         for i, prompt in enumerate(prompts):
             row = []
             for output in outputs[i * n : (i + 1) * n]:
-                cached = getattr(output, "num_cached_tokens", 0) or 0
+                cached = getattr(output, "num_cached_tokens", 0) or 0  # third-party: older vLLM outputs carry no cache hits
                 self.meter.prefill_tokens += max(len(prompt) - cached, 0)
                 (completion,) = output.outputs
                 ids = tuple(int(t) for t in completion.token_ids)
@@ -287,7 +292,7 @@ class VLLMPolicy(HFPolicy):
         # prefill each prompt once so that its answers read its KV from the prefix cache
         warm = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in distinct], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
         for p, out in zip(distinct, warm, strict=True):
-            self.meter.score_tokens += len(p) - (getattr(out, "num_cached_tokens", 0) or 0)
+            self.meter.score_tokens += len(p) - (getattr(out, "num_cached_tokens", 0) or 0)  # third-party: older vLLM outputs carry no cache hits
         rows = [(c_i, prompt, self.prompts.action_ids(a)) for c_i, (c, prompt) in enumerate(zip(contexts, prompts, strict=True)) for a in c.admissible_actions or ()]
         values = self._prompt_logprobs(rows, skip_cache=False)
         redo = [k for k, v in enumerate(values) if v is None]
@@ -315,7 +320,7 @@ class VLLMPolicy(HFPolicy):
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=[*p, *a]) for _, p, a in rows], params, use_tqdm=False)
         values: list[float | None] = []
         for (_, prompt, answer), output in zip(rows, outputs, strict=True):
-            cached = getattr(output, "num_cached_tokens", 0) or 0
+            cached = getattr(output, "num_cached_tokens", 0) or 0  # third-party: older vLLM outputs carry no cache hits
             self.meter.score_tokens += len(prompt) + len(answer) - cached
             if cached >= len(prompt):  # the first answer token's log-prob comes from position len(prompt) - 1
                 values.append(None)

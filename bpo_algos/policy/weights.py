@@ -87,8 +87,8 @@ def fresh_copy(initial: Any, saved: InitialWeights | None) -> Any:
 
 
 def reusable(policy: Any) -> bool:
-    """Whether runs should restore ``policy`` in place rather than deep-copy it: a transformers
-    (or vLLM) policy, whose parameters are fixed at construction."""
-    from bpo_algos.policy.hf import HFPolicy
-
-    return isinstance(policy, HFPolicy)
+    """Whether runs should restore ``policy`` in place rather than deep-copy it: what a
+    :class:`Policy` declares (:attr:`Policy.restored_in_place`; True for transformers and vLLM
+    policies, whose parameters are fixed at construction); any other object (a bare module) is
+    copied."""
+    return isinstance(policy, Policy) and policy.restored_in_place
