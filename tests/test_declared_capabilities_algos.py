@@ -12,12 +12,9 @@
 
 from __future__ import annotations
 
-import ast
 import copy
-import io
 import json
 import sys
-import tokenize
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -232,53 +229,8 @@ def test_one_process_training_matches_the_recorded_reference():
 # ---- no probing of the project's own objects ------------------------------------------------
 # Env capabilities the engine still probes: the env declarations own them (bpo_envs.core's
 # SnapshotEnv); these three attribute names in rollout.py are theirs to replace.
-ENV_PROBES = {("rollout.py", "unwrapped"), ("rollout.py", "max_episode_steps"), ("rollout.py", "restore_prefers_origin")}
-THIRD_PARTY = "# third-party:"
-
-
-def probes(source: str, filename: str) -> list[str]:
-    """Every ``getattr(obj, name, default)`` and ``hasattr(obj, name)`` in ``source`` that neither
-    says ``# third-party: why`` (on its lines or the line above) nor is an allowed env probe."""
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string
-    lines = source.splitlines()
-    flagged = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-            continue
-        if not ((node.func.id == "getattr" and len(node.args) == 3) or (node.func.id == "hasattr" and len(node.args) == 2)):
-            continue
-        attribute = node.args[1].value if isinstance(node.args[1], ast.Constant) else None
-        if (Path(filename).name, attribute) in ENV_PROBES:
-            continue
-        span = range(node.lineno, (node.end_lineno or node.lineno) + 1)
-        said = any(THIRD_PARTY in comments.get(i, "") for i in span)
-        above = node.lineno - 1
-        said = said or (above >= 1 and lines[above - 1].strip().startswith(THIRD_PARTY))
-        if not said:
-            flagged.append(f"{filename}:{node.lineno}: {ast.unparse(node)}")
-    return flagged
-
-
-def test_bpo_algos_reads_declarations_not_probes():
-    flagged = [f for path in sorted((ROOT / "bpo_algos").rglob("*.py")) for f in probes(path.read_text(), str(path.relative_to(ROOT)))]
-    assert flagged == [], "declare it on the base class (Policy, Algorithm, ...), or say '# third-party: why':\n" + "\n".join(flagged)
-
-
-def test_the_probe_scan_flags_a_new_probe_and_accepts_a_third_party_one():
-    """The broken cases the scan must catch, and what it lets through."""
-    assert probes('x = getattr(policy, "device", None)\n', "bpo_algos/trainer.py") != []
-    assert probes('if hasattr(algorithm, "threshold"):\n    pass\n', "bpo_algos/trainer.py") != []
-    assert probes('x = getattr(\n    policy,\n    "device",\n    None,\n)\n', "bpo_algos/a.py") != []
-    # the env probes are allowed in rollout.py only
-    assert probes('x = getattr(env, "max_episode_steps", None)\n', "bpo_algos/trainer.py") != []
-    assert probes('x = getattr(env, "max_episode_steps", None)\n', "bpo_algos/rollout.py") == []
-    # third-party objects, saying why; two-argument getattr is a plain read
-    assert probes('p = getattr(tok, "pad_token_id", None)  # third-party: tokenizers differ\n', "bpo_algos/a.py") == []
-    assert probes('# third-party: transformers configs differ\np = getattr(cfg, "x", None)\n', "bpo_algos/a.py") == []
-    assert probes('p = getattr(meter, name)\n', "bpo_algos/a.py") == []
+# The scan for getattr-with-default / hasattr on the project's own objects, over bpo_envs and
+# bpo_algos alike, is tests/test_env_capabilities.py::test_no_probe_of_the_projects_own_objects.
 
 
 def test_vllm_policy_declares_its_engine_state():

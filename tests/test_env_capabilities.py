@@ -153,34 +153,6 @@ MARK = "third-party"
 """A probe of an object that is not ours says so in a comment on its line (or the line above):
 ``# third-party: <why>``."""
 
-# Probes of policies, algorithms, the trainer and data parallelism, which their own declarations
-# replace separately (docs/algorithms.md); an entry that no longer matches is harmless.
-NOT_YET_DECLARED = {
-    ("bpo_algos/data_parallel.py", 'hasattr(out, "logits")'),
-    ("bpo_algos/memory_plan.py", 'getattr(preset, "gpus", None)'),
-    ("bpo_algos/policy/hf.py", 'getattr(model, "config", None)'),
-    ("bpo_algos/policy/hf.py", "getattr(config, name, None)"),
-    ("bpo_algos/policy/hf.py", 'getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)'),
-    ("bpo_algos/policy/hf.py", 'getattr(self.model, "generation_config", None)'),
-    ("bpo_algos/policy/hf.py", 'getattr(tokenizer, "pad_token_id", None)'),
-    ("bpo_algos/policy/hf.py", "getattr(module, name, None)"),
-    ("bpo_algos/policy/hf.py", 'getattr(model.config, "tie_word_embeddings", False)'),
-    ("bpo_algos/policy/hf.py", 'hasattr(ref, "tie_weights")'),
-    ("bpo_algos/policy/hf.py", 'hasattr(model, "enable_input_require_grads")'),
-    ("bpo_algos/policy/hf.py", 'getattr(model, "is_gradient_checkpointing", False)'),
-    ("bpo_algos/policy/hf.py", 'getattr(offloaded, "_bpo_offloaded", False)'),
-    ("bpo_algos/policy/hf.py", 'hasattr(self, "_generator")'),
-    ("bpo_algos/policy/hf.py", 'getattr(self, "device", device)'),
-    ("bpo_algos/policy/prompt_builder.py", 'getattr(tokenizer, "eos_token_id", None)'),
-    ("bpo_algos/policy/tiny.py", 'hasattr(config, "quantization_config")'),
-    ("bpo_algos/policy/vllm_policy.py", 'getattr(self, "asleep", False)'),
-    ("bpo_algos/policy/vllm_policy.py", 'getattr(self, "llm", None)'),
-    ("bpo_algos/policy/vllm_policy.py", 'getattr(self, "sleep_during_update", False)'),
-    ("bpo_algos/policy/vllm_policy.py", 'getattr(output, "num_cached_tokens", 0)'),
-    ("bpo_algos/policy/vllm_policy.py", 'getattr(out, "num_cached_tokens", 0)'),
-}
-
-
 def probes(source: str) -> list[tuple[int, str, bool]]:
     """Every ``getattr(x, name, default)`` and ``hasattr(x, name)`` in ``source``: (line, code,
     whether a comment on its lines or the line above marks it third-party)."""
@@ -203,7 +175,7 @@ def unmarked(root: Path) -> list[str]:
         for path in sorted((root / package).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
             for line, code, marked in probes(path.read_text()):
-                if not marked and (rel, code) not in NOT_YET_DECLARED:
+                if not marked:
                     found.append(f"{rel}:{line}: {code}")
     return found
 
