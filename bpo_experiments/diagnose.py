@@ -21,7 +21,9 @@ from the first preset with a setup of that id (``--preset`` to choose), ``--env-
 overrides them, and ``--policy`` names a policy the main job knows (``scorer``, ``tabular``,
 ``tabular-prior``, ``tiny``, ``smollm2``, a model folder) or a user's ``module:function``
 called as ``function(make_env, tasks, seed) -> Policy``. Writes ``diagnose.json`` and
-``diagnose.md`` to ``--out``::
+``diagnose.md`` to ``--out``, and each configuration's measured trees as
+``trees/CONFIG.json.gz`` (:func:`bpo_algos.tree.save_trees`; ``diagnose.json["trees"]`` lists
+them), from which ``scripts/rediagnose_eta.py`` re-reads η::
 
     bpo-diagnose BPO-WebShop-v0 --batches 16 --out docs/results/diagnose/webshop
     bpo-diagnose BPO-TreeMDP-v0 --env-kwargs '{"depth": 8, "decisive_levels": [5], "observe": "state"}' --policy tabular-prior
@@ -57,6 +59,7 @@ from bpo_algos.mechanism import (
     tree_moments,
 )
 from bpo_algos.rollout import EnvPool
+from bpo_algos.tree import save_trees
 from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.tree_mdp import TreeMDPEnv
 from bpo_experiments.build import make_policy
@@ -210,6 +213,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     mechanisms: dict[str, Mechanism] = {}
     grads: dict[str, np.ndarray | None] = {}
+    saved: dict[str, str] = {}
     try:
         for config in [rloo, *args.shapes]:
             warmup = args.warmup if config.startswith("bpo") else 0
@@ -217,6 +221,9 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
                 config, policy, pool, tasks, per_update, budget, args.batches, warmup, args.seed, not args.no_measure
             )
             mechanisms[config] = measure(batches, seed=stream_seed(args.seed, MECHANISM))
+            if args.out:  # the measured trees, so a later estimator can re-read them (scripts/rediagnose_eta.py)
+                saved[config] = f"trees/{config}.json.gz"
+                save_trees([t for b in batches for t in b.trees], Path(args.out) / saved[config])
             grads[config] = g
             rows[config] = {"mechanism": mechanisms[config].to_json(), "seconds": seconds,
                             "env_steps_per_batch": float(np.mean([b.compute.env_steps for b in batches])),
@@ -258,6 +265,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
         "exact": exact,
         "task_share": task_share,
         "recommendation": recommendation,
+        "trees": saved,
         "seconds": time.perf_counter() - start,
         "load_average": list(os.getloadavg()),
     }
