@@ -21,12 +21,12 @@ from bpo_algos.algorithm import AlgorithmConfig
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.registry import registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
-from bpo_experiments.build import option_classes, option_kinds
 from bpo_experiments.flags import add_flags, given
 from bpo_experiments.presets import (
     RUN_FIELDS,
     Preset,
 )
+from bpo_experiments.run_config import comparison_config, env_config, option_classes, option_kinds
 from bpo_experiments.stats import METRICS
 from bpo_experiments.tuning import (
     TuningConfig,
@@ -143,7 +143,8 @@ def check_tuning_setting(preset: Preset) -> None:
     if preset.tuning is None:
         return
     try:
-        check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset))
+        seeds = {e: env_config(preset, e).seeds for e in preset.envs if preset.tuning.tunes(e)}
+        check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset), seeds)
     except ValueError as exc:
         raise SystemExit(f"bpo-compare --tune: {exc}") from exc
 
@@ -263,6 +264,6 @@ def check_launch_fits(preset: Preset, name: str) -> None:
         )
     if have < preset.gpu_gb - 1:
         try:
-            check_preset_fits(dataclasses.replace(preset, gpu_gb=have), name)
+            check_preset_fits(comparison_config(dataclasses.replace(preset, gpu_gb=have)), name)
         except ValueError as exc:
             raise SystemExit(f"this GPU has {have:.0f} GB: {exc}") from exc

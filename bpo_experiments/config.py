@@ -41,7 +41,6 @@ from bpo_algos.compute import Budget
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import registered_algorithms
-from bpo_experiments.build import option_classes
 from bpo_experiments.command_line import (
     add_config_flags,
     apply_data_sources,
@@ -53,6 +52,7 @@ from bpo_experiments.command_line import (
 )
 from bpo_experiments.flags import given
 from bpo_experiments.presets import PRESETS, RUN_FIELDS, EnvSetup, Preset, preset_dict, with_server
+from bpo_experiments.run_config import comparison_config, option_classes
 from bpo_experiments.tuning import TuningConfig
 
 CONFIG_FILE = "config.yaml"
@@ -343,7 +343,6 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
                                option_flags(args, holders))
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"bpo-compare: {exc}") from exc
-    check_tuning_setting(preset)
     for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
@@ -362,14 +361,15 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
         Budget(preset.budget_unit, 1)  # validates the unit
     except ValueError as exc:
         raise SystemExit(f"--budget-unit: {exc}") from exc
+    check_tuning_setting(preset)
     apply_data_sources(preset, args, name)
-    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+    try:  # every env's settings resolve (run_config's checks); a GPU preset fits its GPUs (bpo-memory-plan)
         check_entropy_mode(preset.decision_entropy, preset.probe_samples)
         if preset.eval_temperature is not None:
             temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
             if any(t is not None and not t >= 0 for t in temperatures):
                 raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
-        check_preset_fits(preset, name)
+        check_preset_fits(comparison_config(preset), name)
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     return config

@@ -116,8 +116,9 @@ def _trainer(**changes: Any) -> TrainerConfig:
 class Preset:
     """A full experiment setting; command-line flags override its fields.
 
-    Fields that may be per env take a dict keyed by env name (:meth:`for_env`); training
-    settings per env are :attr:`EnvSetup.trainer`.
+    Fields that may be per env take a dict keyed by env name; training settings per env are
+    :attr:`EnvSetup.trainer`. A preset is read by :mod:`bpo_experiments.run_config` only, which
+    resolves each env's and each run's settings from it.
     """
 
     envs: dict[str, EnvSetup]
@@ -214,7 +215,7 @@ class Preset:
     """LLM policies: generate with vLLM (training stays in transformers)."""
     pool_size: int = 4
     """Envs in each run's pool; the trees in flight are a quarter of it unless ``shared`` sets
-    ``max_parallel_trees`` (:meth:`max_parallel_trees`)."""
+    ``max_parallel_trees`` (:func:`~bpo_experiments.run_config.max_parallel_trees`)."""
     max_model_len: int | None | dict[str, int | None] = None
     """LLM policies: the longest prompt + answer (None: the model config's), or per env."""
     torch_threads: int | None = None
@@ -237,24 +238,6 @@ class Preset:
     """GPUs the preset runs on (None: not a GPU preset); its memory plan must fit them."""
     gpu_gb: float = 80.0
     """Memory of each of those GPUs, GB."""
-
-    def for_env(self, name: str, env: str) -> Any:
-        """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
-        default for an env the dict does not name)."""
-        value = getattr(self, name)
-        if isinstance(value, dict):
-            return value[env] if env in value else Preset.__dataclass_fields__[name].default
-        return value
-
-    def max_parallel_trees(self) -> int:
-        """The trees each run grows at once: ``shared.max_parallel_trees`` when the preset sets
-        it, else a quarter of :attr:`pool_size` (at least 1), so that every tree in flight has
-        envs to fork into."""
-        return self.shared.max_parallel_trees or max(1, self.pool_size // 4)
-
-    def trainer_for(self, env: str) -> TrainerConfig:
-        """The training settings of ``env``: :attr:`trainer` with the env's own fields."""
-        return replace(self.trainer, **self.envs[env].trainer)
 
 
 QWEN_7B_PARAMS = 7_615_616_512
@@ -539,7 +522,7 @@ def _per_env(annotation: Any) -> bool:
 
 
 PER_ENV_FIELDS: tuple[str, ...] = ("budget", *(name for name, hint in typing.get_type_hints(Preset).items() if _per_env(hint)))
-"""The fields that may be a dict keyed by env name (:meth:`Preset.for_env`), read from their
+"""The fields that may be a dict keyed by env name (:func:`~bpo_experiments.run_config.for_env`), read from their
 types: ``budget`` (always one per env) and every field typed ``X | dict[str, X]``."""
 
 

@@ -18,6 +18,7 @@ from bpo_algos.trainer_config import TrainerConfig
 from bpo_experiments import compare
 from bpo_experiments.flags import add_flags, field_docs, given
 from bpo_experiments.presets import PRESETS, RUN_FIELDS, Preset
+from bpo_experiments.run_config import algorithm_spec, env_config, max_parallel_trees, option_kinds
 
 
 def _parse(argv):
@@ -60,7 +61,7 @@ def test_flags_set_the_preset_trainer_and_algorithm_options():
     preset = _parse(["--updates", "3", "--learning-rate", "0.01", "--bpo.branch-factor", "3", "--rloo.baseline", "anchored",
                      "--kl-coef", "0.1", "--seeds", "4", "5", "--budget", "100", "--gradient-checkpointing"])
     assert preset.trainer.updates == 3 and preset.trainer.learning_rate == 0.01 and preset.trainer.gradient_checkpointing
-    assert all(preset.trainer_for(e).updates == 3 for e in preset.envs)  # over the per-env updates too
+    assert all(env_config(preset, e).trainer.updates == 3 for e in preset.envs)  # over the per-env updates too
     assert preset.options["bpo"].branch_factor == 3 and preset.options["rloo"].baseline == "anchored"
     assert preset.shared.kl_coef == 0.1 and preset.seeds == (4, 5)
     assert preset.budget == {e: 100 for e in preset.envs}
@@ -111,21 +112,19 @@ def test_per_env_fields_are_read_from_their_types():
 def test_trees_in_flight_are_the_presets_explicit_choice():
     preset = copy.deepcopy(PRESETS["cpu"])
     preset.pool_size = 12
-    assert preset.max_parallel_trees() == 3  # a quarter of the pool
+    assert max_parallel_trees(preset) == 3  # a quarter of the pool
     preset.pool_size = 2
-    assert preset.max_parallel_trees() == 1
+    assert max_parallel_trees(preset) == 1
     preset.shared = AlgorithmConfig(max_parallel_trees=5)
-    assert preset.max_parallel_trees() == 5
-    from bpo_experiments.build import algorithm_options
+    assert max_parallel_trees(preset) == 5
 
-    assert algorithm_options("rloo", preset, 0)["max_parallel_trees"] == 5
+    assert algorithm_spec("rloo", preset, 0).keywords()["max_parallel_trees"] == 5
 
 
 def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach_it(monkeypatch):
     from bpo_algos import registry
     from bpo_algos.algorithm import Options
     from bpo_algos.registry import Variant, make_algorithm, register_algorithm
-    from bpo_experiments.build import algorithm_options, option_kinds
 
     @dataclasses.dataclass
     class MineOptions(Options):
@@ -140,13 +139,13 @@ def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach
     register_algorithm("rloo-5", functools.partial(RLOO, group_size=5))
     preset = _parse(["--mine.width", "3", "--rloo.group-size", "6", "--rloo.baseline", "anchored",
                      "--frozen.of", "grpo", "--grpo.group-size", "5"])
-    assert make_algorithm("mine", **algorithm_options("mine", preset, 0)).options.group_size == 3  # a user's kind
-    rloo4 = algorithm_options("rloo-4", preset, 0)  # a variant: its kind's options but the one it fixes
+    assert make_algorithm("mine", **algorithm_spec("mine", preset, 0).keywords()).options.group_size == 3  # a user's kind
+    rloo4 = algorithm_spec("rloo-4", preset, 0).keywords()  # a variant: its kind's options but the one it fixes
     assert "group_size" not in rloo4 and rloo4["baseline"] == "anchored"
     assert make_algorithm("rloo-4", **rloo4).options == RLOOOptions(group_size=4, baseline="anchored")
-    assert "group_size" not in algorithm_options("bare", preset, 0)  # declares none: the shared options only
-    assert algorithm_options("rloo-5", preset, 0)["baseline"] == "anchored" and "group_size" not in algorithm_options("rloo-5", preset, 0)
-    frozen = algorithm_options("frozen", preset, 0)  # a control: the options of the algorithm it wraps
+    assert "group_size" not in algorithm_spec("bare", preset, 0).keywords()  # declares none: the shared options only
+    assert algorithm_spec("rloo-5", preset, 0).keywords()["baseline"] == "anchored" and "group_size" not in algorithm_spec("rloo-5", preset, 0).keywords()
+    frozen = algorithm_spec("frozen", preset, 0).keywords()  # a control: the options of the algorithm it wraps
     assert frozen["of"] == "grpo" and frozen["group_size"] == 5
     assert type(make_algorithm("frozen", **frozen).inner).__name__ == "GRPO"
     assert option_kinds(["frozen", "rloo-2x", "rloo-4", "mine", "bare"], preset) == {
@@ -157,15 +156,14 @@ def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach
 
 def test_a_kinds_flag_sets_that_option_over_an_envs_own(monkeypatch):
     from baselines.gigpo import GiGPOOptions
-    from bpo_experiments.build import algorithm_options
 
     cpu = copy.deepcopy(PRESETS["cpu"])
     first = next(iter(cpu.envs))
     cpu.envs[first].options["gigpo"] = GiGPOOptions(scale="group")
     monkeypatch.setitem(PRESETS, "cpu", cpu)
-    assert algorithm_options("gigpo", cpu, 0, first)["scale"] == "group"  # the env's own
+    assert algorithm_spec("gigpo", cpu, 0, first).keywords()["scale"] == "group"  # the env's own
     preset = _parse(["--gigpo.scale", "none"])
-    assert all(algorithm_options("gigpo", preset, 0, e)["scale"] == "none" for e in preset.envs)  # the flag wins
+    assert all(algorithm_spec("gigpo", preset, 0, e).keywords()["scale"] == "none" for e in preset.envs)  # the flag wins
 
 
 def test_a_folder_of_an_earlier_version_resumes_unless_it_set_a_removed_field(tmp_path):

@@ -7,10 +7,8 @@ import json
 import pytest
 
 from bpo_experiments import compare
-from bpo_experiments.build import algorithm_options
 from bpo_experiments.presets import PRESETS
-from bpo_experiments.probes import probes_on
-from bpo_experiments.run_config import run_config
+from bpo_experiments.run_config import algorithm_spec, env_config, run_config
 from bpo_experiments.streams import ALGORITHM, stream_seed
 
 TINY = ["--smoke", "--envs", "treemdp", "--algorithms", "bpo", "rloo", "--seeds", "0", "--updates", "2", "--budget", "96",
@@ -21,12 +19,12 @@ def test_run_config_resolves_every_setting_once():
     preset = PRESETS["cpu-llm"]
     env = next(iter(preset.envs))
     config = run_config(preset, env, "rloo-2x", 1, 8)
-    assert config.registered == "rloo-2x" and config.options == algorithm_options("rloo-2x", preset, stream_seed(1, ALGORITHM), env)
+    assert config.registered == "rloo-2x" and config.options == algorithm_spec("rloo-2x", preset, stream_seed(1, ALGORITHM), env).keywords()
     assert config.options["group_size"] == preset.options["rloo"].group_size and config.options["of"] == "rloo"
     assert config.budget == 2 * preset.budget[env] and config.trainer.budget.amount == config.budget  # the control's multiple
     assert config.trainer.tasks_per_update == 8 and config.trainer.out_dir is None  # the folder is set when it runs
     assert config.policy.policy == (preset.envs[env].policy or preset.policy)
-    assert config.probing == probes_on(preset, env, 1) and not run_config(preset, env, "rloo@tune1", 1, 8).probing  # not a tuning run
+    assert config.probing == env_config(preset, env).probes_on(1) and not run_config(preset, env, "rloo@tune1", 1, 8).probing  # not a tuning run
     assert json.loads(json.dumps(config.to_json())) == config.to_json()
 
 
