@@ -1,4 +1,4 @@
-"""What a run measures beside training: gradient probes and the mechanism, and where each is taken.
+"""What a run measures beside training: gradient probes (where: ``run_config.EnvConfig``) and the mechanism.
 
 The gradient probes: signal-to-noise against a reference RLOO gradient
 (:func:`~bpo_algos.diagnostics.signal_to_noise`); the mechanism: :mod:`bpo_algos.mechanism`.
@@ -155,14 +155,10 @@ def gradient_rows(probe: Algorithm, policy: Any, pool: EnvPool, tasks: list[Any]
                      "pilot_batches": PILOT_BATCHES if sizing is None else 0}
 
 
-REFERENCE_ALGORITHM = "rloo"
-"""The unbiased estimator whose large pool of batches gives the reference gradient."""
-
-
 def reference_gradient(reference: AlgorithmSpec, n: int, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
                        point: str = "initial", precision: float | None = None) -> tuple[torch.Tensor, float, dict[str, Any]]:
     """``(mean, signal, sizing)`` of at most ``n`` (``reference_batches``) batches of the
-    reference estimator (:data:`REFERENCE_ALGORITHM` as ``reference`` builds it) at ``policy`` (the
+    reference estimator (:data:`~bpo_experiments.run_config.REFERENCE_ALGORITHM` as ``reference`` builds it) at ``policy`` (the
     seed's reference stream at probe ``point``): the reference the cosine of
     :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against. ``precision`` (the
     preset's ``reference_precision``): as many batches as make the mean's noise at most

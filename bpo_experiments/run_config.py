@@ -42,12 +42,15 @@ from bpo_algos.registry import (
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_envs.files import read_json_or_redo
 from bpo_experiments.presets import EnvSetup, Preset, preset_dict
-from bpo_experiments.probes import REFERENCE_ALGORITHM
 from bpo_experiments.streams import ALGORITHM, TRAINING, stream_seed
 from bpo_experiments.tuning import TuningConfig, candidate_options
 
 CONFIG_FILE = "config.json"
 """A run's :class:`RunConfig` in its folder, written when the run starts."""
+
+REFERENCE_ALGORITHM = "rloo"
+"""The unbiased estimator whose large pool of batches gives the probes' reference gradient
+(:func:`~bpo_experiments.probes.reference_gradient`)."""
 
 LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")
 """TrainerConfig fields that change where a run logs, not what it computes: a resumed run may
@@ -308,7 +311,7 @@ class EnvConfig:
     grad_precision: float | None
     reference_precision: float | None
     reference: AlgorithmSpec
-    """The reference estimator of the probes' cosine (:data:`~bpo_experiments.probes.REFERENCE_ALGORITHM`)."""
+    """The reference estimator of the probes' cosine (:data:`REFERENCE_ALGORITHM`)."""
 
     # -- planning
     recorded_results: str | None = None
