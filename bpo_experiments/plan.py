@@ -30,7 +30,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from bpo_envs.files import CorruptFileError, read_json
 from bpo_experiments.build import make_policy
 from bpo_experiments.evaluation import evaluate_episodes
 from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
-from bpo_experiments.presets import EnvSetup, Preset
+from bpo_experiments.presets import EnvSetup, Preset, setup_data
 from bpo_experiments.run_config import ComparisonConfig, comparison_config
 from bpo_experiments.significance import minimal_detectable_effect, power
 from bpo_experiments.stats import METRICS
@@ -77,7 +77,7 @@ def pilot_settings(comparison: ComparisonConfig, env: str) -> dict[str, Any]:
     while these are the same."""
     e = comparison.envs[env]
     return json.loads(json.dumps({
-        "setup": asdict(e.setup), "budget": e.budget, "budget_unit": e.budget_unit, "policy": comparison.policy,
+        "setup": setup_data(e.setup), "budget": e.budget, "budget_unit": e.budget_unit, "policy": comparison.policy,
         "sft_epochs": comparison.sft_epochs, "sft_lr": comparison.sft_lr, "pool_size": e.pool_size, "torch_threads": e.torch_threads,
         "eval_episodes": e.eval_episodes, "comparator": comparison.comparator,
         "options": comparison.comparator_specs[env].build().config(),

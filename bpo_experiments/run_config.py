@@ -41,7 +41,7 @@ from bpo_algos.registry import (
 )
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_envs.files import read_json_or_redo
-from bpo_experiments.presets import EnvSetup, Preset, preset_dict
+from bpo_experiments.presets import EnvSetup, Preset, preset_dict, setup_data
 from bpo_experiments.streams import ALGORITHM, TRAINING, stream_seed
 from bpo_experiments.tuning import TuningConfig, candidate_options
 
@@ -57,16 +57,7 @@ LOGGING_FIELDS = ("tensorboard", "wandb_project", "wandb_group", "progress")
 change them."""
 
 
-# -- the preset's per-env fields: read here only ---------------------------------------------
-
-
-def for_env(preset: Preset, name: str, env: str) -> Any:
-    """The preset's field ``name`` for ``env``: its per-env value when the field is a dict (the
-    field's default for an env the dict does not name)."""
-    value = getattr(preset, name)
-    if isinstance(value, dict):
-        return value[env] if env in value else Preset.__dataclass_fields__[name].default
-    return value
+# -- the preset: read here only ------------------------------------------------------------
 
 
 def trainer_for(preset: Preset, env: str) -> TrainerConfig:
@@ -195,9 +186,7 @@ def tuning_preset(preset: Preset, env: str) -> Preset:
     out = copy.deepcopy(preset)
     out.envs[env].eval_split = "held-out"  # the held-out tasks are the training env's
     out.envs[env].extra_eval = {}  # the criterion reads the held-out tasks only
-    episodes = dict(out.eval_episodes) if isinstance(out.eval_episodes, dict) else {e: out.eval_episodes for e in out.envs}
-    episodes[env] = preset.tuning.episodes
-    out.eval_episodes = episodes
+    out.envs[env].eval_episodes = preset.tuning.episodes
     return out
 
 
@@ -238,7 +227,8 @@ class PolicySettings:
 def policy_settings(preset: Preset, env: str, setup: EnvSetup | None = None) -> PolicySettings:
     """The :class:`PolicySettings` of ``env`` in ``preset`` (``setup``: another setup of that env
     in place of ``preset.envs[env]``, e.g. a script's with fewer cloning epochs): the env's
-    ``policy``, ``sft_epochs`` and ``sft_lr`` over the preset's, the per-env fields' values for it."""
+    ``policy``, ``sft_epochs`` and ``sft_lr`` over the preset's, its evaluation temperature and
+    longest sequence."""
     setup = preset.envs[env] if setup is None else setup
     return PolicySettings(
         policy=setup.policy or preset.policy,
@@ -253,8 +243,8 @@ def policy_settings(preset: Preset, env: str, setup: EnvSetup | None = None) -> 
         lora=preset.lora,
         vllm=preset.vllm,
         precision=preset.trainer.precision,
-        eval_temperature=for_env(preset, "eval_temperature", env),
-        max_model_len=for_env(preset, "max_model_len", env),
+        eval_temperature=setup.eval_temperature,
+        max_model_len=setup.max_model_len,
     )
 
 
@@ -373,27 +363,28 @@ def env_config(preset: Preset, env: str) -> EnvConfig:
     """The :class:`EnvConfig` of ``env`` in ``preset``."""
     if env not in preset.budget:
         raise ValueError(f"no {preset.budget_unit} budget for env {env!r}")
+    setup = preset.envs[env]
     return EnvConfig(
         name=env,
-        setup=preset.envs[env],
+        setup=setup,
         trainer=trainer_for(preset, env),
         budget_unit=preset.budget_unit,
         budget=preset.budget[env],
-        seeds=tuple(for_env(preset, "seeds", env)),
+        seeds=tuple(setup.seeds),
         pool_size=preset.pool_size,
         torch_threads=preset.torch_threads,
         policy=policy_settings(preset, env),
-        eval_every=for_env(preset, "eval_every", env),
-        eval_episodes=for_env(preset, "eval_episodes", env),
-        target_success=for_env(preset, "target_success", env),
+        eval_every=setup.eval_every,
+        eval_episodes=setup.eval_episodes,
+        target_success=setup.target_success,
         threshold_fraction=preset.threshold_fraction,
-        grad_batches=for_env(preset, "grad_batches", env),
-        grad_seeds=for_env(preset, "grad_seeds", env),
-        reference_batches=for_env(preset, "reference_batches", env),
-        grad_precision=for_env(preset, "grad_precision", env),
-        reference_precision=for_env(preset, "reference_precision", env),
+        grad_batches=setup.grad_batches,
+        grad_seeds=setup.grad_seeds,
+        reference_batches=setup.reference_batches,
+        grad_precision=setup.grad_precision,
+        reference_precision=setup.reference_precision,
         reference=algorithm_spec(REFERENCE_ALGORITHM, preset, 0, env),
-        recorded_results=for_env(preset, "recorded_results", env),
+        recorded_results=setup.recorded_results,
     )
 
 
@@ -561,7 +552,7 @@ class RunConfig:
         data = {
             "env": self.env, "algorithm": self.algorithm, "seed": self.seed, "registered": self.registered,
             "options": self.options, "budget_unit": self.budget_unit, "budget": self.budget, "trainer": asdict(self.trainer),
-            "setup": asdict(s.setup), "policy": asdict(s.policy), "pool_size": s.pool_size, "torch_threads": s.torch_threads,
+            "setup": setup_data(s.setup), "policy": asdict(s.policy), "pool_size": s.pool_size, "torch_threads": s.torch_threads,
             "eval_points": s.eval_points, "eval_episodes": s.eval_episodes, "probing": self.probing,
             "probe_points": s.probe_points, "mechanism_points": s.mechanism_points, "grad_batches": s.grad_batches,
             "reference_batches": s.reference_batches, "grad_precision": s.grad_precision,

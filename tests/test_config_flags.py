@@ -17,7 +17,7 @@ from bpo_algos.bpo import BPOOptions
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_experiments import compare
 from bpo_experiments.flags import add_flags, field_docs, given
-from bpo_experiments.presets import PRESETS, RUN_FIELDS, Preset
+from bpo_experiments.presets import ENV_SETTINGS, PRESETS, RUN_FIELDS, EnvSetup, Preset
 from bpo_experiments.run_config import algorithm_spec, env_config, max_parallel_trees, option_kinds
 
 
@@ -38,7 +38,11 @@ def test_every_field_of_every_config_dataclass_has_a_flag_with_its_docstring():
         assert names == {f.name for f in dataclasses.fields(cls)} - set(skip), holder
         for dest, name in holders[holder].items():
             assert docs[name] and flags[dest].help.startswith(docs[name][:30]), (holder, name)
-    assert {"seeds", "budget", "policy", "grad_batches", "eval_episodes"} <= set(holders["preset"].values())
+    assert {"budget", "policy"} <= set(holders["preset"].values())
+    # each env's settings (EnvSetup fields) have their flag, one value for every env
+    assert set(holders["envs"].values()) == set(ENV_SETTINGS)
+    docs = field_docs(EnvSetup)
+    assert all(flags[dest].help.startswith(docs[name][:30]) for dest, name in holders["envs"].items())
 
 
 def test_a_new_field_gets_its_flag(tmp_path):
@@ -63,7 +67,7 @@ def test_flags_set_the_preset_trainer_and_algorithm_options():
     assert preset.trainer.updates == 3 and preset.trainer.learning_rate == 0.01 and preset.trainer.gradient_checkpointing
     assert all(env_config(preset, e).trainer.updates == 3 for e in preset.envs)  # over the per-env updates too
     assert preset.options["bpo"].branch_factor == 3 and preset.options["rloo"].baseline == "anchored"
-    assert preset.shared.kl_coef == 0.1 and preset.seeds == (4, 5)
+    assert preset.shared.kl_coef == 0.1 and all(setup.seeds == (4, 5) for setup in preset.envs.values())  # one value, every env
     assert preset.budget == {e: 100 for e in preset.envs}
     assert PRESETS["cpu"].trainer.updates != 3 and PRESETS["cpu"].trainer.learning_rate != 0.01  # the table itself is untouched
 
@@ -102,7 +106,7 @@ def test_per_env_fields_are_read_from_their_types():
     assert not {"envs", "options", "trainer", "policy", "pool_size"} & set(PER_ENV_FIELDS)
     # one env's own value is that env's setting only: resuming the other env's runs still matches
     preset = copy.deepcopy(PRESETS["cpu"])
-    preset.eval_temperature = {"webshop": 0.0}
+    preset.envs["webshop"].eval_temperature = 0.0
     saved = preset_dict(preset)
     assert env_setting(saved, "webshop")["eval_temperature"] == 0.0
     assert env_setting(saved, "alfworld")["eval_temperature"] is None

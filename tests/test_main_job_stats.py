@@ -124,7 +124,7 @@ def test_every_preset_evaluates_each_run_at_least_six_times():
     # the broken case: the former CPU default (WebShop every 10 of 20 updates) had 3 points
     import copy
     old = copy.deepcopy(PRESETS["cpu"])
-    old.eval_every = {"webshop": 10, "alfworld": 6}
+    old.envs["webshop"].eval_every, old.envs["alfworld"].eval_every = 10, 6
     assert env_config(old, "webshop").eval_points == (0, 10, 20)
 
 
