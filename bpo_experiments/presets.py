@@ -1,9 +1,12 @@
 """Experiment settings of the main job: how each env is set up, and the presets.
 
-A :class:`Preset` is a full setting: the envs (:class:`EnvSetup`), a
+A :class:`Preset` is a full setting: the envs (:class:`EnvSetup`: how each is made, its tasks,
+and its own settings of the comparison: seeds, evaluation, probes), a
 :class:`~bpo_algos.trainer_config.TrainerConfig`, the algorithms with their option dataclasses
 (the shared :class:`~bpo_algos.algorithm.AlgorithmConfig` and each algorithm's own, e.g.
-:class:`~bpo_algos.bpo.BPOOptions`), and the main job's own settings (policy, seeds, budgets).
+:class:`~bpo_algos.bpo.BPOOptions`), and the main job's own settings (policy, budgets). It is
+read by :mod:`bpo_experiments.run_config` only, which resolves it into typed settings per env
+and per run.
 Nothing is declared twice: ``bpo-compare``'s flags are generated from these dataclasses
 (:mod:`bpo_experiments.flags`).
 """
