@@ -96,16 +96,14 @@ def apply_llm_flags(preset: Preset, setup: EnvSetup, flags: dict[str, Any]) -> N
             setattr(setup if name in SETUP_FLAGS else preset, name, value)
 
 
-def build_policy(spec: str | None, preset: Preset, env_name: str, seed: int, tasks: list[Any]) -> Any:
-    """The main job's policy ``spec`` (warm-started as the preset says for ``env_name``), or a
-    user's ``module:function`` called as ``function(make_env, tasks, seed)``."""
-    setup = preset.envs[env_name]
+def build_policy(spec: str | None, preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
+    """The main job's policy ``spec`` (warm-started as the preset says for the env of ``setup``),
+    or a user's ``module:function`` called as ``function(make_env, tasks, seed)``."""
     if spec and ":" in spec:
         return pkgutil.resolve_name(spec)(env_factory(setup), tasks, seed)
-    if spec:  # the preset's policy settings of no env in particular
+    if spec:
         setup = replace(setup, policy=spec)
-        env_name = "_diagnosed"
-    return make_policy(policy_settings(preset, env_name, setup), setup, seed, tasks)
+    return make_policy(policy_settings(preset, setup), setup, seed, tasks)
 
 
 def collect(config: str, policy: Any, pool: EnvPool, tasks: list[Any], per_update: int, budget: Budget, batches: int,
@@ -201,7 +199,7 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     if preset.torch_threads:  # as the main job's workers: on a busy CPU extra threads spin-wait
         torch.set_num_threads(preset.torch_threads)
-    policy = build_policy(args.policy, preset, env_name, args.seed, tasks)
+    policy = build_policy(args.policy, preset, setup, args.seed, tasks)
     if args.budget and env_name not in preset.budget:  # a bare setup: the budget given is its only one
         preset.budget = {**preset.budget, env_name: args.budget}
     settings = env_config(preset, env_name)

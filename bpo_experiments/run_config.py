@@ -224,12 +224,10 @@ class PolicySettings:
     max_model_len: int | None
 
 
-def policy_settings(preset: Preset, env: str, setup: EnvSetup | None = None) -> PolicySettings:
-    """The :class:`PolicySettings` of ``env`` in ``preset`` (``setup``: another setup of that env
-    in place of ``preset.envs[env]``, e.g. a script's with fewer cloning epochs): the env's
-    ``policy``, ``sft_epochs`` and ``sft_lr`` over the preset's, its evaluation temperature and
-    longest sequence."""
-    setup = preset.envs[env] if setup is None else setup
+def policy_settings(preset: Preset, setup: EnvSetup) -> PolicySettings:
+    """The :class:`PolicySettings` of the env of ``setup`` in ``preset``: the env's ``policy``,
+    ``sft_epochs`` and ``sft_lr`` over the preset's, its evaluation temperature and longest
+    sequence."""
     return PolicySettings(
         policy=setup.policy or preset.policy,
         temperature=preset.temperature,
@@ -373,7 +371,7 @@ def env_config(preset: Preset, env: str) -> EnvConfig:
         seeds=tuple(setup.seeds),
         pool_size=preset.pool_size,
         torch_threads=preset.torch_threads,
-        policy=policy_settings(preset, env),
+        policy=policy_settings(preset, setup),
         eval_every=setup.eval_every,
         eval_episodes=setup.eval_episodes,
         target_success=setup.target_success,

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for epochs in args.epochs:
         start = time.time()
         cloned = replace(setup, sft_epochs=epochs)
-        policy = build.make_policy(policy_settings(preset, "alfworld", cloned), cloned, args.seed, train)
+        policy = build.make_policy(policy_settings(preset, cloned), cloned, args.seed, train)
         row: dict[str, Any] = {"epochs": epochs, "bc_seconds": time.time() - start}
         steps = demo_steps(policy, demos)
         with torch.no_grad():

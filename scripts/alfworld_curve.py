@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.eval_only and cloned:
                 continue
             made = replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0)
-            policy = build.make_policy(policy_settings(preset, "alfworld", made), made, args.seed, tasks)
+            policy = build.make_policy(policy_settings(preset, made), made, args.seed, tasks)
             if saved is not None and cloned:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)

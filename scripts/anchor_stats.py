@@ -60,7 +60,7 @@ def measure(env: str, args: argparse.Namespace) -> dict[str, Any]:
     train, _ = task_split(setup)
     tasks = train[: args.tasks]
     torch.manual_seed(args.seed)
-    policy = make_policy(policy_settings(preset, env), setup, args.seed, train[: args.warm_tasks])
+    policy = make_policy(policy_settings(preset, setup), setup, args.seed, train[: args.warm_tasks])
     pool = EnvPool([env_factory(setup)] * 2)
     out: dict[str, Any] = {"tasks": len(tasks), "env_id": setup.env_id, "env_kwargs": setup.kwargs}
     try:
