@@ -22,8 +22,8 @@ the budget unit, linear in between) are fixed before the run:
   (the nominal total; a run that ends earlier keeps its last value), in [0, 1]: high when an
   algorithm gets high early, which final success on a plateau cannot show;
 * ``compute_to_threshold``: the compute at which the curve first reaches ``w + f (target - w)``
-  (``w`` the seed's warm start, ``f`` = ``Preset.threshold_fraction``, ``target`` =
-  ``Preset.target_success``), interpolated; a run that never reaches it counts as its whole
+  (``w`` the seed's warm start, ``f`` = ``EnvConfig.threshold_fraction``, ``target`` =
+  ``EnvConfig.target_success``), interpolated; a run that never reaches it counts as its whole
   compute (censored: a lower bound; the number of such runs is reported).
 """
 

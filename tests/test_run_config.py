@@ -58,3 +58,48 @@ def test_run_json_holds_the_resolved_config_and_a_changed_one_is_refused_on_resu
     results = compare.main(["--out", str(out), "--resume", *TINY])
     assert json.loads((bpo / "run.json").read_text()) == old and (folder / "config.json").exists()
     assert set(results["algorithms"]) == {"bpo", "rloo"}
+
+
+def test_settings_stay_typed_until_the_factory_is_called_and_each_env_checks_its_own():
+    from dataclasses import replace
+
+    from baselines.rloo import RLOOOptions
+    from bpo_algos.algorithm import AlgorithmConfig
+
+    preset = PRESETS["cpu-llm"]
+    env = next(iter(preset.envs))
+    config = run_config(preset, env, "frozen", 0, 8)
+    # a control's options are the typed options of the algorithm it wraps, handed over as keywords only by build()
+    assert isinstance(config.spec.options, RLOOOptions) and isinstance(config.spec.shared, AlgorithmConfig) and config.spec.of == "rloo"
+    assert config.spec.build().config() == config.build_algorithm().config() and config.options["group_size"] == 4
+    settings = env_config(preset, env)
+    assert settings.eval_points == tuple(range(0, settings.trainer.updates + 1))  # eval_every=1: derived in __post_init__
+    assert settings.probe_points == {"initial": 0, "mid": settings.trainer.updates // 2}
+    assert replace(settings, seeds=(0,)).probes_on(0) and not replace(settings, seeds=(0,)).probes_on(1)  # re-derived
+    # the broken cases: settings a run cannot use are refused where they are resolved
+    with pytest.raises(ValueError, match="eval_episodes must be >= 1"):
+        replace(settings, eval_episodes=0)
+    with pytest.raises(ValueError, match="repeat one"):
+        replace(settings, seeds=(1, 1))
+    with pytest.raises(TypeError, match="algorithm option dataclass"):
+        replace(config.spec, options={"group_size": 4})
+
+
+def test_only_run_config_reads_the_preset_after_the_flags():
+    """The runner, the statistics, the probes, the evaluation and the policy builder take resolved
+    settings (:mod:`bpo_experiments.run_config`); none of them imports ``Preset``."""
+    from pathlib import Path
+
+    import bpo_experiments
+
+    root = Path(bpo_experiments.__file__).parent
+    readers = ("runner.py", "stats.py", "probes.py", "evaluation.py", "build.py", "gpu_plan.py")
+    assert [m for m in readers if "import Preset" in (root / m).read_text() or ", Preset" in (root / m).read_text()] == []
+    # per-env settings are EnvSetup fields, not X | dict[str, X] preset fields
+    import typing
+
+    from bpo_experiments.presets import Preset
+
+    unions = [n for n, h in typing.get_type_hints(Preset).items()
+              if any(typing.get_origin(p) is dict for p in typing.get_args(h))]
+    assert unions == []
