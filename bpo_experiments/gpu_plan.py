@@ -95,7 +95,7 @@ def gpu_plan(comparison: ComparisonConfig) -> dict[str, Any]:
     for env, settings in comparison.envs.items():
         setup = settings.setup
         n = len(settings.seeds)
-        episodes = settings.eval_episodes
+        episodes = settings.evaluation.episodes
         sd = planned_sd(env, setup.eval_tasks, episodes)
         runs = n * len(comparison.algorithms)
         flops = run_flops(settings, episodes)

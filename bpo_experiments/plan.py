@@ -79,7 +79,7 @@ def pilot_settings(comparison: ComparisonConfig, env: str) -> dict[str, Any]:
     return json.loads(json.dumps({
         "setup": setup_data(e.setup), "budget": e.budget, "budget_unit": e.budget_unit, "policy": comparison.policy,
         "sft_epochs": comparison.sft_epochs, "sft_lr": comparison.sft_lr, "pool_size": e.pool_size, "torch_threads": e.torch_threads,
-        "eval_episodes": e.eval_episodes, "comparator": comparison.comparator,
+        "eval_episodes": e.evaluation.episodes, "comparator": comparison.comparator,
         "options": comparison.comparator_specs[env].build().config(),
     }, default=str))
 
@@ -130,7 +130,7 @@ def _pilot(comparison: ComparisonConfig, env: str) -> dict[str, Any]:
     pool = Pool([eval_env_factory(setup)] * e.pool_size, workers=setup.workers)
     try:
         t0 = time.perf_counter()
-        wins = evaluate_episodes(policy, pool, eval_tasks, e.eval_episodes, seed)
+        wins = evaluate_episodes(policy, pool, eval_tasks, e.evaluation.episodes, seed)
         evaluation = time.perf_counter() - t0
     finally:
         pool.close()
@@ -198,7 +198,7 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
             "budget_unit": settings.budget_unit,
             "evaluations_per_run": len(points),
             "eval_tasks": setup.eval_tasks,
-            "eval_episodes": settings.eval_episodes,
+            "eval_episodes": settings.evaluation.episodes,
             "probe_seeds": probing,
             "compute_per_run": settings.horizon,
         }
@@ -344,7 +344,7 @@ def _size_from_pilot(comparison: ComparisonConfig, env: str, entry: dict[str, An
         pilot = _pilot(comparison, env)
         entry["source"] = f"pilot: {comparison.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
     entry["pilot"] = pilot
-    probe_batches = 2 * (comparison.envs[env].grad_batches + 1)
+    probe_batches = 2 * (comparison.envs[env].probes.batches + 1)
     per_run = updates * pilot["seconds_per_update"] + (len(points) - 1) * pilot["seconds_per_eval"]
     probe = probe_batches * pilot["seconds_per_update"]
     seconds = {a: per_run for a in comparison.algorithms}

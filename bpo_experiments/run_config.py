@@ -8,8 +8,9 @@ typed, frozen objects, one per concern:
 * :class:`AlgorithmSpec`: one algorithm as a run builds it, its options a typed
   :class:`~bpo_algos.algorithm.Options` instance until the factory is called;
 * :class:`PolicySettings`: what an env's initial policy is made with;
-* :class:`EnvConfig`: everything of one env (its setup, trainer, budget, seeds, evaluation,
-  probes, initial policy), every per-env setting at its value for that env;
+* :class:`EvaluationSpec` and :class:`ProbeSpec`: how an env's runs are evaluated and probed;
+* :class:`EnvConfig`: everything of one env (its setup, trainer, budget, seeds, initial policy,
+  evaluation and probes), every setting at its value for that env;
 * :class:`ComparisonConfig`: the comparison's own settings (the algorithms, the headline, the
   controls) and its envs' :class:`EnvConfig`;
 * :class:`RunConfig`: one run (env, algorithm, seed): its env's config, its algorithm, its
@@ -250,13 +251,53 @@ def policy_settings(preset: Preset, setup: EnvSetup) -> PolicySettings:
 
 
 @dataclass(frozen=True)
+class EvaluationSpec:
+    """How one env's runs are evaluated and their curves read (docs/main-job.md, "Evaluated
+    learning curves", "The comparator and the three metrics"); ``__post_init__`` checks the counts."""
+
+    every: int
+    """Evaluate after every this many updates (and at update 0 and after the last; 0: those two)."""
+    episodes: int
+    """Sampled episodes per evaluation task at every evaluation."""
+    target_success: float
+    """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to this success."""
+    threshold_fraction: float
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.episodes < 1:
+            raise ValueError(f"eval_every must be >= 0 and eval_episodes >= 1, got {self.every} and {self.episodes}")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """How one env's runs probe their gradients (docs/main-job.md, "Gradient probes");
+    ``__post_init__`` checks the counts."""
+
+    batches: int
+    """Batches of each probe (``grad_batches``; at most this many with a precision target)."""
+    seeds: int | None
+    """The first this many seeds probe (``grad_seeds``; None: all)."""
+    reference_batches: int
+    precision: float | None
+    """The probes' precision target (``grad_precision``; None: ``batches`` batches)."""
+    reference_precision: float | None
+    reference: AlgorithmSpec
+    """The reference estimator of the probes' cosine (:data:`REFERENCE_ALGORITHM`)."""
+
+    def __post_init__(self) -> None:
+        if self.batches < 0 or self.reference_batches < 0 or (self.seeds is not None and self.seeds < 0):
+            raise ValueError(f"grad_batches, reference_batches and grad_seeds must be >= 0, got {self.batches}, "
+                             f"{self.reference_batches} and {self.seeds}")
+
+
+@dataclass(frozen=True)
 class EnvConfig:
-    """Everything of one env in a comparison, resolved (:func:`env_config`): each per-env setting
-    at its value for this env.
+    """Everything of one env in a comparison, resolved (:func:`env_config`): each of its settings
+    at its value for this env, one class per concern.
 
     ``__post_init__`` derives the updates after which a run evaluates, probes and measures the
     mechanism (:attr:`eval_points`, :attr:`probe_points`, :attr:`mechanism_points`) and checks
-    the counts.
+    the seeds.
     """
 
     # -- the env
@@ -279,27 +320,10 @@ class EnvConfig:
     torch_threads: int | None
     """CPU threads for torch (None: torch's default)."""
 
-    # -- the initial policy
+    # -- the initial policy, its evaluation, the probes
     policy: PolicySettings
-
-    # -- evaluation
-    eval_every: int
-    """Evaluate after every this many updates (and at update 0 and after the last; 0: those two)."""
-    eval_episodes: int
-    """Sampled episodes per evaluation task at every evaluation."""
-    target_success: float
-    threshold_fraction: float
-    """``compute_to_threshold`` waits for the warm start plus this fraction of the gap to ``target_success``."""
-
-    # -- gradient probes
-    grad_batches: int
-    grad_seeds: int | None
-    """The first this many seeds probe their gradients (None: all)."""
-    reference_batches: int
-    grad_precision: float | None
-    reference_precision: float | None
-    reference: AlgorithmSpec
-    """The reference estimator of the probes' cosine (:data:`REFERENCE_ALGORITHM`)."""
+    evaluation: EvaluationSpec
+    probes: ProbeSpec
 
     # -- planning
     recorded_results: str | None = None
@@ -316,13 +340,10 @@ class EnvConfig:
     ``updates // 2`` updates (the probes' points)."""
 
     def __post_init__(self) -> None:
-        for name, least in (("eval_every", 0), ("eval_episodes", 1), ("grad_batches", 0), ("reference_batches", 0)):
-            if getattr(self, name) < least:
-                raise ValueError(f"{self.name}: {name} must be >= {least}, got {getattr(self, name)}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"{self.name}: the seeds {list(self.seeds)} repeat one")
         updates = self.trainer.updates
-        every = self.eval_every or updates
+        every = self.evaluation.every or updates
         object.__setattr__(self, "seeds", tuple(self.seeds))
         object.__setattr__(self, "eval_points", tuple(sorted({0, *range(every, updates + 1, every), updates})))
         object.__setattr__(self, "probe_points", {"initial": 0, "mid": updates // 2})
@@ -339,9 +360,9 @@ class EnvConfig:
     def probes_on(self, seed: int) -> bool:
         """Whether the seed's runs probe their gradients: the first ``grad_seeds`` seeds (all when
         None), and only with at least 2 batches."""
-        if self.grad_batches < 2:
+        if self.probes.batches < 2:
             return False
-        return seed in (self.seeds if self.grad_seeds is None else self.seeds[: self.grad_seeds])
+        return seed in (self.seeds if self.probes.seeds is None else self.seeds[: self.probes.seeds])
 
     def run_trainer(self, seed: int, tasks_per_update: int, budget: Budget | None = None, **run: Any) -> TrainerConfig:
         """The :class:`TrainerConfig` of one run: :attr:`trainer` with the run's own fields (its
@@ -372,16 +393,11 @@ def env_config(preset: Preset, env: str) -> EnvConfig:
         pool_size=preset.pool_size,
         torch_threads=preset.torch_threads,
         policy=policy_settings(preset, setup),
-        eval_every=setup.eval_every,
-        eval_episodes=setup.eval_episodes,
-        target_success=setup.target_success,
-        threshold_fraction=preset.threshold_fraction,
-        grad_batches=setup.grad_batches,
-        grad_seeds=setup.grad_seeds,
-        reference_batches=setup.reference_batches,
-        grad_precision=setup.grad_precision,
-        reference_precision=setup.reference_precision,
-        reference=algorithm_spec(REFERENCE_ALGORITHM, preset, 0, env),
+        evaluation=EvaluationSpec(every=setup.eval_every, episodes=setup.eval_episodes, target_success=setup.target_success,
+                                  threshold_fraction=preset.threshold_fraction),
+        probes=ProbeSpec(batches=setup.grad_batches, seeds=setup.grad_seeds, reference_batches=setup.reference_batches,
+                         precision=setup.grad_precision, reference_precision=setup.reference_precision,
+                         reference=algorithm_spec(REFERENCE_ALGORITHM, preset, 0, env)),
         recorded_results=setup.recorded_results,
     )
 
@@ -410,6 +426,8 @@ class ComparisonConfig:
     handicapped_control: str | None
     calibration_control: str | None
     budget_unit: str
+    shared: AlgorithmConfig
+    """The options every algorithm shares (loss, clipping, KL, aggregation)."""
     tuning: TuningConfig | None
     kinds: dict[str, str | None]
     """``{algorithm: the kind whose options it takes}`` (:func:`option_kinds`)."""
@@ -463,6 +481,7 @@ def comparison_config(preset: Preset, envs: Any = None) -> ComparisonConfig:
         handicapped_control=preset.handicapped_control,
         calibration_control=preset.calibration_control,
         budget_unit=preset.budget_unit,
+        shared=preset.shared,
         tuning=preset.tuning,
         kinds=option_kinds(preset.algorithms, preset),
         comparator_specs={name: algorithm_spec(preset.comparator, preset, 0, name) for name in names},
@@ -551,10 +570,10 @@ class RunConfig:
             "env": self.env, "algorithm": self.algorithm, "seed": self.seed, "registered": self.registered,
             "options": self.options, "budget_unit": self.budget_unit, "budget": self.budget, "trainer": asdict(self.trainer),
             "setup": setup_data(s.setup), "policy": asdict(s.policy), "pool_size": s.pool_size, "torch_threads": s.torch_threads,
-            "eval_points": s.eval_points, "eval_episodes": s.eval_episodes, "probing": self.probing,
-            "probe_points": s.probe_points, "mechanism_points": s.mechanism_points, "grad_batches": s.grad_batches,
-            "reference_batches": s.reference_batches, "grad_precision": s.grad_precision,
-            "reference_precision": s.reference_precision, "reference_options": s.reference.keywords(),
+            "eval_points": s.eval_points, "eval_episodes": s.evaluation.episodes, "probing": self.probing,
+            "probe_points": s.probe_points, "mechanism_points": s.mechanism_points, "grad_batches": s.probes.batches,
+            "reference_batches": s.probes.reference_batches, "grad_precision": s.probes.precision,
+            "reference_precision": s.probes.reference_precision, "reference_options": s.probes.reference.keywords(),
         }
         return json.loads(json.dumps(data, default=_plain))
 

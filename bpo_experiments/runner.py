@@ -133,20 +133,20 @@ def initial_job(env: EnvConfig, seed: int, train_tasks: list[Any], eval_tasks: l
     built = time.perf_counter() - start
     pool = EnvPool([eval_env_factory(setup)] * env.pool_size, workers=setup.workers)
     try:
-        wins = evaluate_episodes(policy, pool, eval_tasks, env.eval_episodes, seed)
+        wins = evaluate_episodes(policy, pool, eval_tasks, env.evaluation.episodes, seed)
     finally:
         pool.close()
     warm = {"success": float(np.mean(wins)), "episodes": len(wins), "wins": wins, "seconds_build": built,
             "seconds_eval": time.perf_counter() - start - built, "code": code_version()}
     if setup.extra_eval:
-        warm["extra"] = evaluate_extra(policy, setup, env.eval_episodes, env.pool_size, seed)
+        warm["extra"] = evaluate_extra(policy, setup, env.evaluation.episodes, env.pool_size, seed)
     reference = None
     if env.probes_on(seed):
         pool = EnvPool([env_factory(setup)] * env.pool_size, workers=setup.workers)
         try:
             t0 = time.perf_counter()
-            mean, signal, sizing = reference_gradient(env.reference, env.reference_batches, seed, policy, pool, train_tasks,
-                                                      env.per_update_budget(), precision=env.reference_precision)
+            mean, signal, sizing = reference_gradient(env.probes.reference, env.probes.reference_batches, seed, policy, pool, train_tasks,
+                                                      env.per_update_budget(), precision=env.probes.reference_precision)
             warm["seconds_reference"] = time.perf_counter() - t0
             warm["reference_sizing"] = sizing
         finally:
@@ -219,7 +219,7 @@ class _Measurements:
         else:
             trainer.parallel.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
             try:
-                wins = evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, self.config.settings.eval_episodes, self.seed)
+                wins = evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, self.config.settings.evaluation.episodes, self.seed)
                 success = float(np.mean(wins))
             finally:
                 trainer.parallel.shard_weights()
@@ -245,15 +245,15 @@ class _Measurements:
             t0 = time.perf_counter()
             key = PROBE_POINTS[point]
             probe = self.config.build_algorithm(seed=stream_seed(self.seed, PROBE, key))
-            samples, sizing = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.settings.grad_batches,
+            samples, sizing = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.settings.probes.batches,
                                             *self._sizing(point))
             self.probe_rows = samples.grads
             ref = None
             if point == "initial" and self.reference is not None:
                 ref = (self.reference["mean"], self.reference["signal"])
             elif point != "initial" and self.biased:
-                *ref, _ = reference_gradient(self.config.settings.reference, self.config.settings.reference_batches, self.seed, self.policy,
-                                             self.pool, self.train_tasks, self.budget, point, self.config.settings.reference_precision)
+                *ref, _ = reference_gradient(self.config.settings.probes.reference, self.config.settings.probes.reference_batches, self.seed, self.policy,
+                                             self.pool, self.train_tasks, self.budget, point, self.config.settings.probes.reference_precision)
                 ref = tuple(ref)
             result = signal_to_noise(samples, ref, seed=stream_seed(self.seed, BOOTSTRAP, key))
             result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
@@ -269,15 +269,15 @@ class _Measurements:
         ``point``, from evidence independent of that probe's batches: the run's previous probe
         (same estimator), else at the warm start the reference pool's measured error (the same
         policy), else the probe's own pilot; ``(None, None)`` without a precision target."""
-        target = self.config.settings.grad_precision
+        target = self.config.settings.probes.precision
         if target is None:
             return None, None
-        rule = partial(sized_batches, target=target, most=self.config.settings.grad_batches)
+        rule = partial(sized_batches, target=target, most=self.config.settings.probes.batches)
         if self.probe_rows is not None:
             return rule, self.probe_rows
         sizing = self.warm.get("reference_sizing") or {}
         if point == "initial" and "snr_relative_error" in sizing:
-            return rule, batches_for_error(sizing["snr_relative_error"], sizing["batches"], target, self.config.settings.grad_batches)
+            return rule, batches_for_error(sizing["snr_relative_error"], sizing["batches"], target, self.config.settings.probes.batches)
         return rule, None
 
 
@@ -332,7 +332,7 @@ def run_one(
             if measure.unchanged() and "extra" in warm:  # the warm start's policy: its evaluation
                 extra = warm["extra"]
             else:
-                extra = evaluate_extra(policy, setup, config.settings.eval_episodes, config.settings.pool_size, config.seed)
+                extra = evaluate_extra(policy, setup, config.settings.evaluation.episodes, config.settings.pool_size, config.seed)
             write_on_rank0(folder / "extra_eval.json", extra)
         measure.timing["eval"] += time.perf_counter() - t0
     result = _run_result(config, algorithm, warm, measure, extra, history)

@@ -22,8 +22,8 @@ the budget unit, linear in between) are fixed before the run:
   (the nominal total; a run that ends earlier keeps its last value), in [0, 1]: high when an
   algorithm gets high early, which final success on a plateau cannot show;
 * ``compute_to_threshold``: the compute at which the curve first reaches ``w + f (target - w)``
-  (``w`` the seed's warm start, ``f`` = ``EnvConfig.threshold_fraction``, ``target`` =
-  ``EnvConfig.target_success``), interpolated; a run that never reaches it counts as its whole
+  (``w`` the seed's warm start, ``f`` = ``EvaluationSpec.threshold_fraction``, ``target`` =
+  ``EvaluationSpec.target_success``), interpolated; a run that never reaches it counts as its whole
   compute (censored: a lower bound; the number of such runs is reported).
 """
 
@@ -113,7 +113,7 @@ def run_metrics(run: dict[str, Any], env: EnvConfig) -> dict[str, Any]:
     if run["env"] != env.name:
         raise ValueError(f"a run of {run['env']} measured with the settings of {env.name}")
     warm = run["evals"][0]["success"]
-    threshold = warm + env.threshold_fraction * (env.target_success - warm)
+    threshold = warm + env.evaluation.threshold_fraction * (env.evaluation.target_success - warm)
     multiple = float(run.get("budget_multiple", 1.0))
     compute = [e["compute"][env.budget_unit] / multiple for e in run["evals"]]
     metrics = curve_metrics(compute, [e["success"] for e in run["evals"]], env.horizon, threshold)
@@ -294,9 +294,9 @@ def _env_result(env: str, runs: list[dict[str, Any]], comparison: ComparisonConf
         "horizon": settings.horizon,
         "seeds": list(settings.seeds),
         "eval_split": settings.setup.eval_split,
-        "eval_episodes": settings.eval_episodes,
+        "eval_episodes": settings.evaluation.episodes,
         "warm_start": {"per_seed": [warm_per_seed[s] for s in sorted(warm_per_seed)], "mean": float(np.mean(list(warm_per_seed.values())))},
-        "threshold": {"target_success": settings.target_success, "fraction": settings.threshold_fraction},
+        "threshold": {"target_success": settings.evaluation.target_success, "fraction": settings.evaluation.threshold_fraction},
         "algorithms": {},
     }
     for a, rs in rows.items():

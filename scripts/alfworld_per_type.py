@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     setup = preset.envs["alfworld"]
     alfworld = env_config(preset, "alfworld")
     seeds = args.seeds or list(alfworld.seeds)
-    episodes = args.episodes or alfworld.eval_episodes
+    episodes = args.episodes or alfworld.evaluation.episodes
     train, _ = task_split(setup)
     types = ALFWorldEnv(split="train", games_per_type=1).games
     out: dict[str, Any] = {"preset": args.preset, "episodes_per_game": episodes, "published": PUBLISHED, "policies": {}}
@@ -122,7 +122,7 @@ def from_runs(runs: Path, preset: Any, setup: Any, seeds: list[int], train: list
     env_runs = runs / "runs" / "alfworld"
     _, primary = task_split(setup)
     tasks = {setup.eval_split: primary, **extra_eval_tasks(setup)}
-    episodes = alfworld.eval_episodes
+    episodes = alfworld.evaluation.episodes
     out.update(source=f"bpo-compare folder {runs}: its own evaluation episodes", episodes_per_game=episodes)
     pool = EnvPool([eval_env_factory(setup)] * 2)
     try:

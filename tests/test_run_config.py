@@ -77,8 +77,8 @@ def test_settings_stay_typed_until_the_factory_is_called_and_each_env_checks_its
     assert settings.probe_points == {"initial": 0, "mid": settings.trainer.updates // 2}
     assert replace(settings, seeds=(0,)).probes_on(0) and not replace(settings, seeds=(0,)).probes_on(1)  # re-derived
     # the broken cases: settings a run cannot use are refused where they are resolved
-    with pytest.raises(ValueError, match="eval_episodes must be >= 1"):
-        replace(settings, eval_episodes=0)
+    with pytest.raises(ValueError, match="eval_episodes >= 1"):
+        replace(settings.evaluation, episodes=0)
     with pytest.raises(ValueError, match="repeat one"):
         replace(settings, seeds=(1, 1))
     with pytest.raises(TypeError, match="algorithm option dataclass"):

@@ -63,7 +63,7 @@ def test_gpu_preset_trains_swe_bench_off_verified_and_evaluates_on_docker(tmp_pa
     from bpo_experiments.run_config import env_config
 
     swebench = env_config(preset, "swebench")
-    assert swebench.policy.eval_temperature == 0.0 and swebench.eval_episodes == 1
+    assert swebench.policy.eval_temperature == 0.0 and swebench.evaluation.episodes == 1
     assert preset.envs["webshop"].kwargs["data_dir"] == "/ws"
     assert preset.envs["alfworld"].kwargs["data_dir"] == "/alf"
     # without SWE-bench the gpu preset needs no SWE-bench flags
