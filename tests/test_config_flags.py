@@ -98,7 +98,7 @@ def test_options_are_documented_dataclasses_and_read_as_attributes():
     assert Preset(envs={}).trainer == TrainerConfig(updates=30)
 
 
-def test_per_env_fields_are_read_from_their_types():
+def test_per_env_settings_are_each_envs_own_and_earlier_files_read_the_same():
     from bpo_experiments.output import env_setting
     from bpo_experiments.presets import PER_ENV_FIELDS, preset_dict
 
@@ -110,6 +110,15 @@ def test_per_env_fields_are_read_from_their_types():
     saved = preset_dict(preset)
     assert env_setting(saved, "webshop")["eval_temperature"] == 0.0
     assert env_setting(saved, "alfworld")["eval_temperature"] is None
+    # a preset.json of an earlier version kept each env's settings as preset fields, one value or
+    # {env: value}: read as the same setting, so its folder resumes; another value is another setting
+    old = preset_dict(PRESETS["cpu"])
+    moved = {k: {e: old["envs"][e].pop(k) for e in old["envs"]} for k in ENV_SETTINGS}
+    old.update({**moved, "eval_episodes": 1})  # one value for every env, as the cpu preset's was
+    assert all(env_setting(old, e) == env_setting(preset_dict(PRESETS["cpu"]), e) for e in old["envs"])
+    old["seeds"] = {"webshop": [0, 1]}  # alfworld not named: the default (0, 1, 2), as it is
+    assert env_setting(old, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
+    assert env_setting(old, "webshop")["seeds"] != env_setting(preset_dict(PRESETS["cpu"]), "webshop")["seeds"]
     assert env_setting(saved, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
 
 
