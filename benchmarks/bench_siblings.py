@@ -162,6 +162,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     from bpo_algos.rollout import EnvPool
     from bpo_experiments.build import make_policy
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.run_config import env_config
     from bpo_experiments.tasks import env_factory, task_split
 
     load_at_start = os.getloadavg()
@@ -170,8 +171,9 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     train, _ = task_split(setup)
     tasks = train[:16]
     torch.set_num_threads(1)
-    policy = make_policy(preset, setup, args.seed, train)
-    budget = Budget("env_steps", preset.for_env("budget", "webshop"))
+    webshop = env_config(preset, "webshop")
+    policy = make_policy(webshop.policy, setup, args.seed, train)
+    budget = Budget("env_steps", webshop.budget)
     pool = EnvPool([env_factory(setup)] * 2)
     configs = configurations()
     rows: dict[str, Any] = {}

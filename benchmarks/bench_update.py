@@ -21,8 +21,9 @@ import torch
 
 from bpo_algos.rollout import EnvPool
 from bpo_algos.trainer import Trainer
-from bpo_experiments.build import build_algorithm, make_policy, trainer_config
+from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.run_config import algorithm_spec, env_config
 from bpo_experiments.tasks import env_factory, task_split
 
 
@@ -42,11 +43,12 @@ def main() -> None:
         setup = preset.envs[env_name]
         train_tasks, _ = task_split(setup)
         for name in args.algorithms:
-            policy = make_policy(preset, setup, args.seed, train_tasks)
+            settings = env_config(preset, env_name)
+            policy = make_policy(settings.policy, setup, args.seed, train_tasks)
             pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
             try:
-                config = trainer_config(preset, env_name, args.seed, len(train_tasks), updates=args.updates)
-                trainer = Trainer(build_algorithm(name, preset, args.seed, env_name), policy, pool, train_tasks, config)
+                config = settings.run_trainer(args.seed, len(train_tasks), updates=args.updates)
+                trainer = Trainer(algorithm_spec(name, preset, args.seed, env_name).build(), policy, pool, train_tasks, config)
                 t0 = time.perf_counter()
                 cpu = []
                 for _ in range(args.updates):

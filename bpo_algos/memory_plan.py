@@ -234,24 +234,26 @@ def preset_config(policy: str) -> dict[str, Any] | None:
 
 
 def preset_plans(preset: Any) -> dict[str, MemoryPlan]:
-    """The memory plan of every env of a GPU preset (``preset.gpus`` set), from its settings:
+    """The memory plan of every env of a GPU comparison (``preset``: its resolved settings,
+    ``bpo_experiments.run_config.ComparisonConfig``, with ``gpus`` set), from each env's settings:
     ``gpus x gpu_gb``, LoRA or a full fine-tune (FSDP when ``trainer.fsdp``), the KL reference
     (``shared.kl_coef > 0``; offloaded with ``reference_offload``), vLLM's copy, ``trainer.micro_batch_tokens``,
     ``pool_size`` decoding rows of ``max_model_len`` tokens. Empty for a CPU preset or a model
     whose config is not known here."""
     if not preset.gpus:
         return {}
-    config = preset_config(preset.policy)
-    if config is None:
-        return {}
     out = {}
-    for env in preset.envs:
-        seq_len = preset.for_env("max_model_len", env) or ModelShape.from_config(config).max_len
-        trainer = preset.trainer_for(env)
-        out[env] = plan(
-            config, gpus=preset.gpus, gpu_gb=preset.gpu_gb, lora=preset.lora, fsdp=trainer.fsdp if preset.gpus > 1 else False,
-            kl=preset.shared.kl_coef > 0, micro_batch_tokens=trainer.micro_batch_tokens or 8192, decode_rows=preset.pool_size,
-            seq_len=seq_len, vllm=preset.vllm, reference_offload=preset.reference_offload, name=model_name(preset.policy.rsplit("/", 1)[-1].lower()),
+    for name, env in preset.envs.items():
+        policy, trainer = env.policy, env.trainer
+        config = preset_config(policy.policy)
+        if config is None:
+            continue
+        seq_len = policy.max_model_len or ModelShape.from_config(config).max_len
+        out[name] = plan(
+            config, gpus=preset.gpus, gpu_gb=preset.gpu_gb, lora=policy.lora, fsdp=trainer.fsdp if preset.gpus > 1 else False,
+            kl=preset.shared.kl_coef > 0, micro_batch_tokens=trainer.micro_batch_tokens or 8192, decode_rows=env.pool_size,
+            seq_len=seq_len, vllm=policy.vllm, reference_offload=policy.reference_offload,
+            name=model_name(policy.policy.rsplit("/", 1)[-1].lower()),
         )
     return out
 

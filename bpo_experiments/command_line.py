@@ -21,12 +21,15 @@ from bpo_algos.algorithm import AlgorithmConfig
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.registry import registered_algorithms
 from bpo_algos.trainer_config import TrainerConfig
-from bpo_experiments.build import option_classes, option_kinds
 from bpo_experiments.flags import add_flags, given
 from bpo_experiments.presets import (
+    ENV_SETTINGS,
     RUN_FIELDS,
+    EnvSetup,
     Preset,
+    with_env_settings,
 )
+from bpo_experiments.run_config import comparison_config, env_config, option_classes, option_kinds
 from bpo_experiments.stats import METRICS
 from bpo_experiments.tuning import (
     TuningConfig,
@@ -60,8 +63,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> dict[str, dict[str, str
     options and every kind of algorithm's options. Returns ``{holder: {dest: field}}``."""
     taken = set(parser._option_string_actions)
     holders: dict[str, dict[str, str]] = {}
-    group = parser.add_argument_group("the preset (one value sets a per-env field for every env)")
+    group = parser.add_argument_group("the preset")
     holders["preset"] = add_flags(group, Preset, skip=PRESET_FLAG_SKIP, taken=taken)
+    group = parser.add_argument_group("every env (EnvSetup's settings of the comparison: one value sets it for every env)")
+    holders["envs"] = add_flags(group, EnvSetup, skip=[f.name for f in dataclasses.fields(EnvSetup) if f.name not in ENV_SETTINGS],
+                                taken=taken)
     group = parser.add_argument_group("training (TrainerConfig)")
     holders["trainer"] = add_flags(group, TrainerConfig, skip=RUN_FIELDS, taken=taken)
     group = parser.add_argument_group("every algorithm (AlgorithmConfig)")
@@ -90,6 +96,9 @@ def apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dic
             elif isinstance(value, list):
                 value = tuple(value)
             setattr(preset, key, value)
+        settings = given(args, holders["envs"])
+        if settings:  # one value for every env
+            preset.envs = with_env_settings(preset.envs, {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()})
         trainer = given(args, holders["trainer"])
         if trainer:
             preset.trainer = replace(preset.trainer, **trainer)
@@ -143,7 +152,8 @@ def check_tuning_setting(preset: Preset) -> None:
     if preset.tuning is None:
         return
     try:
-        check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset))
+        seeds = {e: env_config(preset, e).seeds for e in preset.envs if preset.tuning.tunes(e)}
+        check_tuning(preset, option_classes(), option_kinds(preset.algorithms, preset), seeds)
     except ValueError as exc:
         raise SystemExit(f"bpo-compare --tune: {exc}") from exc
 
@@ -263,6 +273,6 @@ def check_launch_fits(preset: Preset, name: str) -> None:
         )
     if have < preset.gpu_gb - 1:
         try:
-            check_preset_fits(dataclasses.replace(preset, gpu_gb=have), name)
+            check_preset_fits(comparison_config(dataclasses.replace(preset, gpu_gb=have)), name)
         except ValueError as exc:
             raise SystemExit(f"this GPU has {have:.0f} GB: {exc}") from exc

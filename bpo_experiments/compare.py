@@ -56,7 +56,6 @@ from typing import Any
 import torch
 
 from bpo_algos import data_parallel as dp
-from bpo_algos.algorithm import Options
 from bpo_algos.registry import registered_algorithms
 from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import (
@@ -66,7 +65,7 @@ from bpo_envs.files import (
     read_json_or_redo,
     write_json,
 )
-from bpo_experiments.build import build_algorithm, make_policy, option_classes, option_kinds
+from bpo_experiments.build import make_policy
 from bpo_experiments.command_line import add_config_flags, check_launch_fits
 from bpo_experiments.config import CONFIG_FILE, build_preset, config_of, config_yaml, file_imports
 from bpo_experiments.output import (
@@ -87,16 +86,23 @@ from bpo_experiments.presets import (
     preset_dict,
 )
 from bpo_experiments.report import PLOTS_WITHOUT_DATA, empty_plots, example_trees, markdown, plots
-from bpo_experiments.run_config import RunConfig, check_same_config, run_config
+from bpo_experiments.run_config import (
+    ComparisonConfig,
+    EnvConfig,
+    RunConfig,
+    algorithm_spec,
+    base_options,
+    check_same_config,
+    comparison_config,
+    env_config,
+    run_config,
+    tuning_preset,
+    with_options,
+)
 from bpo_experiments.runner import initial_job, run_one
 from bpo_experiments.stats import aggregate, run_metrics
 from bpo_experiments.tasks import task_order, task_sets, task_split_with_provenance
-from bpo_experiments.tuning import (
-    DEFAULTS_SUFFIX,
-    candidate_options,
-    decide,
-    tuning_tasks,
-)
+from bpo_experiments.tuning import DEFAULTS_SUFFIX, decide, tuning_tasks
 from bpo_experiments.tuning import label as tuning_label
 
 ALFWORLD_ID = "BPO-ALFWorld-v0"
@@ -270,6 +276,8 @@ class _Comparison:
         if preset.trainer.wandb_project and preset.trainer.wandb_group is None:
             # one W&B group per comparison, kept when it resumes
             preset.trainer = replace(preset.trainer, wandb_group=f"{out.resolve().name}-{uuid.uuid4().hex[:8]}")
+        self.comparison = comparison = comparison_config(preset)
+        """The comparison's settings, resolved (:mod:`bpo_experiments.run_config`)."""
         if preset.torch_threads:
             torch.set_num_threads(preset.torch_threads)
         self.started = time.perf_counter()
@@ -288,14 +296,15 @@ class _Comparison:
         self.progress = not args.no_progress and sys.stderr.isatty()
         self.workers = 1 if args.ray is None and jobs == 1 else jobs
         self.session = start_session(out, self.workers, bool(args.resume)) if self.writer else None
-        self.kinds = option_kinds(preset.algorithms, preset)
+        self.kinds = comparison.kinds
         tuning = preset.tuning
         self.tuned_envs = [e for e in preset.envs if tuning is not None and tuning.tunes(e)]
         # the tuning criterion's held-out training tasks (never an evaluation task) and its setting
         self.tune_tasks = {e: tuning_tasks(task_order(preset.envs[e]), self.splits[e][0], self.splits[e][1], tuning.tasks)
                            for e in self.tuned_envs}
         self.tune_preset = {e: tuning_preset(preset, e) for e in self.tuned_envs}
-        self.pairs = [(e, s) for e in preset.envs for s in preset.for_env("seeds", e)]
+        self.tune_envs = {e: env_config(self.tune_preset[e], e) for e in self.tuned_envs}
+        self.pairs = [(e, s) for e in preset.envs for s in comparison.envs[e].seeds]
         self.tune_pairs = [(e, s) for e in self.tuned_envs for s in tuning.seeds]
         self.initials: dict[tuple[str, int], dict[str, Any]] = {}
         self.runs: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -343,7 +352,7 @@ class _Comparison:
         self.candidates = {(e, k): list(tuning.grid(k)) for e in self.tuned_envs for k in self.tuned_kinds}
         self.default_labels = [a + DEFAULTS_SUFFIX for a in (preset.treatment, preset.comparator)
                                if self.kinds.get(a) in self.tuned_kinds]
-        self.default_seeds = {e: list(preset.for_env("seeds", e))[: tuning.default_seeds] for e in self.tuned_envs}
+        self.default_seeds = {e: list(self.comparison.envs[e].seeds)[: tuning.default_seeds] for e in self.tuned_envs}
         tuning_runs: dict[tuple[str, int], list[tuple[tuple[str, str, int], Preset, list[Any]]]] = {}
         for (env_name, kind), grid in self.candidates.items():
             if len(grid) < 2:
@@ -355,7 +364,8 @@ class _Comparison:
         self.tuning_keys = [key for runs in tuning_runs.values() for key, _, _ in runs]
         waiting = {e: {key for key in self.tuning_keys if key[0] == e} for e in self.tuned_envs}
         chosen = {e for e in preset.envs if e not in self.tuned_envs}
-        chain = {pair: sum(_expected_cost(preset, pair[0], a, pair[1]) for a in preset.algorithms) for pair in self.pairs}
+        envs = self.comparison.envs
+        chain = {pair: sum(_expected_cost(envs[pair[0]], a) for a in preset.algorithms) for pair in self.pairs}
         rank = {pair: i for i, pair in enumerate(sorted(self.pairs, key=lambda p: -chain[p]))}
         todo_bar = self._bar(0, "jobs")
 
@@ -373,8 +383,8 @@ class _Comparison:
                     self.runs[key] = saved_run
                     loaded.append(key)
                 else:
-                    out.append(Ready(priority((key[0], key[2]), _expected_cost(preset, *key)), ("run", key),
-                                     self._run_call(config, run_preset, eval_tasks)))
+                    out.append(Ready(priority((key[0], key[2]), _expected_cost(envs[key[0]], key[1])), ("run", key),
+                                     self._run_call(config, eval_tasks)))
             for key in loaded:
                 out += tuning_progress(key)
             return out
@@ -397,7 +407,7 @@ class _Comparison:
                 return []
             self._choose(e)
             chosen.add(e)
-            return [r for s in preset.for_env("seeds", e) if (e, s) in self.initials for r in ready_runs(comparison_runs((e, s)))]
+            return [r for s in envs[e].seeds if (e, s) in self.initials for r in ready_runs(comparison_runs((e, s)))]
 
         def after_initial(pair: tuple[str, int]) -> list[Ready]:
             if pair in self.tune_pairs:
@@ -438,9 +448,9 @@ class _Comparison:
             tuning_seed = (env_name, seed) in self.tune_pairs
             train_tasks = self.splits[env_name][0]
             eval_tasks = self.tune_tasks[env_name] if tuning_seed else self.splits[env_name][1]
-            job_preset = self.tune_preset[env_name] if tuning_seed else self.preset
+            job_env = self.tune_envs[env_name] if tuning_seed else envs[env_name]
             first.append(Ready(priority((env_name, seed)), ("initial", (env_name, seed)),
-                               (initial_job, (job_preset, env_name, seed, train_tasks, eval_tasks))))
+                               (initial_job, (job_env, seed, train_tasks, eval_tasks))))
         for e in self.tuned_envs:  # an env with no candidate to run chooses at once
             if not waiting[e]:
                 self._choose(e)
@@ -466,8 +476,8 @@ class _Comparison:
                 continue
             per_seed: list[list[float]] = [[]]
             if len(grid) > 1:
-                per_seed = [[run_metrics(self.runs[(e, tuning_label(kind, i), s)], self.tune_preset[e],
-                                         preset.budget_unit)[tuning.criterion] for s in tuning.seeds] for i in range(len(grid))]
+                per_seed = [[run_metrics(self.runs[(e, tuning_label(kind, i), s)], self.tune_envs[e])[tuning.criterion]
+                             for s in tuning.seeds] for i in range(len(grid))]
                 record = decide(per_seed, grid, base_options(preset, e, kind), tuning.alpha)
             else:  # every option of the grid pinned by the user: nothing to choose
                 record = {"scores": [None], "chosen": grid[0], "chosen_index": 0, "best_index": 0, "kept_defaults": False,
@@ -485,15 +495,15 @@ class _Comparison:
                 record["fixed_by_user"] = dict(tuning.pinned[kind])
                 record["grid"] = list(tuning.grids[kind])
         self.same |= {(env_name, a) for a in self.default_labels
-                      if build_algorithm(a.split("@")[0], preset, 0, env_name).config()
-                      == build_algorithm(a.split("@")[0], self.tuned, 0, env_name).config()}
+                      if algorithm_spec(a.split("@")[0], preset, 0, env_name).build().config()
+                      == algorithm_spec(a.split("@")[0], self.tuned, 0, env_name).build().config()}
 
-    def _run_call(self, config: RunConfig, run_preset: Preset, eval_tasks: list[Any]) -> Any:
+    def _run_call(self, config: RunConfig, eval_tasks: list[Any]) -> Any:
         """The call of run ``config`` (its initial policy: the initial job's bytes, or rebuilt
-        from ``run_preset``'s policy settings where it is an LLM's)."""
+        from the run's policy settings where it is an LLM's)."""
         init = self.initials[(config.env, config.seed)]
         train_tasks = self.splits[config.env][0]
-        rebuild = partial(make_policy, run_preset, run_preset.envs[config.env], config.seed, train_tasks)
+        rebuild = partial(make_policy, config.policy, config.setup, config.seed, train_tasks)
         return (run_one, (self.out, config, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
                           self.progress and self.workers == 1, rebuild))
 
@@ -507,16 +517,18 @@ class _Comparison:
             for a in default_labels:
                 if (e, a) in same and s in default_seeds[e] and (e, a.split("@")[0], s) in runs:
                     runs[(e, a, s)] = {**runs[(e, a.split("@")[0], s)], "algorithm": a, "same_as_tuned": True}
-        finished = {e: [s for s in preset.for_env("seeds", e) if all((e, a, s) in runs for a in preset.algorithms)] for e in preset.envs}
+        envs = self.comparison.envs
+        finished = {e: [s for s in envs[e].seeds if all((e, a, s) in runs for a in preset.algorithms)] for e in preset.envs}
+        reported: ComparisonConfig = comparison_config(tuned)  # the tuned options (the seeds as the comparison's)
         if self.args.report_only:  # the seeds whose every run has finished
-            unfinished = {e: [s for s in preset.for_env("seeds", e) if s not in finished[e]] for e in preset.envs}
+            unfinished = {e: [s for s in envs[e].seeds if s not in finished[e]] for e in preset.envs}
             if not all(len(v) >= 2 for v in finished.values()):
                 raise SystemExit(f"--report-only: fewer than 2 finished seeds per env ({finished})")
-            tuned.seeds = {**({e: tuned.for_env("seeds", e) for e in tuned.envs}), **{e: tuple(v) for e, v in finished.items()}}
+            reported = reported.with_seeds({e: tuple(v) for e, v in finished.items()})
         keys = [(e, a, s) for e in preset.envs for s in finished[e] for a in preset.algorithms]
         default_keys = [(e, a, s) for e in tuned_envs for a in default_labels for s in default_seeds[e] if (e, a, s) in runs and s in finished[e]]
         ordered = [runs[k] for k in keys] + [runs[k] for k in default_keys]
-        results = aggregate(ordered, tuned, list(preset.envs), [*preset.algorithms, *default_labels])
+        results = aggregate(ordered, reported, list(preset.envs), [*preset.algorithms, *default_labels])
         if self.args.report_only:
             results["unfinished_seeds"] = unfinished
         if not self.writer:  # rank 0 reports
@@ -563,36 +575,10 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, " + ", ".join(str(p) for p in written))
 
 
-def _expected_cost(preset: Preset, env: str, algorithm: str, seed: int) -> float:
+def _expected_cost(env: EnvConfig, algorithm: str) -> float:
     """A rough relative cost of a run, to start the longest first (order never changes results)."""
     tree_heavy = 3.0 if "tree" in algorithm else 1.0
-    return preset.trainer_for(env).updates * preset.budget[env] * tree_heavy * (3.0 if "alfworld" in env else 1.0)
-
-
-
-def tuning_preset(preset: Preset, env: str) -> Preset:
-    """The setting of ``env``'s tuning runs: ``preset`` with the tuning's episodes per
-    evaluation (the held-out tasks are passed to the runs)."""
-    out = copy.deepcopy(preset)
-    out.envs[env].eval_split = "held-out"  # the held-out tasks are the training env's
-    out.envs[env].extra_eval = {}  # the criterion reads the held-out tasks only
-    episodes = dict(out.eval_episodes) if isinstance(out.eval_episodes, dict) else {e: out.eval_episodes for e in out.envs}
-    episodes[env] = preset.tuning.episodes
-    out.eval_episodes = episodes
-    return out
-
-
-def with_options(preset: Preset, env: str, kind: str, candidate: dict[str, Any]) -> Preset:
-    """A copy of ``preset`` whose ``env`` runs ``kind``'s algorithms (its variants and the
-    controls that collect as it) with ``candidate`` over its current options."""
-    out = copy.deepcopy(preset)
-    out.envs[env].options[kind] = candidate_options(base_options(out, env, kind), candidate)
-    return out
-
-
-def base_options(preset: Preset, env: str, kind: str) -> Options:
-    """``kind``'s options on ``env`` before tuning: the env's, else the preset's, else the defaults."""
-    return preset.envs[env].options.get(kind) or preset.options.get(kind) or option_classes()[kind]()
+    return env.horizon * tree_heavy * (3.0 if "alfworld" in env.name else 1.0)
 
 
 @ends_on_ctrl_c("bpo-compare", resumable=True)

@@ -41,7 +41,6 @@ from bpo_algos.compute import Budget
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import registered_algorithms
-from bpo_experiments.build import option_classes
 from bpo_experiments.command_line import (
     add_config_flags,
     apply_data_sources,
@@ -52,7 +51,17 @@ from bpo_experiments.command_line import (
     option_flags,
 )
 from bpo_experiments.flags import given
-from bpo_experiments.presets import PRESETS, RUN_FIELDS, EnvSetup, Preset, preset_dict, with_server
+from bpo_experiments.presets import (
+    ENV_SETTINGS,
+    PRESETS,
+    RUN_FIELDS,
+    EnvSetup,
+    Preset,
+    preset_dict,
+    with_env_settings,
+    with_server,
+)
+from bpo_experiments.run_config import comparison_config, option_classes
 from bpo_experiments.tuning import TuningConfig
 
 CONFIG_FILE = "config.yaml"
@@ -172,11 +181,14 @@ def settings_from_data(data: dict[str, Any], base: Preset) -> Preset:
     """``base`` with the file's settings ``data`` (Preset fields) merged over it (module
     docstring); an unknown key or a value its field refuses is a ``ValueError`` naming it."""
     hints = typing.get_type_hints(Preset)
-    unknown = sorted(set(data) - set(hints))
+    unknown = sorted(set(data) - set(hints) - set(ENV_SETTINGS))
     if unknown:
-        raise ValueError(f"{unknown} are not settings (Preset fields: {', '.join(sorted(hints))}; and {', '.join(FILE_KEYS)})")
+        raise ValueError(f"{unknown} are not settings (Preset fields: {', '.join(sorted(hints))}; per-env settings: "
+                         f"{', '.join(ENV_SETTINGS)}; and {', '.join(FILE_KEYS)})")
     out = copy.deepcopy(base)
     for key, value in data.items():
+        if key in ENV_SETTINGS:
+            continue
         if key == "envs":
             out.envs = _envs(value, base.envs)
         elif key == "trainer":
@@ -193,7 +205,18 @@ def settings_from_data(data: dict[str, Any], base: Preset) -> Preset:
             out.tuning = None if value is None else _tuning(value, base.tuning)
         else:
             setattr(out, key, _typed(hints[key], value))
+    # a per-env setting at the top (every env's; ``{env: value}`` as files of earlier versions
+    # write them), under what an env of the file sets itself
+    every = {k: _typed(_ENV_HINTS[k] | dict[str, _ENV_HINTS[k]], v) for k, v in data.items() if k in ENV_SETTINGS}
+    if every:
+        own = {name: set(fields or {}) for name, fields in data["envs"].items()} if isinstance(data.get("envs"), dict) else {}
+        converted = with_env_settings(out.envs, every)
+        out.envs = {name: replace(converted[name], **{k: getattr(setup, k) for k in own.get(name, ()) if k in every})
+                    for name, setup in out.envs.items()}
     return out
+
+
+_ENV_HINTS = typing.get_type_hints(EnvSetup)
 
 
 def _typed(hint: Any, value: Any) -> Any:
@@ -290,6 +313,11 @@ def _tuning(value: Any, base: TuningConfig | None) -> TuningConfig:
 # -- resolution -----------------------------------------------------------------------------
 
 
+def _defaults(setup: EnvSetup) -> EnvSetup:
+    """``setup`` with its :data:`~bpo_experiments.presets.ENV_SETTINGS` at their defaults."""
+    return replace(setup, **{f.name: f.default for f in dataclasses.fields(EnvSetup) if f.name in ENV_SETTINGS})
+
+
 def base_name(args: argparse.Namespace, data: dict[str, Any]) -> str:
     """The base preset's name: the file's ``preset``, else ``--smoke`` / ``--preset``, else
     :data:`DEFAULT_PRESET` (a flag naming another preset than the file is an error)."""
@@ -319,7 +347,8 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
         unknown = [e for e in args.envs if e not in preset.envs and e not in PRESETS["gpu"].envs]
         if unknown:
             raise SystemExit(f"unknown env(s) {unknown}; known: {sorted(set(preset.envs) | set(PRESETS['gpu'].envs))}")
-        preset.envs = {e: preset.envs.get(e) or PRESETS["gpu"].envs[e] for e in args.envs}
+        # an env of the gpu presets joins with its setup and the settings' defaults (its seeds, evaluation, probes)
+        preset.envs = {e: preset.envs.get(e) or _defaults(PRESETS["gpu"].envs[e]) for e in args.envs}
     if args.algorithms:
         known = registered_algorithms()
         unknown = [a for a in args.algorithms if a not in known]
@@ -343,7 +372,6 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
                                option_flags(args, holders))
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"bpo-compare: {exc}") from exc
-    check_tuning_setting(preset)
     for wanted, package in ((preset.trainer.tensorboard, "tensorboard"), (preset.trainer.wandb_project, "wandb")):
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
@@ -362,14 +390,11 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
         Budget(preset.budget_unit, 1)  # validates the unit
     except ValueError as exc:
         raise SystemExit(f"--budget-unit: {exc}") from exc
+    check_tuning_setting(preset)
     apply_data_sources(preset, args, name)
-    try:  # a GPU preset must fit the GPUs it is given (bpo-memory-plan), before anything runs
+    try:  # every env's settings resolve (run_config's checks); a GPU preset fits its GPUs (bpo-memory-plan)
         check_entropy_mode(preset.decision_entropy, preset.probe_samples)
-        if preset.eval_temperature is not None:
-            temperatures = preset.eval_temperature.values() if isinstance(preset.eval_temperature, dict) else [preset.eval_temperature]
-            if any(t is not None and not t >= 0 for t in temperatures):
-                raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {preset.eval_temperature}")
-        check_preset_fits(preset, name)
+        check_preset_fits(comparison_config(preset), name)
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     return config

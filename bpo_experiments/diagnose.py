@@ -65,6 +65,7 @@ from bpo_envs.tree_mdp import TreeMDPEnv
 from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS, EnvSetup, Preset
 from bpo_experiments.regime import CONFIGS, SHAPES, task_gradient_spread
+from bpo_experiments.run_config import env_config, policy_settings
 from bpo_experiments.streams import BOOTSTRAP, MECHANISM, PROBE, stream_seed
 from bpo_experiments.tasks import env_factory, task_split
 
@@ -99,14 +100,13 @@ def apply_llm_flags(preset: Preset, setup: EnvSetup, flags: dict[str, Any]) -> N
 
 
 def build_policy(spec: str | None, preset: Preset, setup: EnvSetup, seed: int, tasks: list[Any]) -> Any:
-    """The main job's policy ``spec`` (warm-started as the preset says), or a user's
-    ``module:function`` called as ``function(make_env, tasks, seed)``."""
+    """The main job's policy ``spec`` (warm-started as the preset says for the env of ``setup``),
+    or a user's ``module:function`` called as ``function(make_env, tasks, seed)``."""
     if spec and ":" in spec:
         return pkgutil.resolve_name(spec)(env_factory(setup), tasks, seed)
     if spec:
         setup = replace(setup, policy=spec)
-        preset.envs = {**preset.envs, "_diagnosed": setup}
-    return make_policy(preset, setup, seed, tasks)
+    return make_policy(policy_settings(preset, setup), setup, seed, tasks)
 
 
 def collect(config: str, policy: Any, pool: EnvPool, tasks: list[Any], per_update: int, budget: Budget, batches: int,
@@ -203,12 +203,15 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
     if preset.torch_threads:  # as the main job's workers: on a busy CPU extra threads spin-wait
         torch.set_num_threads(preset.torch_threads)
     policy = build_policy(args.policy, preset, setup, args.seed, tasks)
-    amount = args.budget or preset.for_env("budget", env_name)
+    if args.budget and env_name not in preset.budget:  # a bare setup: the budget given is its only one
+        preset.budget = {**preset.budget, env_name: args.budget}
+    settings = env_config(preset, env_name)
+    amount = args.budget or settings.budget
     if preset.budget_unit != "env_steps" and not args.budget:
         raise SystemExit(f"the {args.preset} preset's budget is in {preset.budget_unit}: give --budget in env steps")
     budget = Budget("env_steps", float(amount))
     rloo = f"rloo-{args.group_size}"
-    per_update = args.tasks_per_update or preset.trainer_for(env_name).tasks_per_update
+    per_update = args.tasks_per_update or settings.trainer.tasks_per_update
     pool = EnvPool([env_factory(setup) for _ in range(args.envs)])
     rows: dict[str, Any] = {}
     mechanisms: dict[str, Mechanism] = {}

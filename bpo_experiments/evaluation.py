@@ -1,7 +1,7 @@
 """Evaluating a policy: sampled episodes on the fixed evaluation tasks, on common random numbers.
 
-The episodes run on the evaluation streams of :mod:`bpo_experiments.streams`; :func:`eval_points`
-says after which updates a run is evaluated.
+The episodes run on the evaluation streams of :mod:`bpo_experiments.streams`; a run is evaluated
+after the updates of its env's :attr:`~bpo_experiments.run_config.EnvConfig.eval_points`.
 """
 
 from __future__ import annotations
@@ -15,20 +15,12 @@ import bpo_envs  # noqa: F401 - registers the ids
 from bpo_algos import data_parallel as dp
 from bpo_algos.policy.base import evaluation_sampling
 from bpo_algos.rollout import EnvPool, RolloutEngine, Topology
-from bpo_experiments.presets import EnvSetup, Preset
+from bpo_experiments.presets import EnvSetup
 from bpo_experiments.streams import (
     EVALUATION,
     stream_seed,
 )
 from bpo_experiments.tasks import extra_eval_tasks
-
-
-def eval_points(preset: Preset, env_name: str) -> list[int]:
-    """The updates after which a run's policy is evaluated: 0 (the warm start), every
-    ``eval_every``, and the last."""
-    updates = preset.trainer_for(env_name).updates
-    every = preset.for_env("eval_every", env_name) or updates
-    return sorted({0, *range(every, updates + 1, every), updates})
 
 
 def evaluate(policy: Any, pool: EnvPool, tasks: list[Any], episodes: int, seed: int, split: int = 0) -> float:

@@ -3,7 +3,7 @@
 Every field of a dataclass becomes a flag (``learning_rate`` -> ``--learning-rate``; a prefix
 names the holder: ``--bpo.branch-factor`` for ``BPOOptions.branch_factor``), typed from its
 annotation (``int``, ``float``, ``str``, ``bool`` as ``--x/--no-x``, ``X | None`` also taking
-``none``, ``tuple[int, ...]`` as several values; a per-env field ``X | dict[str, X]`` takes one
+``none``, ``tuple[int, ...]`` as several values; a field ``X | dict[str, X]`` takes one
 ``X`` for every env), with the field's docstring (the string under it, or its line in the
 class's ``Attributes:`` section) as its help. A flag that is not given leaves the field alone.
 Adding a field to a dataclass is all it takes to get its flag.

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bpo_experiments.presets import GPU_EPISODE_SHAPE, QWEN_7B_PARAMS, Preset
+from bpo_experiments.presets import GPU_EPISODE_SHAPE, QWEN_7B_PARAMS
+from bpo_experiments.run_config import ComparisonConfig, EnvConfig
 
 TARGET_MDE = 0.04
 """The largest detectable effect the plan accepts (success, absolute): 4 points, so that effects
@@ -58,52 +59,46 @@ def mde(sd: float, n: int) -> float:
     return minimal_detectable_effect(sd, n)
 
 
-def eval_points(preset: Preset, env: str) -> int:
-    """Evaluations per run (the main job's evaluation points: update 0, every ``eval_every``, the last)."""
-    from bpo_experiments.evaluation import eval_points as points
-
-    return len(points(preset, env))
-
-
-def run_flops(preset: Preset, env: str, episodes: int) -> dict[str, float]:
+def run_flops(env: EnvConfig, episodes: int) -> dict[str, float]:
     """Training and evaluation flops of one run of ``env`` (module docstring)."""
-    shape = GPU_EPISODE_SHAPE[env]
-    train = preset.trainer_for(env).updates * float(preset.budget[env])
+    shape = GPU_EPISODE_SHAPE[env.name]
+    train = env.trainer.updates * float(env.budget)
     per_episode = shape["steps"] * (shape["prompt_tokens"] + shape["reply_tokens"]) * 2 * QWEN_7B_PARAMS
-    evaluation = eval_points(preset, env) * preset.envs[env].eval_tasks * episodes * per_episode
+    evaluation = len(env.eval_points) * env.setup.eval_tasks * episodes * per_episode
     return {"train": train, "eval": evaluation, "total": train + evaluation}
 
 
-def choose(preset: Preset, env: str, *, max_seeds: int = 16, episode_options: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, Any]:
+def choose(env: EnvConfig, *, max_seeds: int = 16, episode_options: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, Any]:
     """The cheapest (seeds, evaluation episodes) whose detectable effect is <= :data:`TARGET_MDE`
     (SWE-bench: one greedy episode, so only seeds vary)."""
-    tasks = preset.envs[env].eval_tasks
-    options = (1,) if env == "swebench" else episode_options
+    tasks = env.setup.eval_tasks
+    options = (1,) if env.name == "swebench" else episode_options
     best = None
     for episodes in options:
         for n in range(2, max_seeds + 1):
-            effect = mde(planned_sd(env, tasks, episodes), n)
+            effect = mde(planned_sd(env.name, tasks, episodes), n)
             if effect <= TARGET_MDE:
-                cost = n * run_flops(preset, env, episodes)["total"]
+                cost = n * run_flops(env, episodes)["total"]
                 if best is None or cost < best["cost"]:
                     best = {"seeds": n, "eval_episodes": episodes, "mde": effect, "cost": cost}
                 break
     if best is None:
-        raise ValueError(f"{env}: no plan of <= {max_seeds} seeds detects {TARGET_MDE:.0%}")
+        raise ValueError(f"{env.name}: no plan of <= {max_seeds} seeds detects {TARGET_MDE:.0%}")
     return best
 
 
-def gpu_plan(preset: Preset) -> dict[str, Any]:
+def gpu_plan(comparison: ComparisonConfig) -> dict[str, Any]:
     """Per env: seeds, evaluation episodes, the assumed spread and its source, the detectable
     effect, runs, flops and GPU-hours on one H200 and on 8 x H100 (module docstring)."""
     out: dict[str, Any] = {}
     per_gpu = PEAK_BF16_FLOPS["H100"] * ASSUMED_MFU
-    for env, setup in preset.envs.items():
-        n = len(preset.for_env("seeds", env))
-        episodes = preset.for_env("eval_episodes", env)
+    for env, settings in comparison.envs.items():
+        setup = settings.setup
+        n = len(settings.seeds)
+        episodes = settings.evaluation.episodes
         sd = planned_sd(env, setup.eval_tasks, episodes)
-        runs = n * len(preset.algorithms)
-        flops = run_flops(preset, env, episodes)
+        runs = n * len(comparison.algorithms)
+        flops = run_flops(settings, episodes)
         total = runs * flops["total"]
         gpu_hours = total / per_gpu / 3600
         out[env] = {

@@ -27,6 +27,7 @@ from bpo_envs.files import (
 )
 from bpo_envs.sealed import SealError, seal, unseal
 from bpo_experiments.presets import (
+    ENV_SETTINGS,
     PER_ENV_FIELDS,
     EnvSetup,
     Preset,
@@ -217,10 +218,12 @@ def _setting(preset: dict[str, Any]) -> dict[str, Any]:
 
 
 def _env_setup_defaults() -> dict[str, Any]:
-    """:class:`EnvSetup`'s defaults as :func:`preset_dict` writes them."""
+    """:class:`EnvSetup`'s defaults as :func:`preset_dict` writes them, but its
+    :data:`~bpo_experiments.presets.ENV_SETTINGS` (a setting keeps them beside the setup)."""
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 for f in dataclasses.fields(EnvSetup)
-                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+                if (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
+                and f.name not in ENV_SETTINGS}
     return json.loads(json.dumps(defaults, default=str))
 
 
@@ -231,15 +234,21 @@ def _tuning_defaults() -> dict[str, Any]:
 
 def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
     """What of a preset (as :func:`preset_dict` data) env ``env``'s runs depend on: its own
-    ``EnvSetup``, its entry of every per-env field, and every other field but the loggers'
-    (:func:`_setting`)."""
+    ``EnvSetup``, its value of every per-env setting, and every other field but the loggers'
+    (:func:`_setting`). One shape for the data of every version (``setting.json``): the per-env
+    settings beside the setup, as the presets before ``EnvSetup`` held them wrote them (each a
+    preset field, one value or ``{env: value}``)."""
     out: dict[str, Any] = {}
+    defaults = {f.name: f.default for f in dataclasses.fields(EnvSetup) if f.name in ENV_SETTINGS}
     for key, value in _setting(saved).items():
         if key == "envs":
-            out[key] = value.get(env)
+            setup = value.get(env)
+            if isinstance(setup, dict):  # this version's: the settings in the setup
+                setup = dict(setup)
+                out.update({k: setup.pop(k) for k in ENV_SETTINGS if k in setup})
+            out[key] = setup
         elif key in PER_ENV_FIELDS and isinstance(value, dict):
-            default = Preset.__dataclass_fields__[key].default
-            out[key] = value.get(env, None if key == "budget" else default)
+            out[key] = value.get(env, None if key == "budget" else json.loads(json.dumps(defaults[key])))
         else:
             out[key] = value
     return out

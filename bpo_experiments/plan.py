@@ -30,18 +30,18 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bpo_envs.files import CorruptFileError, read_json
-from bpo_experiments.build import build_algorithm, make_policy, option_kinds, trainer_config
-from bpo_experiments.evaluation import eval_points, evaluate_episodes
+from bpo_experiments.build import make_policy
+from bpo_experiments.evaluation import evaluate_episodes
 from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
-from bpo_experiments.presets import Preset
-from bpo_experiments.probes import probes_on
+from bpo_experiments.presets import EnvSetup, Preset, setup_data
+from bpo_experiments.run_config import ComparisonConfig, comparison_config
 from bpo_experiments.significance import minimal_detectable_effect, power
 from bpo_experiments.stats import METRICS
 from bpo_experiments.tasks import env_factory, eval_env_factory, task_sets, task_split
@@ -53,9 +53,9 @@ timed)."""
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
-def recorded(preset: Preset, plan_from: Path | None, env: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def recorded(comparison: ComparisonConfig, plan_from: Path | None, env: str) -> tuple[dict[str, Any] | None, str | None]:
     """The saved results the plan of ``env`` uses and where they came from (None, None: none):
-    ``plan_from``, else the preset's ``recorded_results`` for ``env``."""
+    ``plan_from``, else the env's ``recorded_results``."""
     if plan_from is not None:
         if not plan_from.exists():
             raise SystemExit(f"--plan-from {plan_from}: no such file")
@@ -63,7 +63,7 @@ def recorded(preset: Preset, plan_from: Path | None, env: str | None = None) -> 
             return read_json(plan_from), str(plan_from)
         except CorruptFileError as exc:
             raise SystemExit(f"--plan-from: {exc}") from None
-    name = preset.for_env("recorded_results", env) if env is not None else preset.recorded_results
+    name = comparison.envs[env].recorded_results
     if isinstance(name, str):
         path = REPOSITORY / name
         if path.exists():
@@ -71,41 +71,41 @@ def recorded(preset: Preset, plan_from: Path | None, env: str | None = None) -> 
     return None, None
 
 
-def pilot_settings(preset: Preset, env: str) -> dict[str, Any]:
+def pilot_settings(comparison: ComparisonConfig, env: str) -> dict[str, Any]:
     """What a pilot of ``env`` measured depends on: the env's setup, budget, policy, warm start,
     pool, evaluation episodes and the comparator's options. A recorded pilot sizes a plan only
     while these are the same."""
-    setup = preset.envs[env]
+    e = comparison.envs[env]
     return json.loads(json.dumps({
-        "setup": asdict(setup), "budget": preset.budget[env], "budget_unit": preset.budget_unit, "policy": preset.policy,
-        "sft_epochs": preset.sft_epochs, "sft_lr": preset.sft_lr, "pool_size": preset.pool_size, "torch_threads": preset.torch_threads,
-        "eval_episodes": preset.for_env("eval_episodes", env), "comparator": preset.comparator,
-        "options": build_algorithm(preset.comparator, preset, 0, env).config(),
+        "setup": setup_data(e.setup), "budget": e.budget, "budget_unit": e.budget_unit, "policy": comparison.policy,
+        "sft_epochs": comparison.sft_epochs, "sft_lr": comparison.sft_lr, "pool_size": e.pool_size, "torch_threads": e.torch_threads,
+        "eval_episodes": e.evaluation.episodes, "comparator": comparison.comparator,
+        "options": comparison.comparator_specs[env].build().config(),
     }, default=str))
 
 
-def recorded_pilot(preset: Preset, env: str) -> tuple[dict[str, Any] | None, str | None]:
+def recorded_pilot(comparison: ComparisonConfig, env: str) -> tuple[dict[str, Any] | None, str | None]:
     """``env``'s pilot in the preset's ``recorded_pilots`` when it was measured with the preset's
     settings (:func:`pilot_settings`), and where it came from; (None, None) otherwise."""
-    if not preset.recorded_pilots:
+    if not comparison.recorded_pilots:
         return None, None
-    path = REPOSITORY / preset.recorded_pilots
+    path = REPOSITORY / comparison.recorded_pilots
     try:
         saved = read_json(path) if path.exists() else {}
     except CorruptFileError:
         return None, None
     entry = saved.get("per_env", {}).get(env)
-    if not entry or entry.get("settings") != pilot_settings(preset, env):
+    if not entry or entry.get("settings") != pilot_settings(comparison, env):
         return None, None
-    return entry, f"{preset.recorded_pilots} (measured {entry.get('measured', '?')}, {entry.get('uptime', '')})"
+    return entry, f"{comparison.recorded_pilots} (measured {entry.get('measured', '?')}, {entry.get('uptime', '')})"
 
 
-def save_pilots(preset: Preset, pilots: dict[str, dict[str, Any]]) -> Path | None:
+def save_pilots(comparison: ComparisonConfig, pilots: dict[str, dict[str, Any]]) -> Path | None:
     """Write the pilots measured now into the preset's ``recorded_pilots`` (``--plan --pilot``),
     keeping the other envs'; None when the preset names no such file."""
-    if not preset.recorded_pilots:
+    if not comparison.recorded_pilots:
         return None
-    path = REPOSITORY / preset.recorded_pilots
+    path = REPOSITORY / comparison.recorded_pilots
     saved = read_json(path) if path.exists() else {}
     per_env = {**saved.get("per_env", {}), **pilots}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,29 +114,30 @@ def save_pilots(preset: Preset, pilots: dict[str, dict[str, Any]]) -> Path | Non
     return path
 
 
-def _pilot(preset: Preset, env: str) -> dict[str, Any]:
+def _pilot(comparison: ComparisonConfig, env: str) -> dict[str, Any]:
     """Seconds per update, per evaluation and per initial policy, flops per update and the warm
     start's success, measured on the first seed."""
     from bpo_algos.rollout import EnvPool as Pool
     from bpo_algos.trainer import Trainer
 
-    setup = preset.envs[env]
-    seed = list(preset.for_env("seeds", env))[0]
+    e = comparison.envs[env]
+    setup = e.setup
+    seed = e.seeds[0]
     train_tasks, eval_tasks = task_split(setup)
     t0 = time.perf_counter()
-    policy = make_policy(preset, setup, seed, train_tasks)
+    policy = make_policy(e.policy, setup, seed, train_tasks)
     build = time.perf_counter() - t0
-    pool = Pool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    pool = Pool([eval_env_factory(setup)] * e.pool_size, workers=setup.workers)
     try:
         t0 = time.perf_counter()
-        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env), seed)
+        wins = evaluate_episodes(policy, pool, eval_tasks, e.evaluation.episodes, seed)
         evaluation = time.perf_counter() - t0
     finally:
         pool.close()
-    pool = Pool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    pool = Pool([env_factory(setup)] * e.pool_size, workers=setup.workers)
     try:
-        algorithm = build_algorithm(preset.comparator, preset, seed, env)
-        config = replace(trainer_config(preset, env, seed, len(train_tasks)), updates=PILOT_UPDATES, out_dir=None, save_trees_every=0)
+        algorithm = comparison.comparator_specs[env].build(seed=seed)
+        config = replace(e.run_trainer(seed, len(train_tasks)), updates=PILOT_UPDATES, out_dir=None, save_trees_every=0)
         stamps: list[float] = []
         history = Trainer(algorithm, policy, pool, train_tasks, config).train(after_update=lambda _: stamps.append(time.perf_counter()))
         update = (stamps[-1] - stamps[1]) / (PILOT_UPDATES - 1)
@@ -152,20 +153,20 @@ def _pilot(preset: Preset, env: str) -> dict[str, Any]:
     }
 
 
-def extra_runs(preset: Preset, env: str) -> dict[str, list[str]]:
+def extra_runs(comparison: ComparisonConfig, env: str) -> dict[str, list[str]]:
     """The runs tuning adds on ``env`` (:mod:`bpo_experiments.tuning`), as the algorithm each
     costs like: ``{"tuning": [...], "defaults": [...]}``: every candidate of every tuned kind
     once per tuning seed, and the treatment and the comparator at their defaults once per
     evaluation seed of the secondary row (counted even where a default will equal the tuned choice)."""
-    tuning = preset.tuning
+    tuning = comparison.tuning
     if tuning is None or not tuning.tunes(env):
         return {"tuning": [], "defaults": []}
-    kinds = option_kinds(preset.algorithms, preset)
+    kinds = comparison.kinds
     tuned = [k for k in dict.fromkeys(kinds.values()) if k in tuning.grids]
     runs_as = {k: next(a for a, kind in kinds.items() if kind == k) for k in tuned}
     tuning_runs = [runs_as[k] for k in tuned if len(tuning.grid(k)) > 1 for _ in tuning.grid(k) for _ in tuning.seeds]
-    seeds = list(preset.for_env("seeds", env))[: tuning.default_seeds]
-    defaults = [a for a in (preset.treatment, preset.comparator) if kinds.get(a) in tuned for _ in seeds]
+    seeds = list(comparison.envs[env].seeds)[: tuning.default_seeds]
+    defaults = [a for a in (comparison.treatment, comparison.comparator) if kinds.get(a) in tuned for _ in seeds]
     return {"tuning": tuning_runs, "defaults": defaults}
 
 
@@ -174,44 +175,46 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
     tuning's runs (:func:`extra_runs`) are counted and costed like their algorithm's. ``pilot``
     (``--plan --pilot``): every env sized by a pilot run now, written to the preset's
     ``recorded_pilots`` (:func:`save_pilots`)."""
+    comparison = comparison_config(preset)
     envs: dict[str, Any] = {}
     measured: dict[str, dict[str, Any]] = {}
     total_seconds = 0.0
-    for env, setup in preset.envs.items():
-        seeds = list(preset.for_env("seeds", env))
+    for env, settings in comparison.envs.items():
+        setup = settings.setup
+        seeds = list(settings.seeds)
         n = len(seeds)
-        updates = preset.trainer_for(env).updates
-        points = eval_points(preset, env)
-        probing = [s for s in seeds if probes_on(preset, env, s)]
-        extra = extra_runs(preset, env)
+        updates = settings.trainer.updates
+        points = list(settings.eval_points)
+        probing = [s for s in seeds if settings.probes_on(s)]
+        extra = extra_runs(comparison, env)
         entry: dict[str, Any] = {
             "seeds": seeds,
-            "algorithms": list(preset.algorithms),
-            "runs": n * len(preset.algorithms) + len(extra["tuning"]) + len(extra["defaults"]),
+            "algorithms": list(comparison.algorithms),
+            "runs": n * len(comparison.algorithms) + len(extra["tuning"]) + len(extra["defaults"]),
             "tuning_runs": len(extra["tuning"]),
             "default_runs": len(extra["defaults"]),
             "updates": updates,
-            "budget_per_update": preset.budget[env],
-            "budget_unit": preset.budget_unit,
+            "budget_per_update": settings.budget,
+            "budget_unit": settings.budget_unit,
             "evaluations_per_run": len(points),
             "eval_tasks": setup.eval_tasks,
-            "eval_episodes": preset.for_env("eval_episodes", env),
+            "eval_episodes": settings.evaluation.episodes,
             "probe_seeds": probing,
-            "compute_per_run": updates * preset.budget[env],
+            "compute_per_run": settings.horizon,
         }
-        saved, source = (None, None) if pilot else recorded(preset, plan_from, env)
+        saved, source = (None, None) if pilot else recorded(comparison, plan_from, env)
         record = (saved or {}).get("per_env", {}).get(env) if saved else None
         if record and "vs_comparator" in record:  # (an older results.json has no paired spreads)
-            run_seconds = _size_from_record(preset, env, entry, n, updates, saved, source, record)
-        elif preset.gpus and env in ASSUMED_SPREAD and not pilot:
-            run_seconds = _size_from_gpu_plan(preset, env, entry, n)
+            run_seconds = _size_from_record(comparison, env, entry, n, updates, saved, source, record)
+        elif comparison.gpus and env in ASSUMED_SPREAD and not pilot:
+            run_seconds = _size_from_gpu_plan(comparison, env, entry, n)
         else:
-            earlier, where = (None, None) if pilot else recorded_pilot(preset, env)
-            run_seconds = _size_from_pilot(preset, env, entry, n, updates, seeds, points, probing, progress, earlier, where)
+            earlier, where = (None, None) if pilot else recorded_pilot(comparison, env)
+            run_seconds = _size_from_pilot(comparison, env, entry, n, updates, seeds, points, probing, progress, earlier, where)
             if earlier is None:
-                measured[env] = {"pilot": entry["pilot"], "settings": pilot_settings(preset, env),
+                measured[env] = {"pilot": entry["pilot"], "settings": pilot_settings(comparison, env),
                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "uptime": _load()}
-        translations = translation_cost(preset, env)
+        translations = translation_cost(settings.setup)
         if translations:
             entry["translations"] = translations
             run_seconds += translations["cpu_seconds"]
@@ -222,10 +225,10 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
         total_seconds += run_seconds
         envs[env] = entry
     result = {
-        "preset_algorithms": list(preset.algorithms),
-        "treatment": preset.treatment,
-        "comparator": preset.comparator,
-        "primary_metric": preset.primary_metric,
+        "preset_algorithms": list(comparison.algorithms),
+        "treatment": comparison.treatment,
+        "comparator": comparison.comparator,
+        "primary_metric": comparison.primary_metric,
         "jobs": jobs,
         "per_env": envs,
         "runs": sum(e["runs"] for e in envs.values()),
@@ -233,7 +236,7 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
         "wall_seconds": total_seconds / jobs,
     }
     if pilot:
-        written = save_pilots(preset, measured)
+        written = save_pilots(comparison, measured)
         result["pilots_saved"] = str(written) if written else None
     print(render(result))
     if pilot:
@@ -247,11 +250,10 @@ def _load() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
-def translation_cost(preset: Preset, env: str) -> dict[str, Any] | None:
-    """The ALFWorld game translations ``env``'s comparison will make before it starts (the games
-    it plays that have none on disk, :mod:`bpo_envs.alfworld.translations`) and their CPU
-    seconds; None for another env or when every one is made."""
-    setup = preset.envs[env]
+def translation_cost(setup: EnvSetup) -> dict[str, Any] | None:
+    """The ALFWorld game translations the comparison will make before it starts on the env of
+    ``setup`` (the games it plays that have none on disk, :mod:`bpo_envs.alfworld.translations`)
+    and their CPU seconds; None for another env or when every one is made."""
     if setup.env_id != "BPO-ALFWorld-v0" or setup.servers:
         return None
     from bpo_envs.alfworld.translations import SECONDS_PER_TRANSLATION, untranslated
@@ -263,7 +265,7 @@ def translation_cost(preset: Preset, env: str) -> dict[str, Any] | None:
     return {"games": missing, "cpu_seconds": missing * SECONDS_PER_TRANSLATION}
 
 
-def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, saved: dict[str, Any],
+def _size_from_record(comparison: ComparisonConfig, env: str, entry: dict[str, Any], n: int, updates: int, saved: dict[str, Any],
                       source: str, record: dict[str, Any]) -> float:
     """Size ``env``'s runs from a recorded ``results.json`` (its costs and paired spreads) into
     ``entry``; returns their seconds."""
@@ -272,8 +274,8 @@ def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, u
     old_updates = old_updates.get(env) if isinstance(old_updates, dict) else old_updates
     scale = updates / old_updates if old_updates else 1.0
     seconds, flops = {}, {}
-    for a in preset.algorithms:
-        r = record["algorithms"].get(a) or record["algorithms"].get(preset.comparator) or next(iter(record["algorithms"].values()))
+    for a in comparison.algorithms:
+        r = record["algorithms"].get(a) or record["algorithms"].get(comparison.comparator) or next(iter(record["algorithms"].values()))
         seconds[a] = r.get("seconds_per_run", 0.0) * scale
         flops[a] = r["compute"].get("flops", float("nan")) * updates
     entry["seconds_per_run"] = seconds
@@ -284,76 +286,76 @@ def _size_from_record(preset: Preset, env: str, entry: dict[str, Any], n: int, u
     run_seconds += n * timing.get("initial_seconds_total", 0.0) / pairs
     mde: dict[str, dict[str, float]] = {}
     for a, vs in record.get("vs_comparator", {}).items():
-        if a not in preset.algorithms:
+        if a not in comparison.algorithms:
             continue
         mde[a] = {m: minimal_detectable_effect(vs[m]["sd"], n) for m in METRICS if m in vs and vs[m].get("sd") is not None}
     entry["mde"] = mde
     entry["mde_basis"] = f"the per-seed spread of each paired difference in {source}, at {n} seeds"
-    entry["calibration_power"] = calibration_power(preset, record, n)
+    entry["calibration_power"] = calibration_power(comparison, record, n)
     return run_seconds
 
 
-def calibration_power(preset: Preset, record: dict[str, Any], n: int) -> dict[str, Any] | None:
+def calibration_power(comparison: ComparisonConfig, record: dict[str, Any], n: int) -> dict[str, Any] | None:
     """The power of the headline (the treatment − the comparator on the primary metric, paired
     over ``n`` seeds) to detect an effect the size of the recorded calibration (``rloo-2x`` −
     the comparator: what halving the gradient variance buys), at the recorded headline spread
     (:func:`~bpo_experiments.significance.power`); None when the record has no calibration or spread."""
-    metric, calibration = preset.primary_metric, preset.calibration_control
+    metric, calibration = comparison.primary_metric, comparison.calibration_control
     vs = record.get("vs_comparator", {})
-    head, cal = (vs.get(preset.treatment) or {}).get(metric), (vs.get(calibration) or {}).get(metric)
+    head, cal = (vs.get(comparison.treatment) or {}).get(metric), (vs.get(calibration) or {}).get(metric)
     if not head or not cal or head.get("sd") is None:
         return None
     return {"metric": metric, "calibration": calibration, "effect": cal["diff"], "sd": head["sd"], "seeds": n,
             "power": power(cal["diff"], head["sd"], n), "mde": minimal_detectable_effect(head["sd"], n)}
 
 
-def _size_from_gpu_plan(preset: Preset, env: str, entry: dict[str, Any], n: int) -> float:
+def _size_from_gpu_plan(comparison: ComparisonConfig, env: str, entry: dict[str, Any], n: int) -> float:
     """Size a GPU preset's runs of ``env`` from named assumptions (:mod:`bpo_experiments.gpu_plan`:
     no CPU pilot can run its model) into ``entry``; returns their seconds."""
     # a GPU preset: no CPU pilot can run its model; sized from named assumptions
-    row = gpu_plan(preset)[env]
+    row = gpu_plan(comparison)[env]
     entry["source"] = (
         f"assumed (bpo_experiments.gpu_plan): flops from the preset's budget and episode shape, "
         f"{ASSUMED_MFU:.0%} of {PEAK_BF16_FLOPS['H100'] / 1e12:.0f} TFLOPS per GPU"
     )
-    seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / preset.gpus  # on the preset's GPUs
-    entry["seconds_per_run"] = {a: seconds_per_run for a in preset.algorithms}
-    entry["flops_per_run"] = {a: row["flops_per_run"]["total"] for a in preset.algorithms}
+    seconds_per_run = row["gpu_hours"] * 3600 / row["runs"] / comparison.gpus  # on the preset's GPUs
+    entry["seconds_per_run"] = {a: seconds_per_run for a in comparison.algorithms}
+    entry["flops_per_run"] = {a: row["flops_per_run"]["total"] for a in comparison.algorithms}
     entry["gpu_hours"] = row["gpu_hours"]
     entry["days_on_1xH200"] = row["days_on_1xH200"]
     entry["days_on_8xH100"] = row["days_on_8xH100"]
-    run_seconds = row["gpu_hours"] * 3600 / preset.gpus
-    entry["mde"] = {a: {"final": row["mde"]} for a in preset.algorithms if a != preset.comparator}
+    run_seconds = row["gpu_hours"] * 3600 / comparison.gpus
+    entry["mde"] = {a: {"final": row["mde"]} for a in comparison.algorithms if a != comparison.comparator}
     entry["mde_basis"] = f"sd {row['sd_assumed']:.3f} per seed: {row['sd_source']} ({n} seeds)"
     return run_seconds
 
 
-def _size_from_pilot(preset: Preset, env: str, entry: dict[str, Any], n: int, updates: int, seeds: list[int],
+def _size_from_pilot(comparison: ComparisonConfig, env: str, entry: dict[str, Any], n: int, updates: int, seeds: list[int],
                      points: list[int], probing: list[int], progress: bool, earlier: dict[str, Any] | None = None,
                      where: str | None = None) -> float:
     """Size ``env``'s runs from a short pilot of the comparator (:func:`_pilot`; ``earlier``: one
     recorded at ``where`` instead) into ``entry``; returns their seconds."""
     if earlier is not None:
         pilot = earlier["pilot"]
-        entry["source"] = f"recorded pilot: {where}: {preset.comparator}, {PILOT_UPDATES} updates (every algorithm assumed to cost what it does)"
+        entry["source"] = f"recorded pilot: {where}: {comparison.comparator}, {PILOT_UPDATES} updates (every algorithm assumed to cost what it does)"
     else:
         if progress:
-            print(f"pilot on {env}: the comparator {preset.comparator} for {PILOT_UPDATES} updates ...", flush=True)
-        pilot = _pilot(preset, env)
-        entry["source"] = f"pilot: {preset.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
+            print(f"pilot on {env}: the comparator {comparison.comparator} for {PILOT_UPDATES} updates ...", flush=True)
+        pilot = _pilot(comparison, env)
+        entry["source"] = f"pilot: {comparison.comparator}, {PILOT_UPDATES} updates, seed {seeds[0]} (every algorithm assumed to cost what it does)"
     entry["pilot"] = pilot
-    probe_batches = 2 * (preset.for_env("grad_batches", env) + 1)
+    probe_batches = 2 * (comparison.envs[env].probes.batches + 1)
     per_run = updates * pilot["seconds_per_update"] + (len(points) - 1) * pilot["seconds_per_eval"]
     probe = probe_batches * pilot["seconds_per_update"]
-    seconds = {a: per_run for a in preset.algorithms}
+    seconds = {a: per_run for a in comparison.algorithms}
     entry["seconds_per_run"] = seconds
-    entry["flops_per_run"] = {a: pilot["flops_per_update"] * updates for a in preset.algorithms}
-    run_seconds = n * sum(seconds.values()) + len(probing) * len(preset.algorithms) * probe + n * pilot["seconds_initial"]
+    entry["flops_per_run"] = {a: pilot["flops_per_update"] * updates for a in comparison.algorithms}
+    run_seconds = n * sum(seconds.values()) + len(probing) * len(comparison.algorithms) * probe + n * pilot["seconds_initial"]
     episodes = max(pilot["eval_episodes_total"], 1)
     # (wins + 1/2) / (episodes + 1): a success of exactly 0 or 1 in the pilot still has noise
     p = (pilot["warm_success"] * episodes + 0.5) / (episodes + 1)
     sd = math.sqrt(2 * p * (1 - p) / episodes)
-    entry["mde"] = {a: {"final": minimal_detectable_effect(sd, n)} for a in preset.algorithms if a != preset.comparator}
+    entry["mde"] = {a: {"final": minimal_detectable_effect(sd, n)} for a in comparison.algorithms if a != comparison.comparator}
     entry["mde_basis"] = (
         f"evaluation noise alone (warm start success {pilot['warm_success']:.3f}, {episodes} episodes per evaluation, {n} seeds): "
         "a lower bound, training adds its own spread"

@@ -1,9 +1,12 @@
 """Experiment settings of the main job: how each env is set up, and the presets.
 
-A :class:`Preset` is a full setting: the envs (:class:`EnvSetup`), a
+A :class:`Preset` is a full setting: the envs (:class:`EnvSetup`: how each is made, its tasks,
+and its own settings of the comparison: seeds, evaluation, probes), a
 :class:`~bpo_algos.trainer_config.TrainerConfig`, the algorithms with their option dataclasses
 (the shared :class:`~bpo_algos.algorithm.AlgorithmConfig` and each algorithm's own, e.g.
-:class:`~bpo_algos.bpo.BPOOptions`), and the main job's own settings (policy, seeds, budgets).
+:class:`~bpo_algos.bpo.BPOOptions`), and the main job's own settings (policy, budgets). It is
+read by :mod:`bpo_experiments.run_config` only, which resolves it into typed settings per env
+and per run.
 Nothing is declared twice: ``bpo-compare``'s flags are generated from these dataclasses
 (:mod:`bpo_experiments.flags`).
 """
@@ -11,9 +14,7 @@ Nothing is declared twice: ``bpo-compare``'s flags are generated from these data
 from __future__ import annotations
 
 import json
-import types
-import typing
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from baselines.gigpo import GiGPOOptions
@@ -72,14 +73,84 @@ class EnvSetup:
     """``bpo-serve`` servers of this env (docs/serving.md): the runs step ``BPO-Remote-v0``
     sessions of them, round robin, instead of envs in their own process (``--env-server``)."""
 
+    # -- the comparison's settings on this env (a flag of the same name sets one for every env)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """The evaluation seeds: one initial policy and one run per algorithm each."""
+    eval_every: int = 5
+    """Evaluate every run's policy on the evaluation tasks after every this many updates (and at
+    update 0, the warm start, and after the last)."""
+    eval_episodes: int = 2
+    """Sampled episodes per evaluation task at every evaluation."""
+    target_success: float = 1.0
+    """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to
+    this success."""
+    grad_batches: int = 32
+    """Independent batches of each gradient probe (warm start and mid-training; the bootstrap
+    interval of the signal-to-noise ratio resamples them)."""
+    grad_seeds: int | None = None
+    """The first this many seeds probe their gradients (None: all)."""
+    reference_batches: int = 64
+    """RLOO batches whose mean is the reference gradient of the cosine diagnostic (at most this
+    many where ``reference_precision`` is set)."""
+    grad_precision: float | None = None
+    """The precision target of each gradient probe: as many batches (at most ``grad_batches``)
+    as make the relative standard error of its signal-to-noise ratio at most this, predicted from
+    batches independent of the probe's (docs/main-job.md, "Gradient probes"); None:
+    ``grad_batches`` batches."""
+    reference_precision: float | None = None
+    """The precision target of the reference gradient: as many batches (at most
+    ``reference_batches``) as make the noise of their mean at most this squared of its signal;
+    None: ``reference_batches`` batches."""
+    eval_temperature: float | None = None
+    """Sampling temperature of evaluation episodes (None: the preset's ``temperature``; 0: greedy)."""
+    max_model_len: int | None = None
+    """LLM policies: the longest prompt + answer (None: the model config's)."""
+    recorded_results: str | None = None
+    """A saved ``results.json`` of this setting (a path relative to the repository root) that
+    ``bpo-compare --plan`` takes the env's costs and seed-to-seed spread from."""
+
     def __post_init__(self) -> None:
         self.servers = tuple(self.servers)
+        self.seeds = tuple(self.seeds)
+        if self.eval_temperature is not None and not self.eval_temperature >= 0:
+            raise ValueError(f"--eval-temperature must be >= 0 (0: greedy), got {self.eval_temperature}")
         unknown = set(self.trainer) - set(TrainerConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"EnvSetup.trainer: {sorted(unknown)} are not TrainerConfig fields")
         wrong = sorted(k for k, v in self.options.items() if not isinstance(v, Options))
         if wrong:
             raise TypeError(f"EnvSetup.options: {wrong} must be algorithm option dataclasses (e.g. GiGPOOptions)")
+
+
+ENV_SETTINGS: tuple[str, ...] = (
+    "target_success", "eval_every", "seeds", "eval_episodes", "grad_batches", "grad_seeds", "reference_batches",
+    "grad_precision", "reference_precision", "recorded_results", "max_model_len", "eval_temperature",
+)
+"""The comparison's settings that are each env's own (:class:`EnvSetup` fields): before they
+were, each was a :class:`Preset` field holding one value or ``{env: value}``, as the files of
+earlier versions (``preset.json``, ``config.yaml``) still write them (:func:`with_env_settings`)."""
+
+
+def with_env_settings(envs: dict[str, EnvSetup], settings: dict[str, Any]) -> dict[str, EnvSetup]:
+    """``envs`` with ``settings`` (:data:`ENV_SETTINGS` written as a preset field: one value for
+    every env, or ``{env: value}``, whose envs not named get the field's default); the converter
+    from the format of earlier versions, and ``--seeds`` and its kind (one value, every env)."""
+    unknown = sorted(set(settings) - set(ENV_SETTINGS))
+    if unknown:
+        raise ValueError(f"{unknown} are not per-env settings ({', '.join(ENV_SETTINGS)})")
+    defaults = {f.name: f.default for f in fields(EnvSetup) if f.name in ENV_SETTINGS}
+    out = {}
+    for name, setup in envs.items():
+        changes = {key: (value.get(name, defaults[key]) if isinstance(value, dict) else value) for key, value in settings.items()}
+        out[name] = replace(setup, **changes)
+    return out
+
+
+def setup_data(setup: EnvSetup) -> dict[str, Any]:
+    """``setup`` as plain data without its :data:`ENV_SETTINGS`: how the env is made and which
+    tasks train and evaluate (what a run's ``config.json`` and a recorded pilot hold as its
+    ``setup``; the settings are beside it)."""
+    return {k: v for k, v in asdict(setup).items() if k not in ENV_SETTINGS}
 
 
 def with_server(envs: dict[str, EnvSetup], base_url: str) -> dict[str, EnvSetup]:
@@ -116,8 +187,10 @@ def _trainer(**changes: Any) -> TrainerConfig:
 class Preset:
     """A full experiment setting; command-line flags override its fields.
 
-    Fields that may be per env take a dict keyed by env name (:meth:`for_env`); training
-    settings per env are :attr:`EnvSetup.trainer`.
+    What is each env's own is an :class:`EnvSetup` field (its seeds, evaluation, probes:
+    :data:`ENV_SETTINGS`; its training settings over the preset's :attr:`EnvSetup.trainer`). A
+    preset is read by :mod:`bpo_experiments.run_config` only, which resolves each env's and each
+    run's settings from it.
     """
 
     envs: dict[str, EnvSetup]
@@ -159,43 +232,13 @@ class Preset:
     tuning: TuningConfig | None = None
     """The tuning protocol (``bpo-compare --tune``; :mod:`bpo_experiments.tuning`), or None:
     every algorithm at the preset's options."""
-    target_success: float | dict[str, float] = 1.0
-    """``compute_to_threshold`` waits for the warm start plus ``threshold_fraction`` of the gap to
-    this success (per env)."""
     threshold_fraction: float = 0.5
     """The fraction of the gap from the warm start to ``target_success`` that
     ``compute_to_threshold`` waits for (per seed: each seed has its own warm start)."""
-    eval_every: int | dict[str, int] = 5
-    """Evaluate every run's policy on the evaluation tasks after every this many updates (and at
-    update 0, the warm start, and after the last)."""
-    seeds: tuple[int, ...] | dict[str, tuple[int, ...]] = (0, 1, 2)
-    """Seeds of every env, or per env (as ``eval_episodes``, ``grad_batches``)."""
     budget_unit: str = "env_steps"
     """The compute unit of the budgets (``bpo_algos.COMPUTE_UNITS``); the others are reported."""
     budget: dict[str, float] = field(default_factory=dict)
     """Per-update budget per env (in ``budget_unit``)."""
-    eval_episodes: int | dict[str, int] = 2
-    """Sampled episodes per evaluation task at every evaluation."""
-    grad_batches: int | dict[str, int] = 32
-    """Independent batches of each gradient probe (warm start and mid-training; the bootstrap
-    interval of the signal-to-noise ratio resamples them)."""
-    grad_seeds: int | None | dict[str, int | None] = None
-    """The first this many seeds of each env probe their gradients (None: all; per env)."""
-    reference_batches: int | dict[str, int] = 64
-    """RLOO batches whose mean is the reference gradient of the cosine diagnostic (at most this
-    many where ``reference_precision`` is set)."""
-    grad_precision: float | None | dict[str, float | None] = None
-    """The precision target of each gradient probe: as many batches (at most ``grad_batches``)
-    as make the relative standard error of its signal-to-noise ratio at most this, predicted from
-    batches independent of the probe's (docs/main-job.md, "Gradient probes"); None:
-    ``grad_batches`` batches."""
-    reference_precision: float | None | dict[str, float | None] = None
-    """The precision target of the reference gradient: as many batches (at most
-    ``reference_batches``) as make the noise of their mean at most this squared of its signal;
-    None: ``reference_batches`` batches."""
-    recorded_results: str | None | dict[str, str | None] = None
-    """A saved ``results.json`` of this preset (a path relative to the repository root; per env)
-    that ``bpo-compare --plan`` takes the env's costs and seed-to-seed spread from."""
     recorded_pilots: str | None = None
     """The pilots of ``bpo-compare --plan`` measured for this preset (a JSON file relative to the
     repository root, written by ``--plan --pilot``): an env with no recorded results is sized
@@ -214,9 +257,7 @@ class Preset:
     """LLM policies: generate with vLLM (training stays in transformers)."""
     pool_size: int = 4
     """Envs in each run's pool; the trees in flight are a quarter of it unless ``shared`` sets
-    ``max_parallel_trees`` (:meth:`max_parallel_trees`)."""
-    max_model_len: int | None | dict[str, int | None] = None
-    """LLM policies: the longest prompt + answer (None: the model config's), or per env."""
+    ``max_parallel_trees`` (:func:`~bpo_experiments.run_config.max_parallel_trees`)."""
     torch_threads: int | None = None
     """CPU threads for torch (None: torch's default). One thread makes small models faster
     (no synchronisation) and their training bit-reproducible."""
@@ -231,30 +272,10 @@ class Preset:
     """Completions per ``probe`` decision entropy."""
     reference_offload: bool = False
     """A full fine-tune's KL reference kept in host memory, streamed to the GPU a module at a time."""
-    eval_temperature: float | None | dict[str, float | None] = None
-    """Sampling temperature of evaluation episodes (None: ``temperature``; 0: greedy), or per env."""
     gpus: int | None = None
     """GPUs the preset runs on (None: not a GPU preset); its memory plan must fit them."""
     gpu_gb: float = 80.0
     """Memory of each of those GPUs, GB."""
-
-    def for_env(self, name: str, env: str) -> Any:
-        """Field ``name`` for ``env``: its per-env value when the field is a dict (the field's
-        default for an env the dict does not name)."""
-        value = getattr(self, name)
-        if isinstance(value, dict):
-            return value[env] if env in value else Preset.__dataclass_fields__[name].default
-        return value
-
-    def max_parallel_trees(self) -> int:
-        """The trees each run grows at once: ``shared.max_parallel_trees`` when the preset sets
-        it, else a quarter of :attr:`pool_size` (at least 1), so that every tree in flight has
-        envs to fork into."""
-        return self.shared.max_parallel_trees or max(1, self.pool_size // 4)
-
-    def trainer_for(self, env: str) -> TrainerConfig:
-        """The training settings of ``env``: :attr:`trainer` with the env's own fields."""
-        return replace(self.trainer, **self.envs[env].trainer)
 
 
 QWEN_7B_PARAMS = 7_615_616_512
@@ -336,15 +357,18 @@ GPU_COMMON: dict[str, Any] = {
     "budget_unit": "flops",
     "budget": GPU_UPDATE_FLOPS,
     "temperature": 1.0,
-    "eval_temperature": {"alfworld": 0.4, "webshop": 0.4, "swebench": 0.0},
     "reasoning": True,
     "decision_entropy": "probe",
     "probe_samples": 4,
     "vllm": True,
-    # verl-agent's prompt limits (ALFWorld 2048, WebShop 4096) plus the 512-token response
-    "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
     # paths decoding at once per process (per rank under torchrun): their KV cache is planned
     "pool_size": 32,
+}
+
+GPU_ENV_SETTINGS: dict[str, Any] = {
+    "eval_temperature": {"alfworld": 0.4, "webshop": 0.4, "swebench": 0.0},
+    # verl-agent's prompt limits (ALFWorld 2048, WebShop 4096) plus the 512-token response
+    "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
     # the power plan (bpo_experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
     # and evaluation episodes whose detectable effect is <= 4 points on each env
     "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(8)), "swebench": tuple(range(11))},
@@ -353,6 +377,7 @@ GPU_COMMON: dict[str, Any] = {
     "grad_batches": 4,
     "grad_seeds": 1,
 }
+"""The gpu presets' per-env settings (:func:`with_env_settings`)."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -366,7 +391,7 @@ PRESETS: dict[str, Preset] = {
     # batches on the first 3 (reference: 32 RLOO batches). WebShop's search candidates are the instruction's phrases
     # (search_actions="instruction": no hidden goal).
     "cpu": Preset(
-        envs={
+        envs=with_env_settings({
             "webshop": EnvSetup(
                 "BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=64, eval_tasks=500, eval_split="test",
             ),
@@ -378,7 +403,26 @@ PRESETS: dict[str, Preset] = {
                 train_tasks=1000, eval_tasks=140, eval_split="valid_seen", extra_eval={"valid_unseen": 134},
                 policy="scorer-memory", sft_epochs=10, trainer={"updates": 12, "task_draw": "unseen-first"},
             ),
-        },
+        }, dict(
+            seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
+            # at least 6 evaluation points a run (docs/main-job.md, "Evaluation points"): WebShop at
+            # updates 0, 4, ..., 20; ALFWorld at 0, 2, ..., 12
+            eval_every={"webshop": 4, "alfworld": 2},
+            eval_episodes=1,
+            grad_batches=16,
+            # probes on WebShop's first 3 seeds; on ALFWorld 2 x 32 batches of 800 env steps per
+            # algorithm would cost about as much as the whole comparison there
+            grad_seeds={"webshop": 3, "alfworld": 0},
+            reference_batches=32,
+            # each probe's SNR to +-35% (one standard error; 16 batches gave about +-25% on WebShop),
+            # the reference's noise at most 6% of its signal (docs/main-job.md, "Gradient probes")
+            grad_precision=0.35,
+            reference_precision=0.25,
+            # compute_to_threshold: halfway from the warm start to these
+            target_success={"webshop": 0.6, "alfworld": 0.5},
+            recorded_results={"webshop": "docs/results/compare-cpu/results.json",
+                              "alfworld": "docs/results/compare-cpu-alfworld/results.json"},
+        )),
         trainer=_trainer(updates=20, learning_rate=1e-3),
         policy="scorer",
         algorithms=("bpo", "rloo", "frozen", "rloo-2x"),
@@ -388,28 +432,11 @@ PRESETS: dict[str, Preset] = {
         tuning=TuningConfig(seeds=(1000, 1001), tasks=64, episodes=1, envs=("webshop",), default_seeds=10),
         sft_epochs=4,
         sft_lr=3e-3,
-        seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
         # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
         # textworld derives every admissible command's text); docs/alfworld.md sizes the runs and
         # their evaluations (140 valid_seen + 134 valid_unseen games x 1 episode)
         budget={"webshop": 256, "alfworld": 800},
-        # at least 6 evaluation points a run (docs/main-job.md, "Evaluation points"): WebShop at
-        # updates 0, 4, ..., 20; ALFWorld at 0, 2, ..., 12
-        eval_every={"webshop": 4, "alfworld": 2},
-        eval_episodes={"webshop": 1, "alfworld": 1},
-        grad_batches=16,
-        # probes on WebShop's first 3 seeds; on ALFWorld 2 x 32 batches of 800 env steps per
-        # algorithm would cost about as much as the whole comparison there
-        grad_seeds={"webshop": 3, "alfworld": 0},
-        reference_batches=32,
-        # each probe's SNR to +-35% (one standard error; 16 batches gave about +-25% on WebShop),
-        # the reference's noise at most 6% of its signal (docs/main-job.md, "Gradient probes")
-        grad_precision=0.35,
-        reference_precision=0.25,
-        # compute_to_threshold: halfway from the warm start to these
-        target_success={"webshop": 0.6, "alfworld": 0.5},
         torch_threads=1,
-        recorded_results={"webshop": "docs/results/compare-cpu/results.json", "alfworld": "docs/results/compare-cpu-alfworld/results.json"},
         recorded_pilots="docs/results/plan-pilots/cpu.json",
     ),
     # The first CPU setting: tabular policies, agent-like TreeMDP from its agent prior, WebShop from uniform.
@@ -431,16 +458,15 @@ PRESETS: dict[str, Preset] = {
     # The tiny offline Qwen2 model, warm-started by behaviour cloning on WebShop's expert, with
     # short episodes: the LLM code path end to end on a CPU (about 20 s an update here).
     "cpu-llm": Preset(
-        envs={"webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 8, "split": "train"}, train_tasks=8, eval_tasks=8, eval_split="test")},
+        envs={"webshop": EnvSetup(
+            "BPO-WebShop-v0", {"max_episode_steps": 8, "split": "train"}, train_tasks=8, eval_tasks=8, eval_split="test",
+            seeds=(0, 1), grad_batches=3, eval_episodes=2, eval_every=1,  # 9 evaluation points
+        )},
         policy="tiny",
         budget={"webshop": 48},
-        seeds=(0, 1),
         trainer=_trainer(updates=8, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
         options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=4), "rloo": RLOOOptions(group_size=4)},
         sft_epochs=2,
-        grad_batches=3,
-        eval_episodes=2,
-        eval_every=1,  # 9 evaluation points
         pool_size=4,
     ),
     # SWE-bench end to end on a CPU: the tiny offline LLM behaviour-cloned on the bundled repos'
@@ -451,25 +477,22 @@ PRESETS: dict[str, Preset] = {
             "BPO-SWEBench-v0", {"max_episode_steps": 2, "step_timeout": 15.0, "eval_timeout": 120.0,
                                 # the three small bundled rows (romans' long test log is for tests)
                                 "instance_ids": ["bpo-gym__textkit-1", "bpo-gym__intervals-1", "bpo-gym__inicfg-1"]},
-            train_tasks=3, eval_tasks=3, eval_split="train", max_new_tokens=24,
+            train_tasks=3, eval_tasks=3, eval_split="train", max_new_tokens=24, seeds=(0,), grad_batches=2, eval_episodes=1,
+            reference_batches=2,  # (the default 64 RLOO batches of the tiny LLM in sandboxes: ~10 min)
         )},
         policy="tiny",
         algorithms=("bpo", "grpo"),
         comparator="grpo",
         budget={"swebench": 4},
-        seeds=(0,),
         trainer=_trainer(updates=2, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
         options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=2)},
         sft_epochs=1,
-        grad_batches=2,
-        reference_batches=2,  # (the default 64 RLOO batches of the tiny LLM in sandboxes: ~10 min)
-        eval_episodes=1,
         pool_size=4,
     ),
     # CI-sized: every part of the main job (tuning on TreeMDP with two candidates per algorithm
     # on 4 held-out training tasks, the controls, the calibration control, probes, mechanism)
     "smoke": Preset(
-        envs={
+        envs=with_env_settings({
             "treemdp": EnvSetup(
                 "BPO-TreeMDP-v0",
                 {"depth": 6, "n_actions": 3, "decisive_levels": (3,), "observe": "state", "n_tasks": 12, "seed": 0},
@@ -481,7 +504,7 @@ PRESETS: dict[str, Preset] = {
                 "BPO-WebShop-v0", {"max_episode_steps": 10, "split": "train"}, train_tasks=8, eval_tasks=8, policy="scorer",
                 sft_epochs=2, eval_split="test",
             ),
-        },
+        }, dict(seeds=(0, 1), eval_every=2, grad_batches=3, grad_seeds=1, reference_batches=4, eval_episodes=1)),
         algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce", "rloo-2x"),
         tuning=TuningConfig(
             seeds=(1000,), tasks=4, envs=("treemdp",),
@@ -490,13 +513,7 @@ PRESETS: dict[str, Preset] = {
         ),
         sft_lr=3e-3,
         budget={"treemdp": 128, "webshop": 128},
-        seeds=(0, 1),
         trainer=_trainer(updates=4),
-        eval_every=2,
-        grad_batches=3,
-        grad_seeds=1,
-        reference_batches=4,
-        eval_episodes=1,
         torch_threads=1,
     ),
     # The paper's setting, after verl-agent's published GiGPO/GRPO recipes
@@ -509,20 +526,20 @@ PRESETS: dict[str, Preset] = {
     # WebShop's 500 test goals. Every algorithm gets the flops of 16 tasks x 8 rollouts per
     # update (GPU_UPDATE_FLOPS).
     "gpu": Preset(
-        envs=gpu_envs(),
+        # no gradient probes: they need the whole policy on one process, not FSDP shards
+        envs=with_env_settings(gpu_envs(), {**GPU_ENV_SETTINGS, "grad_seeds": 0}),
         trainer=_gpu_trainer(learning_rate=1e-6, fsdp=True),
         reference_offload=True,
         gpus=8,
         gpu_gb=80.0,
-        # no gradient probes: they need the whole policy on one process, not FSDP shards
-        **{**GPU_COMMON, "grad_seeds": 0},
+        **GPU_COMMON,
     ),
     # The same recipe on one H200 (141 GB): LoRA (r=8 on every linear map, lr 1e-5; verl-agent
     # publishes no LoRA recipe) instead of the full fine-tune; the KL reference is the base
     # model with the adapter off. bpo-memory-plan --model qwen2.5-7b-instruct --gpus 1
     # --gpu-gb 141 --lora --kl --vllm --decode-rows 32 --seq-len 8192: ~50 GB.
     "gpu-lora": Preset(
-        envs=gpu_envs(),
+        envs=with_env_settings(gpu_envs(), GPU_ENV_SETTINGS),
         trainer=_gpu_trainer(learning_rate=1e-5),
         lora=True,
         gpus=1,
@@ -532,15 +549,9 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def _per_env(annotation: Any) -> bool:
-    """Whether a field of type ``annotation`` may be per env: ``X | dict[str, X]``."""
-    return typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(
-        typing.get_origin(part) is dict for part in typing.get_args(annotation))
-
-
-PER_ENV_FIELDS: tuple[str, ...] = ("budget", *(name for name, hint in typing.get_type_hints(Preset).items() if _per_env(hint)))
-"""The fields that may be a dict keyed by env name (:meth:`Preset.for_env`), read from their
-types: ``budget`` (always one per env) and every field typed ``X | dict[str, X]``."""
+PER_ENV_FIELDS: tuple[str, ...] = ("budget", *ENV_SETTINGS)
+"""The fields a preset's data (:func:`preset_dict`) of an earlier version keys by env name:
+``budget`` (always one per env) and each of :data:`ENV_SETTINGS`, a dict or one value."""
 
 
 def preset_dict(preset: Preset) -> dict[str, Any]:
@@ -548,4 +559,4 @@ def preset_dict(preset: Preset) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(preset), default=str))
 
 
-__all__ = ["EnvSetup", "Preset", "PRESETS", "TuningConfig", "GPU_UPDATE_FLOPS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict"]
+__all__ = ["EnvSetup", "Preset", "PRESETS", "TuningConfig", "GPU_UPDATE_FLOPS", "ENV_SETTINGS", "PER_ENV_FIELDS", "RUN_FIELDS", "BPOOptions", "GRPOOptions", "RLOOOptions", "GiGPOOptions", "preset_dict", "setup_data", "with_env_settings"]

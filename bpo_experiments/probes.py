@@ -1,4 +1,4 @@
-"""What a run measures beside training: gradient probes and the mechanism, and where each is taken.
+"""What a run measures beside training: gradient probes (where: ``run_config.EnvConfig``) and the mechanism.
 
 The gradient probes: signal-to-noise against a reference RLOO gradient
 (:func:`~bpo_algos.diagnostics.signal_to_noise`); the mechanism: :mod:`bpo_algos.mechanism`.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,36 +17,16 @@ import torch
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import GradientSamples, gradient_samples, signal_to_noise
-from bpo_algos.registry import make_algorithm
 from bpo_algos.rollout import EnvPool
-from bpo_experiments.presets import Preset
+
+if TYPE_CHECKING:
+    from bpo_experiments.run_config import AlgorithmSpec
+
 from bpo_experiments.streams import (
     PROBE_POINTS,
     REFERENCE,
     stream_seed,
 )
-
-
-def probe_points(preset: Preset, env_name: str) -> dict[str, int]:
-    """Where a run probes its gradient: ``{"initial": 0, "mid": updates // 2}``."""
-    return {"initial": 0, "mid": preset.trainer_for(env_name).updates // 2}
-
-
-def probes_on(preset: Preset, env_name: str, seed: int) -> bool:
-    """Whether the (env, seed)'s runs probe their gradients: the first ``grad_seeds`` seeds
-    (all when None), and only with at least 2 batches."""
-    if preset.for_env("grad_batches", env_name) < 2:
-        return False
-    seeds = list(preset.for_env("seeds", env_name))
-    count = preset.for_env("grad_seeds", env_name)
-    return seed in (seeds if count is None else seeds[:count])
-
-
-def mechanism_points(preset: Preset, env_name: str) -> dict[str, int]:
-    """Where a run measures the mechanism (:mod:`bpo_algos.mechanism`) on its own training batch:
-    ``{"warm": 1, "mid": updates // 2 + 1}``, the batches collected by the warm-start policy and
-    by the policy after ``updates // 2`` updates (the gradient probes' points)."""
-    return {"warm": 1, "mid": preset.trainer_for(env_name).updates // 2 + 1}
 
 
 class _RNGGuard:
@@ -175,14 +155,10 @@ def gradient_rows(probe: Algorithm, policy: Any, pool: EnvPool, tasks: list[Any]
                      "pilot_batches": PILOT_BATCHES if sizing is None else 0}
 
 
-REFERENCE_ALGORITHM = "rloo"
-"""The unbiased estimator whose large pool of batches gives the reference gradient."""
-
-
-def reference_gradient(options: dict[str, Any], n: int, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
+def reference_gradient(reference: AlgorithmSpec, n: int, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
                        point: str = "initial", precision: float | None = None) -> tuple[torch.Tensor, float, dict[str, Any]]:
     """``(mean, signal, sizing)`` of at most ``n`` (``reference_batches``) batches of the
-    reference estimator (:data:`REFERENCE_ALGORITHM`, built with ``options``) at ``policy`` (the
+    reference estimator (:data:`~bpo_experiments.run_config.REFERENCE_ALGORITHM` as ``reference`` builds it) at ``policy`` (the
     seed's reference stream at probe ``point``): the reference the cosine of
     :func:`~bpo_algos.diagnostics.signal_to_noise` is taken against. ``precision`` (the
     preset's ``reference_precision``): as many batches as make the mean's noise at most
@@ -190,7 +166,7 @@ def reference_gradient(options: dict[str, Any], n: int, seed: int, policy: Any, 
     ``sizing`` also holds the jackknife relative error of the pool's signal-to-noise ratio
     (:func:`snr_relative_error`), on which the probes at the same point are sized."""
     key = stream_seed(seed, REFERENCE, PROBE_POINTS[point])
-    probe = make_algorithm(REFERENCE_ALGORITHM, **{**options, "seed": key})
+    probe = reference.build(seed=key)
     rule = None if precision is None else partial(reference_batches_for, target=precision, most=n)
     samples, sizing = gradient_rows(probe, policy, pool, tasks, budget, n, rule)
     rows = samples.grads.double()

@@ -4,9 +4,9 @@ An *initial job* builds the (env, seed)'s initial policy (warm-started by behavi
 the env's expert trajectories where the preset says so), evaluates it (the warm start: update 0
 of every algorithm's evaluated curve, the same for all of them) and, when gradient probes are
 on, collects the pool of RLOO batches whose mean is the reference gradient at the warm start.
-A *run* copies that policy and, with the settings of its
-:class:`~bpo_experiments.run_config.RunConfig` (resolved once from the preset; nothing else of
-the preset is read), trains one algorithm with :class:`~bpo_algos.Trainer` under the same
+Both read only their resolved settings (:mod:`bpo_experiments.run_config`: the initial job its
+env's :class:`~bpo_experiments.run_config.EnvConfig`, a run its
+:class:`~bpo_experiments.run_config.RunConfig`), never the preset. A *run* copies that policy and trains one algorithm with :class:`~bpo_algos.Trainer` under the same
 optimizer, task sequence and per-update budget, evaluates the policy at the configured updates
 on the fixed evaluation tasks with common random numbers, probes its gradient's
 signal-to-noise ratio at the warm start and at mid-training, and caches its result in
@@ -40,7 +40,6 @@ import torch
 
 import bpo_envs  # noqa: F401 - registers the ids
 from bpo_algos.algorithm import Algorithm
-from bpo_algos.compute import Budget
 from bpo_algos.diagnostics import signal_to_noise, variance_summary
 from bpo_algos.mechanism import measure as measure_mechanism
 from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
@@ -48,19 +47,22 @@ from bpo_algos.rollout import EnvPool
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer
 from bpo_envs.files import read_json_or_redo
-from bpo_experiments.build import algorithm_options, make_policy
+from bpo_experiments.build import make_policy
 from bpo_experiments.evaluation import evaluate_episodes, evaluate_extra
 from bpo_experiments.output import run_dir, write_on_rank0
-from bpo_experiments.presets import Preset
 from bpo_experiments.probes import (
-    REFERENCE_ALGORITHM,
     batches_for_error,
     gradient_rows,
-    probes_on,
     reference_gradient,
     sized_batches,
 )
-from bpo_experiments.run_config import CONFIG_FILE, RunConfig, base_algorithm, with_run_fields
+from bpo_experiments.run_config import (
+    CONFIG_FILE,
+    EnvConfig,
+    RunConfig,
+    base_algorithm,
+    with_run_fields,
+)
 from bpo_experiments.streams import (
     BOOTSTRAP,
     MECHANISM,
@@ -119,34 +121,32 @@ def _load_policy(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
-def initial_job(preset: Preset, env_name: str, seed: int, train_tasks: list[Any], eval_tasks: list[Any]) -> dict[str, Any]:
+def initial_job(env: EnvConfig, seed: int, train_tasks: list[Any], eval_tasks: list[Any]) -> dict[str, Any]:
     """The (env, seed)'s initial policy, its evaluation (the warm start) and, when probes are on,
-    the warm start's reference gradient. Returns ``{"warm": {...}, "policy": bytes | None,
-    "reference": bytes | None}``."""
-    if preset.torch_threads:
-        torch.set_num_threads(preset.torch_threads)
-    setup = preset.envs[env_name]
+    the warm start's reference gradient, with the env's resolved settings ``env``. Returns
+    ``{"warm": {...}, "policy": bytes | None, "reference": bytes | None}``."""
+    if env.torch_threads:
+        torch.set_num_threads(env.torch_threads)
+    setup = env.setup
     start = time.perf_counter()
-    policy = make_policy(preset, setup, seed, train_tasks)
+    policy = make_policy(env.policy, setup, seed, train_tasks)
     built = time.perf_counter() - start
-    pool = EnvPool([eval_env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    pool = EnvPool([eval_env_factory(setup)] * env.pool_size, workers=setup.workers)
     try:
-        wins = evaluate_episodes(policy, pool, eval_tasks, preset.for_env("eval_episodes", env_name), seed)
+        wins = evaluate_episodes(policy, pool, eval_tasks, env.evaluation.episodes, seed)
     finally:
         pool.close()
     warm = {"success": float(np.mean(wins)), "episodes": len(wins), "wins": wins, "seconds_build": built,
             "seconds_eval": time.perf_counter() - start - built, "code": code_version()}
     if setup.extra_eval:
-        warm["extra"] = evaluate_extra(policy, setup, preset.for_env("eval_episodes", env_name), preset.pool_size, seed)
+        warm["extra"] = evaluate_extra(policy, setup, env.evaluation.episodes, env.pool_size, seed)
     reference = None
-    if probes_on(preset, env_name, seed):
-        pool = EnvPool([env_factory(setup)] * preset.pool_size, workers=setup.workers)
+    if env.probes_on(seed):
+        pool = EnvPool([env_factory(setup)] * env.pool_size, workers=setup.workers)
         try:
             t0 = time.perf_counter()
-            mean, signal, sizing = reference_gradient(algorithm_options(REFERENCE_ALGORITHM, preset, 0, env_name),
-                                                      preset.for_env("reference_batches", env_name), seed, policy, pool, train_tasks,
-                                                      Budget(preset.budget_unit, preset.budget[env_name]),
-                                                      precision=preset.for_env("reference_precision", env_name))
+            mean, signal, sizing = reference_gradient(env.probes.reference, env.probes.reference_batches, seed, policy, pool, train_tasks,
+                                                      env.per_update_budget(), precision=env.probes.reference_precision)
             warm["seconds_reference"] = time.perf_counter() - t0
             warm["reference_sizing"] = sizing
         finally:
@@ -177,8 +177,8 @@ def initial_policy(key: tuple[str, int], data: bytes | None, rebuild: Callable[[
 
 class _Measurements:
     """What a run measures after each update (the ``after_update`` hook of
-    :meth:`~bpo_algos.trainer.Trainer.train`): the evaluations at ``config.eval_points``, the
-    mechanism at ``config.mechanism_points`` and the gradient probes at ``config.probe_points``,
+    :meth:`~bpo_algos.trainer.Trainer.train`): the evaluations at ``config.settings.eval_points``, the
+    mechanism at ``config.settings.mechanism_points`` and the gradient probes at ``config.settings.probe_points``,
     each written to its file in the run's folder when taken (a resumed run keeps those it has)."""
 
     def __init__(self, folder: Path, config: RunConfig, policy: Any, pool: EnvPool, eval_pool: EnvPool, train_tasks: list[Any],
@@ -210,7 +210,7 @@ class _Measurements:
 
     def evaluate(self, trainer: Trainer) -> None:
         u = trainer.update
-        if u not in self.config.eval_points or any(e["update"] == u for e in self.evals):
+        if u not in self.config.settings.eval_points or any(e["update"] == u for e in self.evals):
             return
         t0 = time.perf_counter()
         same = u > 0 and self.unchanged()  # still the warm start's very state (frozen): its evaluation is the warm start's
@@ -219,7 +219,7 @@ class _Measurements:
         else:
             trainer.gather_weights()  # FSDP: ranks play different episodes, so no collective forwards
             try:
-                wins = evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, self.config.eval_episodes, self.seed)
+                wins = evaluate_episodes(self.policy, self.eval_pool, self.eval_tasks, self.config.settings.evaluation.episodes, self.seed)
                 success = float(np.mean(wins))
             finally:
                 trainer.shard_weights()
@@ -231,7 +231,7 @@ class _Measurements:
 
     def measure_mechanism(self, trainer: Trainer) -> None:
         u = trainer.update
-        for point, at in self.config.mechanism_points.items():
+        for point, at in self.config.settings.mechanism_points.items():
             if u == at and point not in self.mechanism and trainer.last_batch is not None:
                 found = measure_mechanism([trainer.last_batch], seed=stream_seed(self.seed, MECHANISM, at))
                 self.mechanism[point] = {**found.to_json(), "update": u}
@@ -239,21 +239,21 @@ class _Measurements:
 
     def probe(self, trainer: Trainer) -> None:
         u = trainer.update
-        for point, at in self.config.probe_points.items():
+        for point, at in self.config.settings.probe_points.items():
             if not self.config.probing or u != at or point in self.probes:
                 continue
             t0 = time.perf_counter()
             key = PROBE_POINTS[point]
             probe = self.config.build_algorithm(seed=stream_seed(self.seed, PROBE, key))
-            samples, sizing = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.grad_batches,
+            samples, sizing = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.settings.probes.batches,
                                             *self._sizing(point))
             self.probe_rows = samples.grads
             ref = None
             if point == "initial" and self.reference is not None:
                 ref = (self.reference["mean"], self.reference["signal"])
             elif point != "initial" and self.biased:
-                *ref, _ = reference_gradient(self.config.reference_options, self.config.reference_batches, self.seed, self.policy,
-                                             self.pool, self.train_tasks, self.budget, point, self.config.reference_precision)
+                *ref, _ = reference_gradient(self.config.settings.probes.reference, self.config.settings.probes.reference_batches, self.seed, self.policy,
+                                             self.pool, self.train_tasks, self.budget, point, self.config.settings.probes.reference_precision)
                 ref = tuple(ref)
             result = signal_to_noise(samples, ref, seed=stream_seed(self.seed, BOOTSTRAP, key))
             result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
@@ -269,15 +269,15 @@ class _Measurements:
         ``point``, from evidence independent of that probe's batches: the run's previous probe
         (same estimator), else at the warm start the reference pool's measured error (the same
         policy), else the probe's own pilot; ``(None, None)`` without a precision target."""
-        target = self.config.grad_precision
+        target = self.config.settings.probes.precision
         if target is None:
             return None, None
-        rule = partial(sized_batches, target=target, most=self.config.grad_batches)
+        rule = partial(sized_batches, target=target, most=self.config.settings.probes.batches)
         if self.probe_rows is not None:
             return rule, self.probe_rows
         sizing = self.warm.get("reference_sizing") or {}
         if point == "initial" and "snr_relative_error" in sizing:
-            return rule, batches_for_error(sizing["snr_relative_error"], sizing["batches"], target, self.config.grad_batches)
+            return rule, batches_for_error(sizing["snr_relative_error"], sizing["batches"], target, self.config.settings.probes.batches)
         return rule, None
 
 
@@ -304,14 +304,14 @@ def run_one(
     saved = read_json_or_redo(done, None)
     if saved is not None:
         return saved
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    if config.settings.torch_threads:
+        torch.set_num_threads(config.settings.torch_threads)
     folder.mkdir(parents=True, exist_ok=True)
     write_on_rank0(folder / CONFIG_FILE, config.to_json())
     setup = config.setup
-    pool = EnvPool([env_factory(setup)] * config.pool_size, workers=setup.workers)
+    pool = EnvPool([env_factory(setup)] * config.settings.pool_size, workers=setup.workers)
     separate_eval = setup.eval_split not in ("held-out", "train")
-    eval_pool = EnvPool([eval_env_factory(setup)] * config.pool_size, workers=setup.workers) if separate_eval else pool
+    eval_pool = EnvPool([eval_env_factory(setup)] * config.settings.pool_size, workers=setup.workers) if separate_eval else pool
     policy = initial_policy((config.env, config.seed), initial, rebuild)
     algorithm = config.build_algorithm()
     measure = _Measurements(folder, config, policy, pool, eval_pool, train_tasks, eval_tasks, warm, reference, algorithm)
@@ -332,7 +332,7 @@ def run_one(
             if measure.unchanged() and "extra" in warm:  # the warm start's policy: its evaluation
                 extra = warm["extra"]
             else:
-                extra = evaluate_extra(policy, setup, config.eval_episodes, config.pool_size, config.seed)
+                extra = evaluate_extra(policy, setup, config.settings.evaluation.episodes, config.settings.pool_size, config.seed)
             write_on_rank0(folder / "extra_eval.json", extra)
         measure.timing["eval"] += time.perf_counter() - t0
     result = _run_result(config, algorithm, warm, measure, extra, history)

@@ -22,8 +22,8 @@ the budget unit, linear in between) are fixed before the run:
   (the nominal total; a run that ends earlier keeps its last value), in [0, 1]: high when an
   algorithm gets high early, which final success on a plateau cannot show;
 * ``compute_to_threshold``: the compute at which the curve first reaches ``w + f (target - w)``
-  (``w`` the seed's warm start, ``f`` = ``Preset.threshold_fraction``, ``target`` =
-  ``Preset.target_success``), interpolated; a run that never reaches it counts as its whole
+  (``w`` the seed's warm start, ``f`` = ``EvaluationSpec.threshold_fraction``, ``target`` =
+  ``EvaluationSpec.target_success``), interpolated; a run that never reaches it counts as its whole
   compute (censored: a lower bound; the number of such runs is reported).
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bpo_experiments.presets import Preset, preset_dict
+from bpo_experiments.run_config import ComparisonConfig, EnvConfig
 from bpo_experiments.significance import mean_ci, minimal_detectable_effect, paired_p_value, t975
 
 METRICS: tuple[str, ...] = ("auc", "final", "compute_to_threshold")
@@ -102,21 +102,21 @@ def curve_metrics(compute: Sequence[float], success: Sequence[float], horizon: f
     return {"final": float(y[-1]), "auc": auc, "compute_to_threshold": reached_at, "reached": reached}
 
 
-def run_metrics(run: dict[str, Any], preset: Preset, unit: str) -> dict[str, Any]:
-    """:func:`curve_metrics` of one run's evaluated curve, in the budget unit ``unit``.
+def run_metrics(run: dict[str, Any], env: EnvConfig) -> dict[str, Any]:
+    """:func:`curve_metrics` of one run's evaluated curve on ``env`` (the run's env's settings), in
+    its budget unit.
 
     A run at ``budget_multiple`` times the per-update budget (the calibration control) is read
     per update: its compute divided by the multiple, so its metrics are what it reaches after
     the same number of updates as the others (what an estimator with its lower variance at the
     others' cost would reach)."""
-    env = run["env"]
-    horizon = preset.trainer_for(env).updates * preset.budget[env]
+    if run["env"] != env.name:
+        raise ValueError(f"a run of {run['env']} measured with the settings of {env.name}")
     warm = run["evals"][0]["success"]
-    target = preset.for_env("target_success", env)
-    threshold = warm + preset.threshold_fraction * (target - warm)
+    threshold = warm + env.evaluation.threshold_fraction * (env.evaluation.target_success - warm)
     multiple = float(run.get("budget_multiple", 1.0))
-    compute = [e["compute"][unit] / multiple for e in run["evals"]]
-    metrics = curve_metrics(compute, [e["success"] for e in run["evals"]], horizon, threshold)
+    compute = [e["compute"][env.budget_unit] / multiple for e in run["evals"]]
+    metrics = curve_metrics(compute, [e["success"] for e in run["evals"]], env.horizon, threshold)
     metrics["threshold"] = threshold
     return metrics
 
@@ -244,17 +244,17 @@ def split_summary(rows: dict[str, list[dict[str, Any]]], eval_split: str, treatm
     return out
 
 
-def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], labels: Sequence[str] | None = None) -> dict[str, Any]:
+def aggregate(runs: list[dict[str, Any]], comparison: ComparisonConfig, envs: list[str], labels: Sequence[str] | None = None) -> dict[str, Any]:
     """``results.json``: per env and algorithm, evaluated curves and metrics with intervals over
     seeds; per env the treatment and every algorithm against the comparator, the controls (the
     calibration control among them), the comparator against its warm start, the mechanism, the
     untuned defaults' headline (labels ``NAME@default``, against the comparator's defaults), and
     the post-hoc best-of-the-others; across envs. ``labels``: the runs' algorithm labels
     (default: the preset's algorithms)."""
-    unit = preset.budget_unit
-    algorithms = list(labels) if labels is not None else list(preset.algorithms)
-    comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
-    per_env = {env: _env_result(env, runs, preset, algorithms) for env in envs}
+    unit = comparison.budget_unit
+    algorithms = list(labels) if labels is not None else list(comparison.algorithms)
+    comparator, treatment, primary = comparison.comparator, comparison.treatment, comparison.primary_metric
+    per_env = {env: _env_result(env, runs, comparison, algorithms) for env in envs}
     overall: dict[str, Any] = {}
     for a in (a for a in algorithms if DEFAULTS not in a):  # the comparison's own algorithms
         items = [per_env[e]["algorithms"][a] for e in envs if a in per_env[e]["algorithms"]]
@@ -264,7 +264,7 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], label
                 "compute": {k: float(np.mean([i["compute"][k] for i in items])) for k in items[0]["compute"]},
                 "auc": float(np.mean([i["metrics"]["auc"]["mean"] for i in items])),
             }
-    seeds = sorted({s for e in envs for s in preset.for_env("seeds", e)})
+    seeds = sorted({s for e in envs for s in comparison.envs[e].seeds})
     return {
         "budget_unit": unit,
         "treatment": treatment,
@@ -274,33 +274,34 @@ def aggregate(runs: list[dict[str, Any]], preset: Preset, envs: list[str], label
         "per_env": per_env,
         "envs": envs,
         "seeds": seeds,
-        "preset": preset_dict(preset),
+        "preset": comparison.settings,
     }
 
 
-def _env_result(env: str, runs: list[dict[str, Any]], preset: Preset, algorithms: list[str]) -> dict[str, Any]:
+def _env_result(env: str, runs: list[dict[str, Any]], comparison: ComparisonConfig, algorithms: list[str]) -> dict[str, Any]:
     """``per_env[env]`` of ``results.json``: its setting and warm start, every algorithm's
     summary (:func:`algorithm_summary`), each against the comparator, the headline and the controls
     (:func:`_headlines`), the mechanism, the splits (see :func:`aggregate`)."""
-    unit = preset.budget_unit
-    comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
+    unit = comparison.budget_unit
+    comparator, treatment, primary = comparison.comparator, comparison.treatment, comparison.primary_metric
     rows = {a: sorted((r for r in runs if r["env"] == env and r["algorithm"] == a), key=lambda r: r["seed"]) for a in algorithms}
-    metrics = {(r["algorithm"], r["seed"]): run_metrics(r, preset, unit) for rs in rows.values() for r in rs}
+    settings = comparison.envs[env]
+    metrics = {(r["algorithm"], r["seed"]): run_metrics(r, settings) for rs in rows.values() for r in rs}
     warm_per_seed = {r["seed"]: r["evals"][0]["success"] for rs in rows.values() for r in rs}
     env_result: dict[str, Any] = {
-        "budget": preset.budget[env],
+        "budget": settings.budget,
         "budget_unit": unit,
-        "horizon": preset.trainer_for(env).updates * preset.budget[env],
-        "seeds": list(preset.for_env("seeds", env)),
-        "eval_split": preset.envs[env].eval_split,
-        "eval_episodes": preset.for_env("eval_episodes", env),
+        "horizon": settings.horizon,
+        "seeds": list(settings.seeds),
+        "eval_split": settings.setup.eval_split,
+        "eval_episodes": settings.evaluation.episodes,
         "warm_start": {"per_seed": [warm_per_seed[s] for s in sorted(warm_per_seed)], "mean": float(np.mean(list(warm_per_seed.values())))},
-        "threshold": {"target_success": preset.for_env("target_success", env), "fraction": preset.threshold_fraction},
+        "threshold": {"target_success": settings.evaluation.target_success, "fraction": settings.evaluation.threshold_fraction},
         "algorithms": {},
     }
     for a, rs in rows.items():
         if rs:
-            env_result["algorithms"][a] = algorithm_summary(rs, a, metrics, preset, env)
+            env_result["algorithms"][a] = algorithm_summary(rs, a, metrics, comparison, env)
     # every algorithm against the comparator (a default against the comparator's default), paired by seed
     vs: dict[str, Any] = {}
     for a, rs in rows.items():
@@ -310,7 +311,7 @@ def _env_result(env: str, runs: list[dict[str, Any]], preset: Preset, algorithms
     env_result["vs_comparator"] = vs
     env_result["comparator"] = comparator
     env_result["primary_metric"] = primary
-    env_result.update(_headlines(vs, rows, preset))
+    env_result.update(_headlines(vs, rows, comparison))
     mechanism = {}
     for a, rs in rows.items():
         points = {p: mechanism_summary(rs, p) for p in ("warm", "mid")}
@@ -321,16 +322,16 @@ def _env_result(env: str, runs: list[dict[str, Any]], preset: Preset, algorithms
     if rows.get(comparator):
         rises = paired_difference([metrics[(comparator, r["seed"])]["final"] - r["evals"][0]["success"] for r in rows[comparator]])
         env_result["comparator_vs_warm_start"] = {"metric": "final", **rises}
-    env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, preset)
-    env_result["splits"] = split_summary(rows, preset.envs[env].eval_split, treatment, comparator)
+    env_result["treatment_vs_best_baseline"] = best_of_others(rows, env_result["algorithms"], treatment, comparison)
+    env_result["splits"] = split_summary(rows, settings.setup.eval_split, treatment, comparator)
     return env_result
 
 
-def algorithm_summary(rs: list[dict[str, Any]], a: str, metrics: dict[tuple[str, int], dict[str, Any]], preset: Preset,
+def algorithm_summary(rs: list[dict[str, Any]], a: str, metrics: dict[tuple[str, int], dict[str, Any]], comparison: ComparisonConfig,
                       env: str) -> dict[str, Any]:
     """``per_env[env]["algorithms"][a]``: algorithm ``a``'s runs ``rs`` (one per seed) summarised: final
     success, evaluated curve, compute, the metrics with their intervals, the gradient probes."""
-    unit = preset.budget_unit
+    unit = comparison.budget_unit
     success, ci = mean_ci([r["final_success"] for r in rs])
     _, band = curve_band([r["curve"] for r in rs])
     updates = [e["update"] for e in rs[0]["evals"]]
@@ -356,7 +357,7 @@ def algorithm_summary(rs: list[dict[str, Any]], a: str, metrics: dict[tuple[str,
         "curve_ci95": band.tolist(),
         "compute_curve": np.mean([r["compute_cumulative"] for r in rs], axis=0).tolist(),
         "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
-        "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / preset.budget[env]),
+        "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / comparison.envs[env].budget),
         "seconds_per_run": float(np.mean([r["seconds"] for r in rs])),
         "budget_multiple": float(rs[0].get("budget_multiple", 1.0)),
     }
@@ -372,19 +373,19 @@ def algorithm_summary(rs: list[dict[str, Any]], a: str, metrics: dict[tuple[str,
     return summary
 
 
-def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset: Preset) -> dict[str, Any]:
+def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], comparison: ComparisonConfig) -> dict[str, Any]:
     """The headline and the controls from the differences against the comparator ``vs``: the
     positive control, the handicapped control, the treatment against the comparator, the
     calibration control and the untuned defaults."""
-    comparator, treatment, primary = preset.comparator, preset.treatment, preset.primary_metric
+    comparator, treatment, primary = comparison.comparator, comparison.treatment, comparison.primary_metric
     out: dict[str, Any] = {}
-    control = preset.positive_control if preset.positive_control in vs else None
+    control = comparison.positive_control if comparison.positive_control in vs else None
     detected = None
     if control is not None:
         d = vs[control][primary]
         detected = verdict(d, primary) == "worse"
         out["positive_control"] = {"algorithm": control, "metric": primary, **d, "detected_as_worse": detected}
-    handicap = preset.handicapped_control if preset.handicapped_control in vs else None
+    handicap = comparison.handicapped_control if comparison.handicapped_control in vs else None
     if handicap is not None:
         d = vs[handicap][primary]
         out["handicapped_control"] = {
@@ -403,7 +404,7 @@ def _headlines(vs: dict[str, Any], rows: dict[str, list[dict[str, Any]]], preset
             "underpowered": detected is False,
             "metrics": head,
         }
-    calibration = preset.calibration_control if preset.calibration_control in vs else None
+    calibration = comparison.calibration_control if comparison.calibration_control in vs else None
     if calibration is not None:
         d = vs[calibration][primary]
         multiple = float(rows[calibration][0].get("budget_multiple", 1.0))
@@ -441,12 +442,12 @@ def treatment_vs_calibration(treatment: dict[str, Any], calibration: dict[str, A
             "p": paired_p_value(diffs), "verdict": verdict(d, metric)}
 
 
-def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str, preset: Preset) -> dict[str, Any] | None:
+def best_of_others(rows: dict[str, list[dict[str, Any]]], summary: dict[str, Any], treatment: str, comparison: ComparisonConfig) -> dict[str, Any] | None:
     """Secondary, chosen after seeing the results: the treatment against the baseline with the
     highest mean final success, paired by seed (biased against the treatment when nothing
     differs: it is the maximum of several noisy means)."""
-    controls = {preset.positive_control, preset.handicapped_control, preset.calibration_control}
-    pool = preset.competitors or tuple(summary)
+    controls = comparison.controls
+    pool = comparison.competitors or tuple(summary)
     baselines = [b for b in pool if b in summary and b != treatment and b not in controls and DEFAULTS not in b]
     if treatment not in summary or not baselines:
         return None

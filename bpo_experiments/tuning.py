@@ -118,9 +118,10 @@ def tuned_kinds(preset: Any, option_classes: dict[str, type[Options]], kind_of: 
     return kinds
 
 
-def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of: dict[str, str | None]) -> list[str]:
+def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of: dict[str, str | None],
+                 seeds: dict[str, Sequence[int]]) -> list[str]:
     """Refuse a tuning setting that would waste or bias the run, before any run; returns the
-    tuned kinds. Errors (``ValueError``): an unknown criterion, a tuning seed that is also an
+    tuned kinds (``seeds``: each env's evaluation seeds). Errors (``ValueError``): an unknown criterion, a tuning seed that is also an
     evaluation seed, an empty grid, grids of different sizes (without
     ``allow_unequal_grids``), an algorithm (not a control) without a grid beside tuned ones, a
     candidate naming an option its algorithm does not have or a value it refuses, a pinned option
@@ -137,7 +138,7 @@ def check_tuning(preset: Any, option_classes: dict[str, type[Options]], kind_of:
     for env in preset.envs:
         if not t.tunes(env):
             continue
-        shared = sorted(set(t.seeds) & set(preset.for_env("seeds", env)))
+        shared = sorted(set(t.seeds) & set(seeds[env]))
         if shared:
             raise ValueError(f"tuning seed(s) {shared} are also evaluation seeds of {env}: the tuning seeds must be disjoint "
                              "from the evaluation seeds (--tuning-seeds)")

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bpo_algos.rollout import EnvPool
     from bpo_experiments import build, evaluation
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.run_config import policy_settings
     from bpo_experiments.tasks import env_factory, eval_env_factory, task_split
 
     preset = PRESETS[args.preset]
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"preset": args.preset, "seed": args.seed, "demos": len(demos)}
     for epochs in args.epochs:
         start = time.time()
-        policy = build.make_policy(preset, replace(setup, sft_epochs=epochs), args.seed, train)
+        cloned = replace(setup, sft_epochs=epochs)
+        policy = build.make_policy(policy_settings(preset, cloned), cloned, args.seed, train)
         row: dict[str, Any] = {"epochs": epochs, "bc_seconds": time.time() - start}
         steps = demo_steps(policy, demos)
         with torch.no_grad():

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bpo_algos.rollout import EnvPool
     from bpo_experiments import build, evaluation, streams
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.run_config import policy_settings
     from bpo_experiments.tasks import extra_eval_tasks, task_order, task_split
 
     preset = PRESETS[args.preset]
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             cloned = saved is None or not saved.is_file()
             if args.eval_only and cloned:
                 continue
-            policy = build.make_policy(preset, replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0), args.seed, tasks)
+            made = replace(setup, policy=name, train_tasks=games, sft_epochs=epochs if cloned else 0)
+            policy = build.make_policy(policy_settings(preset, made), made, args.seed, tasks)
             if saved is not None and cloned:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"policy": policy.state_dict(), "bc_seconds": time.time() - start, "bc_cpu_s": time.process_time() - cpu}, saved)

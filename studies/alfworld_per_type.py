@@ -73,21 +73,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from bpo_experiments.build import make_policy
     from bpo_experiments.evaluation import evaluate_episodes
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.run_config import env_config
     from bpo_experiments.tasks import env_factory, task_split
 
     preset = PRESETS[args.preset]
     if preset.torch_threads:
         torch.set_num_threads(preset.torch_threads)
     setup = preset.envs["alfworld"]
-    seeds = args.seeds or list(preset.for_env("seeds", "alfworld"))
-    episodes = args.episodes or preset.for_env("eval_episodes", "alfworld")
+    alfworld = env_config(preset, "alfworld")
+    seeds = args.seeds or list(alfworld.seeds)
+    episodes = args.episodes or alfworld.evaluation.episodes
     train, _ = task_split(setup)
     types = ALFWorldEnv(split="train", games_per_type=1).games
     out: dict[str, Any] = {"preset": args.preset, "episodes_per_game": episodes, "published": PUBLISHED, "policies": {}}
     if args.runs:
         return write(from_runs(Path(args.runs), preset, setup, seeds, train, types.task_type, out), Path(args.out))
     for seed in seeds:
-        policies = {"warm start": make_policy(preset, setup, seed, train)}
+        policies = {"warm start": make_policy(alfworld.policy, setup, seed, train)}
         for split in args.splits:
             eval_setup = replace(setup, eval_split=split)
             _, tasks = task_split(eval_setup)
@@ -113,12 +115,14 @@ def from_runs(runs: Path, preset: Any, setup: Any, seeds: list[int], train: list
     from bpo_algos.rollout import EnvPool
     from bpo_experiments.build import make_policy
     from bpo_experiments.evaluation import evaluate_episodes
+    from bpo_experiments.run_config import env_config
     from bpo_experiments.tasks import eval_env_factory, extra_eval_tasks, task_split
 
+    alfworld = env_config(preset, "alfworld")
     env_runs = runs / "runs" / "alfworld"
     _, primary = task_split(setup)
     tasks = {setup.eval_split: primary, **extra_eval_tasks(setup)}
-    episodes = preset.for_env("eval_episodes", "alfworld")
+    episodes = alfworld.evaluation.episodes
     out.update(source=f"bpo-compare folder {runs}: its own evaluation episodes", episodes_per_game=episodes)
     pool = EnvPool([eval_env_factory(setup)] * 2)
     try:
@@ -129,7 +133,7 @@ def from_runs(runs: Path, preset: Any, setup: Any, seeds: list[int], train: list
                 folder = env_runs / algorithm / f"seed{seed}"
                 run = json.loads((folder / "run.json").read_text())
                 extra = json.loads((folder / "extra_eval.json").read_text()) if (folder / "extra_eval.json").exists() else {}
-                policy = make_policy(replace(preset, sft_epochs=0), replace(setup, sft_epochs=0), seed, train)
+                policy = make_policy(replace(alfworld.policy, sft_epochs=0), replace(setup, sft_epochs=0), seed, train)
                 policy.load_state_dict(torch.load(folder / "checkpoint.pt", weights_only=True)["policy"])
                 wins = evaluate_episodes(policy, pool, primary, episodes, seed)
                 final = run["evals"][-1]["success"]

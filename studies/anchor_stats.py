@@ -31,6 +31,7 @@ from bpo_algos.advantages import anchored_sets, gigpo_step_group_sizes, observat
 from bpo_algos.rollout import EnvPool
 from bpo_experiments.build import make_policy
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.run_config import policy_settings
 from bpo_experiments.tasks import env_factory, task_split
 
 KEYS = {
@@ -59,7 +60,7 @@ def measure(env: str, args: argparse.Namespace) -> dict[str, Any]:
     train, _ = task_split(setup)
     tasks = train[: args.tasks]
     torch.manual_seed(args.seed)
-    policy = make_policy(preset, setup, args.seed, train[: args.warm_tasks])
+    policy = make_policy(policy_settings(preset, setup), setup, args.seed, train[: args.warm_tasks])
     pool = EnvPool([env_factory(setup)] * 2)
     out: dict[str, Any] = {"tasks": len(tasks), "env_id": setup.env_id, "env_kwargs": setup.kwargs}
     try:

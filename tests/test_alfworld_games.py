@@ -187,7 +187,7 @@ def test_the_main_job_evaluates_both_validation_splits(tmp_path: Path) -> None:
     # (frozen) is the warm start itself, so its final equals its warm start on both splits
     # (common random numbers), while RLOO's is measured afresh
     from bpo_experiments.presets import EnvSetup, Preset, _trainer
-    from bpo_experiments.run_config import run_config
+    from bpo_experiments.run_config import comparison_config, env_config, run_config
     from bpo_experiments.runner import initial_job, run_one
     from bpo_experiments.stats import aggregate
     from bpo_experiments.tasks import extra_eval_tasks, task_split
@@ -195,19 +195,19 @@ def test_the_main_job_evaluates_both_validation_splits(tmp_path: Path) -> None:
     setup = EnvSetup(
         "BPO-ALFWorld-v0", {"max_episode_steps": 4, "split": "train", "expert": "handcoded"}, train_tasks=2, eval_tasks=3,
         eval_split="valid_seen", extra_eval={"valid_unseen": 3}, policy="scorer-memory", sft_epochs=0,
-        trainer={"updates": 1, "task_draw": "unseen-first"},
+        trainer={"updates": 1, "task_draw": "unseen-first"}, seeds=(0,), eval_every=1, eval_episodes=1, grad_seeds=0,
     )  # fmt: skip
-    preset = Preset(envs={"alfworld": setup}, algorithms=("rloo", "frozen"), budget={"alfworld": 16}, seeds=(0,),
-                    trainer=_trainer(updates=1, learning_rate=0.5), eval_every=1, eval_episodes=1, grad_seeds=0, torch_threads=1)  # fmt: skip
+    preset = Preset(envs={"alfworld": setup}, algorithms=("rloo", "frozen"), budget={"alfworld": 16},
+                    trainer=_trainer(updates=1, learning_rate=0.5), torch_threads=1)  # fmt: skip
     train, evals = task_split(setup)
     for split, ids in {"train": train, "valid_seen": evals, **extra_eval_tasks(setup)}.items():
         assert all(SHIPPED.entry(split, t) is not None for t in ids)  # no planner in this test
-    init = initial_job(preset, "alfworld", 0, train, evals)
+    init = initial_job(env_config(preset, "alfworld"), 0, train, evals)
     assert set(init["warm"]["extra"]) == {"valid_unseen"} and init["warm"]["extra"]["valid_unseen"]["episodes"] == 3
     runs = [run_one(tmp_path, run_config(preset, "alfworld", a, 0, len(train)), init["policy"], init["warm"], init["reference"], train, evals)
             for a in ("rloo", "frozen")]
     assert all(set(r["extra_eval"]) == {"valid_unseen"} for r in runs)
-    splits = aggregate(runs, preset, ["alfworld"])["per_env"]["alfworld"]["splits"]
+    splits = aggregate(runs, comparison_config(preset), ["alfworld"])["per_env"]["alfworld"]["splits"]
     assert set(splits) == {"valid_seen", "valid_unseen"} and splits["valid_seen"]["primary"] and not splits["valid_unseen"]["primary"]
     for split in splits.values():
         frozen = split["algorithms"]["frozen"]

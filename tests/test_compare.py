@@ -105,9 +105,12 @@ def test_preset_fields_per_env():
 
     per_env = copy.deepcopy(preset)
     per_env.envs["alfworld"].trainer = {"updates": 12}
-    assert per_env.trainer_for("webshop").updates == preset.trainer.updates and per_env.trainer_for("alfworld").updates == 12
-    assert preset.for_env("seeds", "webshop") != preset.for_env("seeds", "alfworld")
-    assert preset.for_env("seeds", "swebench") == Preset.__dataclass_fields__["seeds"].default
+    from bpo_experiments.presets import EnvSetup
+    from bpo_experiments.run_config import env_config
+
+    assert env_config(per_env, "webshop").trainer.updates == preset.trainer.updates and env_config(per_env, "alfworld").trainer.updates == 12
+    assert env_config(preset, "webshop").seeds != env_config(preset, "alfworld").seeds
+    assert "seeds" not in Preset.__dataclass_fields__ and EnvSetup("BPO-SWEBench-v0").seeds == (0, 1, 2)  # each env's own field
     assert preset.envs["alfworld"].eval_split == "valid_seen" and preset.envs["webshop"].eval_split == "test"
 
 

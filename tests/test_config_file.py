@@ -15,7 +15,7 @@ from baselines.rloo import RLOOOptions
 from bpo_experiments import compare
 from bpo_experiments.config import CompareConfig, config_yaml, settings_from_data
 from bpo_experiments.output import check_same_settings
-from bpo_experiments.presets import PRESETS, preset_dict
+from bpo_experiments.presets import PRESETS, EnvSetup, preset_dict
 
 
 def _parse(*argv: str):
@@ -46,11 +46,26 @@ def test_the_file_sets_what_it_names_and_the_flags_override_it(tmp_path):
     path = _write(tmp_path / "c.yaml", {"preset": "smoke", "envs": ["treemdp"], "seeds": [0], "trainer": {"updates": 3},
                                         "options": {"rloo": {"baseline": "anchored"}}, "tuning": None})
     preset = _parse("--config", path)
-    assert list(preset.envs) == ["treemdp"] and preset.seeds == (0,) and preset.tuning is None
+    assert list(preset.envs) == ["treemdp"] and preset.envs["treemdp"].seeds == (0,) and preset.tuning is None
     assert preset.trainer.updates == 3 and preset.trainer.learning_rate == PRESETS["smoke"].trainer.learning_rate  # merged field by field
     assert preset.options["rloo"].baseline == "anchored" and preset.options["rloo"].group_size == RLOOOptions().group_size
     flagged = _parse("--config", path, "--seeds", "0", "1", "--updates", "5", "--rloo.baseline", "trajectory")
-    assert flagged.seeds == (0, 1) and flagged.trainer.updates == 5 and flagged.options["rloo"].baseline == "trajectory"
+    assert flagged.envs["treemdp"].seeds == (0, 1) and flagged.trainer.updates == 5 and flagged.options["rloo"].baseline == "trajectory"
+
+
+def test_a_file_of_an_earlier_version_with_per_env_settings_at_the_top_is_converted(tmp_path):
+    # before each env held its own seeds, evaluation and probes, a file wrote each as a preset
+    # field: one value for every env, or {env: value} (an env it did not name: the default)
+    path = _write(tmp_path / "old.yaml", {"preset": "smoke", "seeds": {"treemdp": [5, 6]}, "eval_episodes": 3,
+                                          "envs": {"treemdp": {}, "webshop": {"eval_episodes": 2}}})
+    preset = _parse("--config", path)
+    treemdp, webshop = preset.envs["treemdp"], preset.envs["webshop"]
+    assert treemdp.seeds == (5, 6) and webshop.seeds == EnvSetup("BPO-WebShop-v0").seeds  # not named: the default
+    assert treemdp.eval_episodes == 3 and webshop.eval_episodes == 2  # an env's own value wins over the top's
+    data = yaml.safe_load(config_yaml(CompareConfig("smoke", preset)))  # written again in this version's form
+    assert "seeds" not in data and data["envs"]["treemdp"]["seeds"] == [5, 6] and data["envs"]["webshop"]["eval_episodes"] == 2
+    with pytest.raises(SystemExit, match=r"\['seedz'\] are not settings"):  # the broken case: no such setting anywhere
+        _parse("--config", _write(tmp_path / "bad.yaml", {"preset": "smoke", "seedz": {"treemdp": [5]}}))
 
 
 @pytest.mark.parametrize("data, message", [
@@ -105,7 +120,7 @@ def test_print_config_prints_the_file_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     assert compare.main(["--smoke", "--seeds", "3", "4", "--rloo.group-size", "2", "--print-config", "--out", str(out)]) == {}
     data = yaml.safe_load(capsys.readouterr().out)
-    assert data["preset"] == "smoke" and data["seeds"] == [3, 4] and data["tuning"]["pinned"] == {"rloo": {"group_size": 2}}
+    assert data["preset"] == "smoke" and all(e["seeds"] == [3, 4] for e in data["envs"].values()) and data["tuning"]["pinned"] == {"rloo": {"group_size": 2}}
     assert not out.exists()
 
 

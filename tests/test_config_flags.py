@@ -17,7 +17,8 @@ from bpo_algos.bpo import BPOOptions
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_experiments import compare
 from bpo_experiments.flags import add_flags, field_docs, given
-from bpo_experiments.presets import PRESETS, RUN_FIELDS, Preset
+from bpo_experiments.presets import ENV_SETTINGS, PRESETS, RUN_FIELDS, EnvSetup, Preset
+from bpo_experiments.run_config import algorithm_spec, env_config, max_parallel_trees, option_kinds
 
 
 def _parse(argv):
@@ -37,7 +38,11 @@ def test_every_field_of_every_config_dataclass_has_a_flag_with_its_docstring():
         assert names == {f.name for f in dataclasses.fields(cls)} - set(skip), holder
         for dest, name in holders[holder].items():
             assert docs[name] and flags[dest].help.startswith(docs[name][:30]), (holder, name)
-    assert {"seeds", "budget", "policy", "grad_batches", "eval_episodes"} <= set(holders["preset"].values())
+    assert {"budget", "policy"} <= set(holders["preset"].values())
+    # each env's settings (EnvSetup fields) have their flag, one value for every env
+    assert set(holders["envs"].values()) == set(ENV_SETTINGS)
+    docs = field_docs(EnvSetup)
+    assert all(flags[dest].help.startswith(docs[name][:30]) for dest, name in holders["envs"].items())
 
 
 def test_a_new_field_gets_its_flag(tmp_path):
@@ -60,9 +65,9 @@ def test_flags_set_the_preset_trainer_and_algorithm_options():
     preset = _parse(["--updates", "3", "--learning-rate", "0.01", "--bpo.branch-factor", "3", "--rloo.baseline", "anchored",
                      "--kl-coef", "0.1", "--seeds", "4", "5", "--budget", "100", "--gradient-checkpointing"])
     assert preset.trainer.updates == 3 and preset.trainer.learning_rate == 0.01 and preset.trainer.gradient_checkpointing
-    assert all(preset.trainer_for(e).updates == 3 for e in preset.envs)  # over the per-env updates too
+    assert all(env_config(preset, e).trainer.updates == 3 for e in preset.envs)  # over the per-env updates too
     assert preset.options["bpo"].branch_factor == 3 and preset.options["rloo"].baseline == "anchored"
-    assert preset.shared.kl_coef == 0.1 and preset.seeds == (4, 5)
+    assert preset.shared.kl_coef == 0.1 and all(setup.seeds == (4, 5) for setup in preset.envs.values())  # one value, every env
     assert preset.budget == {e: 100 for e in preset.envs}
     assert PRESETS["cpu"].trainer.updates != 3 and PRESETS["cpu"].trainer.learning_rate != 0.01  # the table itself is untouched
 
@@ -93,7 +98,7 @@ def test_options_are_documented_dataclasses_and_read_as_attributes():
     assert Preset(envs={}).trainer == TrainerConfig(updates=30)
 
 
-def test_per_env_fields_are_read_from_their_types():
+def test_per_env_settings_are_each_envs_own_and_earlier_files_read_the_same():
     from bpo_experiments.output import env_setting
     from bpo_experiments.presets import PER_ENV_FIELDS, preset_dict
 
@@ -101,31 +106,38 @@ def test_per_env_fields_are_read_from_their_types():
     assert not {"envs", "options", "trainer", "policy", "pool_size"} & set(PER_ENV_FIELDS)
     # one env's own value is that env's setting only: resuming the other env's runs still matches
     preset = copy.deepcopy(PRESETS["cpu"])
-    preset.eval_temperature = {"webshop": 0.0}
+    preset.envs["webshop"].eval_temperature = 0.0
     saved = preset_dict(preset)
     assert env_setting(saved, "webshop")["eval_temperature"] == 0.0
     assert env_setting(saved, "alfworld")["eval_temperature"] is None
+    # a preset.json of an earlier version kept each env's settings as preset fields, one value or
+    # {env: value}: read as the same setting, so its folder resumes; another value is another setting
+    old = preset_dict(PRESETS["cpu"])
+    moved = {k: {e: old["envs"][e].pop(k) for e in old["envs"]} for k in ENV_SETTINGS}
+    old.update({**moved, "eval_episodes": 1})  # one value for every env, as the cpu preset's was
+    assert all(env_setting(old, e) == env_setting(preset_dict(PRESETS["cpu"]), e) for e in old["envs"])
+    old["seeds"] = {"webshop": [0, 1]}  # alfworld not named: the default (0, 1, 2), as it is
+    assert env_setting(old, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
+    assert env_setting(old, "webshop")["seeds"] != env_setting(preset_dict(PRESETS["cpu"]), "webshop")["seeds"]
     assert env_setting(saved, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
 
 
 def test_trees_in_flight_are_the_presets_explicit_choice():
     preset = copy.deepcopy(PRESETS["cpu"])
     preset.pool_size = 12
-    assert preset.max_parallel_trees() == 3  # a quarter of the pool
+    assert max_parallel_trees(preset) == 3  # a quarter of the pool
     preset.pool_size = 2
-    assert preset.max_parallel_trees() == 1
+    assert max_parallel_trees(preset) == 1
     preset.shared = AlgorithmConfig(max_parallel_trees=5)
-    assert preset.max_parallel_trees() == 5
-    from bpo_experiments.build import algorithm_options
+    assert max_parallel_trees(preset) == 5
 
-    assert algorithm_options("rloo", preset, 0)["max_parallel_trees"] == 5
+    assert algorithm_spec("rloo", preset, 0).keywords()["max_parallel_trees"] == 5
 
 
 def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach_it(monkeypatch):
     from bpo_algos import registry
     from bpo_algos.algorithm import Options
     from bpo_algos.registry import Variant, make_algorithm, register_algorithm
-    from bpo_experiments.build import algorithm_options, option_kinds
 
     @dataclasses.dataclass
     class MineOptions(Options):
@@ -140,13 +152,13 @@ def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach
     register_algorithm("rloo-5", functools.partial(RLOO, group_size=5))
     preset = _parse(["--mine.width", "3", "--rloo.group-size", "6", "--rloo.baseline", "anchored",
                      "--frozen.of", "grpo", "--grpo.group-size", "5"])
-    assert make_algorithm("mine", **algorithm_options("mine", preset, 0)).options.group_size == 3  # a user's kind
-    rloo4 = algorithm_options("rloo-4", preset, 0)  # a variant: its kind's options but the one it fixes
+    assert make_algorithm("mine", **algorithm_spec("mine", preset, 0).keywords()).options.group_size == 3  # a user's kind
+    rloo4 = algorithm_spec("rloo-4", preset, 0).keywords()  # a variant: its kind's options but the one it fixes
     assert "group_size" not in rloo4 and rloo4["baseline"] == "anchored"
     assert make_algorithm("rloo-4", **rloo4).options == RLOOOptions(group_size=4, baseline="anchored")
-    assert "group_size" not in algorithm_options("bare", preset, 0)  # declares none: the shared options only
-    assert algorithm_options("rloo-5", preset, 0)["baseline"] == "anchored" and "group_size" not in algorithm_options("rloo-5", preset, 0)
-    frozen = algorithm_options("frozen", preset, 0)  # a control: the options of the algorithm it wraps
+    assert "group_size" not in algorithm_spec("bare", preset, 0).keywords()  # declares none: the shared options only
+    assert algorithm_spec("rloo-5", preset, 0).keywords()["baseline"] == "anchored" and "group_size" not in algorithm_spec("rloo-5", preset, 0).keywords()
+    frozen = algorithm_spec("frozen", preset, 0).keywords()  # a control: the options of the algorithm it wraps
     assert frozen["of"] == "grpo" and frozen["group_size"] == 5
     assert type(make_algorithm("frozen", **frozen).inner).__name__ == "GRPO"
     assert option_kinds(["frozen", "rloo-2x", "rloo-4", "mine", "bare"], preset) == {
@@ -157,15 +169,14 @@ def test_every_registered_factory_declares_its_options_and_its_kinds_flags_reach
 
 def test_a_kinds_flag_sets_that_option_over_an_envs_own(monkeypatch):
     from baselines.gigpo import GiGPOOptions
-    from bpo_experiments.build import algorithm_options
 
     cpu = copy.deepcopy(PRESETS["cpu"])
     first = next(iter(cpu.envs))
     cpu.envs[first].options["gigpo"] = GiGPOOptions(scale="group")
     monkeypatch.setitem(PRESETS, "cpu", cpu)
-    assert algorithm_options("gigpo", cpu, 0, first)["scale"] == "group"  # the env's own
+    assert algorithm_spec("gigpo", cpu, 0, first).keywords()["scale"] == "group"  # the env's own
     preset = _parse(["--gigpo.scale", "none"])
-    assert all(algorithm_options("gigpo", preset, 0, e)["scale"] == "none" for e in preset.envs)  # the flag wins
+    assert all(algorithm_spec("gigpo", preset, 0, e).keywords()["scale"] == "none" for e in preset.envs)  # the flag wins
 
 
 def test_a_folder_of_an_earlier_version_resumes_unless_it_set_a_removed_field(tmp_path):

@@ -295,12 +295,12 @@ def test_gigpo_collects_a_fan():
 
 
 def test_the_main_job_passes_an_algorithms_options_to_its_variants():
-    from bpo_experiments.build import algorithm_options
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.run_config import algorithm_spec
 
     preset = PRESETS["cpu-llm"]
-    bpo = algorithm_options("bpo-anchored", preset, 0)
+    bpo = algorithm_spec("bpo-anchored", preset, 0).keywords()
     assert bpo["backbones"] == preset.options["bpo"].backbones == 2 and "baseline" not in bpo  # the variant's own
-    assert algorithm_options("rloo-anchored", preset, 0)["group_size"] == preset.options["rloo"].group_size == 4
-    assert make_algorithm("rloo-anchored", **algorithm_options("rloo-anchored", preset, 0)).options.baseline == "anchored"
-    assert "group_size" not in algorithm_options("gigpo", preset, 0)  # no GiGPO options in this preset: defaults
+    assert algorithm_spec("rloo-anchored", preset, 0).keywords()["group_size"] == preset.options["rloo"].group_size == 4
+    assert make_algorithm("rloo-anchored", **algorithm_spec("rloo-anchored", preset, 0).keywords()).options.baseline == "anchored"
+    assert "group_size" not in algorithm_spec("gigpo", preset, 0).keywords()  # no GiGPO options in this preset: defaults

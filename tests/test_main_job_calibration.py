@@ -7,17 +7,18 @@ import pytest
 
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool, TabularPolicy, make_algorithm
-from bpo_experiments.build import build_algorithm, run_budget
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.run_config import algorithm_spec, comparison_config, env_config
 from bpo_experiments.stats import run_metrics
 
 
 def test_rloo_2x_collects_twice_the_budget_of_rloo():
     preset = PRESETS["smoke"]
-    rloo, doubled = (build_algorithm(name, preset, 0, "treemdp") for name in ("rloo", "rloo-2x"))
+    rloo, doubled = (algorithm_spec(name, preset, 0, "treemdp").build() for name in ("rloo", "rloo-2x"))
+    treemdp = env_config(preset, "treemdp")
     assert rloo.budget_multiple == 1.0 and doubled.budget_multiple == 2.0
     assert doubled.config() == rloo.config()  # the comparator's options, only the budget differs
-    assert run_budget(preset, "treemdp", doubled).amount == 2 * run_budget(preset, "treemdp", rloo).amount == 256
+    assert treemdp.per_update_budget(doubled.budget_multiple).amount == 2 * treemdp.per_update_budget(rloo.budget_multiple).amount == 256
 
     def make():
         return gym.make("BPO-TreeMDP-v0", depth=6, n_actions=3, n_tasks=8, seed=0)
@@ -26,7 +27,7 @@ def test_rloo_2x_collects_twice_the_budget_of_rloo():
     try:
         steps = {}
         for name, algorithm in (("rloo", rloo), ("rloo-2x", doubled)):
-            batch = algorithm.collect(TabularPolicy(seed=0), pool, list(range(8)), run_budget(preset, "treemdp", algorithm), seed=1)
+            batch = algorithm.collect(TabularPolicy(seed=0), pool, list(range(8)), treemdp.per_update_budget(algorithm.budget_multiple), seed=1)
             steps[name] = batch.compute.env_steps
     finally:
         pool.close()
@@ -42,11 +43,12 @@ def _run(multiple: float) -> dict:
 
 def test_the_calibration_curve_is_read_per_update():
     preset = PRESETS["smoke"]
-    same_updates = run_metrics(_run(1.0), preset, "env_steps")["auc"]
-    assert run_metrics(_run(2.0), preset, "env_steps")["auc"] == pytest.approx(same_updates)
+    treemdp = env_config(preset, "treemdp")
+    same_updates = run_metrics(_run(1.0), treemdp)["auc"]
+    assert run_metrics(_run(2.0), treemdp)["auc"] == pytest.approx(same_updates)
     # broken case: its compute read as the others' would squeeze its curve into half the horizon
     unscaled = {**_run(2.0), "budget_multiple": 1.0}
-    assert run_metrics(unscaled, preset, "env_steps")["auc"] != pytest.approx(same_updates)
+    assert run_metrics(unscaled, treemdp)["auc"] != pytest.approx(same_updates)
 
 
 def test_the_treatment_is_compared_with_the_calibration_paired_by_seed():
@@ -58,7 +60,7 @@ def test_the_treatment_is_compared_with_the_calibration_paired_by_seed():
     rows = {a: [{"seed": s, "budget_multiple": 2.0 if a == "rloo-2x" else 1.0} for s in range(4)] for a in auc}
     rows["rloo-2x"] = rows["rloo-2x"][:3][::-1]  # seed 3's calibration run is missing, and the rows come in another order
     vs = {a: compare_with(rows[a], rows["rloo"], metrics, a, "rloo") for a in ("bpo", "rloo-2x")}
-    out = _headlines(vs, rows, preset)["treatment_vs_calibration"]
+    out = _headlines(vs, rows, comparison_config(preset))["treatment_vs_calibration"]
     assert (out["treatment"], out["calibration"], out["metric"]) == ("bpo", "rloo-2x", "auc")
     # per seed bpo − rloo-2x on the seeds both have: -0.02, -0.01, -0.03
     assert out["seeds"] == [0, 1, 2] and out["diff_per_seed"] == pytest.approx([-0.02, -0.01, -0.03])

@@ -21,9 +21,9 @@ from bpo_algos import BPO, Budget
 from bpo_algos.compute import cost_flops
 from bpo_algos.diagnostics import signal_to_noise
 from bpo_algos.policy.choice import ChoicePolicy
-from bpo_experiments.evaluation import eval_points
 from bpo_experiments.plan import calibration_power
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.run_config import comparison_config, env_config
 from bpo_experiments.significance import (
     minimal_detectable_effect,
     paired_p_value,
@@ -98,12 +98,13 @@ def test_the_plan_states_the_power_to_detect_the_calibration_effect():
     # 0.011 at 20 seeds, so the headline sees an effect of the calibration's size with power 0.42
     sd = 0.011 * math.sqrt(20) / (t_quantile(0.975, 19) + t_quantile(0.8, 19))
     record = {"vs_comparator": {"bpo": {"auc": {"sd": sd, "diff": -0.006}}, "rloo-2x": {"auc": {"sd": 0.02, "diff": 0.0069}}}}
-    out = calibration_power(PRESETS["cpu"], record, 20)
+    cpu = comparison_config(PRESETS["cpu"])
+    out = calibration_power(cpu, record, 20)
     assert out["mde"] == pytest.approx(0.011) and out["effect"] == 0.0069 and out["power"] == pytest.approx(0.42, abs=0.01)
     # more seeds, more power; the broken case (the calibration's own spread) would read another power
-    assert calibration_power(PRESETS["cpu"], record, 40)["power"] > 0.6
+    assert calibration_power(cpu, record, 40)["power"] > 0.6
     assert power(0.0069, 0.02, 20) != pytest.approx(out["power"], abs=0.05)
-    assert calibration_power(PRESETS["cpu"], {"vs_comparator": {"bpo": {"auc": {"sd": sd}}}}, 20) is None
+    assert calibration_power(cpu, {"vs_comparator": {"bpo": {"auc": {"sd": sd}}}}, 20) is None
 
 
 def test_every_preset_evaluates_each_run_at_least_six_times():
@@ -113,17 +114,18 @@ def test_every_preset_evaluates_each_run_at_least_six_times():
     checked = 0
     for name, preset in PRESETS.items():
         for env in preset.envs:
-            if preset.trainer_for(env).updates < 5:
+            settings = env_config(preset, env)
+            if settings.trainer.updates < 5:
                 continue
             checked += 1
-            assert len(eval_points(preset, env)) >= 6, (name, env, eval_points(preset, env))
+            assert len(settings.eval_points) >= 6, (name, env, settings.eval_points)
     assert checked >= 8
-    assert eval_points(PRESETS["cpu"], "alfworld") == [0, 2, 4, 6, 8, 10, 12]
+    assert env_config(PRESETS["cpu"], "alfworld").eval_points == (0, 2, 4, 6, 8, 10, 12)
     # the broken case: the former CPU default (WebShop every 10 of 20 updates) had 3 points
     import copy
     old = copy.deepcopy(PRESETS["cpu"])
-    old.eval_every = {"webshop": 10, "alfworld": 6}
-    assert eval_points(old, "webshop") == [0, 10, 20]
+    old.envs["webshop"].eval_every, old.envs["alfworld"].eval_every = 10, 6
+    assert env_config(old, "webshop").eval_points == (0, 10, 20)
 
 
 def test_curve_metrics_by_hand():

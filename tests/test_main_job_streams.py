@@ -9,9 +9,9 @@ import gymnasium as gym
 
 import bpo_envs  # noqa: F401
 from bpo_algos import EnvPool, TabularPolicy
-from bpo_experiments.build import build_algorithm, trainer_config
 from bpo_experiments.evaluation import evaluate_episodes
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.run_config import algorithm_spec, env_config
 from bpo_experiments.streams import ROLES, stream_seed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,9 +34,10 @@ def test_two_seeds_share_no_stream():
 def test_algorithms_of_one_seed_share_their_streams():
     preset = PRESETS["smoke"]
     # the same training stream (tasks, trees) and evaluation episodes for every algorithm of a seed
-    seeds = {trainer_config(preset, "treemdp", 3, 4).seed for _ in preset.algorithms}
-    assert len(seeds) == 1 and seeds != {trainer_config(preset, "treemdp", 4, 4).seed}
-    assert build_algorithm("bpo", preset, 7, "treemdp").seed == build_algorithm("rloo", preset, 7, "treemdp").seed == 7
+    treemdp = env_config(preset, "treemdp")
+    seeds = {treemdp.run_trainer(3, 4).seed for _ in preset.algorithms}
+    assert len(seeds) == 1 and seeds != {treemdp.run_trainer(4, 4).seed}
+    assert algorithm_spec("bpo", preset, 7, "treemdp").build().seed == algorithm_spec("rloo", preset, 7, "treemdp").build().seed == 7
 
     def make():
         return gym.make("BPO-TreeMDP-v0", depth=3, n_actions=2, n_tasks=6, seed=0)

@@ -12,6 +12,7 @@ from bpo_algos.bpo import BPOOptions
 from bpo_experiments import compare
 from bpo_experiments.plan import extra_runs
 from bpo_experiments.presets import PRESETS
+from bpo_experiments.run_config import comparison_config
 from bpo_experiments.significance import one_way_anova
 from bpo_experiments.tasks import task_order, task_split
 from bpo_experiments.tuning import choose, decide, default_candidate, tuning_tasks
@@ -121,7 +122,7 @@ def test_the_defaults_as_a_candidate_read_every_tuned_field():
 
 
 def test_plan_counts_the_tuning_runs():
-    cpu = PRESETS["cpu"]
+    cpu = comparison_config(PRESETS["cpu"])
     extra = extra_runs(cpu, "webshop")
     assert len(extra["tuning"]) == 2 * 4 * 2  # (bpo, rloo) x 4 candidates x 2 tuning seeds
     assert sorted(set(extra["tuning"])) == ["bpo", "rloo"]

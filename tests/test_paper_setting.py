@@ -127,6 +127,7 @@ def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
 
     from bpo_algos.memory_plan import check_preset_fits
     from bpo_experiments.presets import GPU_UPDATE_FLOPS, PRESETS
+    from bpo_experiments.run_config import comparison_config
 
     gpu, lora = PRESETS["gpu"], PRESETS["gpu-lora"]
     for preset in (gpu, lora):
@@ -134,22 +135,23 @@ def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
         assert all(preset.options[a].group_size == 8 for a in ("grpo", "rloo", "gigpo"))
         assert preset.trainer.updates == 150 and preset.budget_unit == "flops" and preset.trainer.max_grad_norm == 1.0
         assert preset.budget == GPU_UPDATE_FLOPS
-        assert preset.for_env("eval_temperature", "alfworld") == 0.4 == preset.for_env("eval_temperature", "webshop")
-        assert preset.for_env("eval_temperature", "swebench") == 0.0
+        envs = comparison_config(preset).envs
+        assert envs["alfworld"].policy.eval_temperature == 0.4 == envs["webshop"].policy.eval_temperature
+        assert envs["swebench"].policy.eval_temperature == 0.0
         assert preset.envs["alfworld"].kwargs["invalid_penalty"] == 0.1 == preset.envs["webshop"].kwargs["invalid_penalty"]
         assert preset.envs["alfworld"].kwargs["max_episode_steps"] == 50 and preset.envs["webshop"].kwargs["max_episode_steps"] == 15
-        assert preset.for_env("max_model_len", "alfworld") == 2048 + 512 and preset.for_env("max_model_len", "webshop") == 4096 + 512
+        assert envs["alfworld"].policy.max_model_len == 2048 + 512 and envs["webshop"].policy.max_model_len == 4096 + 512
         assert preset.envs["swebench"].eval_split == "rows" and preset.envs["swebench"].eval_tasks == 500
-        assert set(check_preset_fits(preset)) == set(preset.envs)
+        assert set(check_preset_fits(comparison_config(preset))) == set(preset.envs)
     assert gpu.trainer.learning_rate == 1e-6 and not gpu.lora and gpu.trainer.fsdp and gpu.reference_offload
     assert (gpu.gpus, gpu.gpu_gb) == (8, 80.0)
     assert lora.lora and lora.trainer.learning_rate == 1e-5 and not lora.trainer.fsdp and (lora.gpus, lora.gpu_gb) == (1, 141.0)
     assert gpu.envs["webshop"] is not lora.envs["webshop"]  # flags edit one preset's envs only
     # bad input: a preset that cannot fit the GPUs given is refused with the plan
     with pytest.raises(ValueError, match=r"(?s)does not fit 1 x 80 GB.*\| no \|"):
-        check_preset_fits(replace(gpu, gpus=1), "gpu")
+        check_preset_fits(comparison_config(replace(gpu, gpus=1)), "gpu")
     with pytest.raises(ValueError, match="does not fit 8 x 80 GB"):
-        check_preset_fits(replace(gpu, reference_offload=False, pool_size=64), "gpu")
+        check_preset_fits(comparison_config(replace(gpu, reference_offload=False, pool_size=64)), "gpu")
 
 
 def test_evaluation_temperature_zero_is_greedy_and_restored(probe_policy):
@@ -185,9 +187,11 @@ def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
         markdown,
     )
     from bpo_experiments.presets import PRESETS
+    from bpo_experiments.run_config import comparison_config
 
     preset = PRESETS["gpu"]
-    plan = gpu_plan(preset)
+    comparison = comparison_config(preset)
+    plan = gpu_plan(comparison)
     assert set(plan) == set(preset.envs)
     for env, row in plan.items():
         assert row["mde"] <= TARGET_MDE, (env, row)
@@ -195,7 +199,7 @@ def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
         assert row["runs"] == row["seeds"] * len(preset.algorithms)
         assert row["flops_total"] == pytest.approx(row["runs"] * row["flops_per_run"]["total"])
         assert row["days_on_8xH100"] == pytest.approx(row["gpu_hours"] / 8 / 24)
-        best = choose(preset, env)  # the preset's seeds and episodes are the cheapest that detect 4 points
+        best = choose(comparison.envs[env])  # the preset's seeds and episodes are the cheapest that detect 4 points
         assert (best["seeds"], best["eval_episodes"]) == (row["seeds"], row["eval_episodes"]), (env, best, row)
     assert plan["swebench"]["eval_episodes"] == 1 and plan["swebench"]["eval_tasks"] == 500
     assert "| alfworld |" in markdown(plan)

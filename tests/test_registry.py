@@ -14,8 +14,8 @@ from baselines import RLOO
 from bpo_algos import BPO, make_algorithm, register_algorithm, registered_algorithms
 from bpo_algos.registry import _ALGORITHMS
 from bpo_experiments import compare
-from bpo_experiments.build import algorithm_options
 from bpo_experiments.presets import PRESETS, EnvSetup
+from bpo_experiments.run_config import algorithm_spec
 
 TINY = ["--envs", "treemdp", "--seeds", "0", "--updates", "2", "--budget", "96", "--grad-batches", "2", "--no-progress", "--jobs", "1"]
 
@@ -49,20 +49,20 @@ def test_register_rejects_bad_names_duplicates_and_non_callables(clean_registry)
 def test_an_algorithms_options_go_only_to_its_own_kind(clean_registry):
     register_algorithm("rloo-4", lambda **options: RLOO(group_size=4, **options))
     preset = PRESETS["cpu-llm"]
-    assert algorithm_options("bpo", preset, 0)["backbones"] == preset.options["bpo"].backbones
-    assert algorithm_options("rloo", preset, 0)["group_size"] == preset.options["rloo"].group_size
-    assert "group_size" not in algorithm_options("rloo-4", preset, 0)  # a bare **options factory
-    assert "backbones" not in algorithm_options("grpo", preset, 0)
-    assert make_algorithm("rloo-4", **algorithm_options("rloo-4", preset, 0)).options.group_size == 4
+    assert algorithm_spec("bpo", preset, 0).keywords()["backbones"] == preset.options["bpo"].backbones
+    assert algorithm_spec("rloo", preset, 0).keywords()["group_size"] == preset.options["rloo"].group_size
+    assert "group_size" not in algorithm_spec("rloo-4", preset, 0).keywords()  # a bare **options factory
+    assert "backbones" not in algorithm_spec("grpo", preset, 0).keywords()
+    assert make_algorithm("rloo-4", **algorithm_spec("rloo-4", preset, 0).keywords()).options.group_size == 4
 
 
 def test_an_envs_own_options_replace_the_presets_for_that_env_only():
     # verl-agent's GiGPO: mean_std_norm on ALFWorld, mean_norm on WebShop
     preset = PRESETS["gpu"]
-    assert algorithm_options("gigpo", preset, 0, "alfworld")["scale"] == "group"
-    assert algorithm_options("gigpo", preset, 0, "webshop")["scale"] == "none"
-    assert algorithm_options("gigpo", preset, 0)["scale"] == "none"
-    assert algorithm_options("gigpo", preset, 0, "alfworld")["gamma"] == 0.95  # the rest as the preset's
+    assert algorithm_spec("gigpo", preset, 0, "alfworld").keywords()["scale"] == "group"
+    assert algorithm_spec("gigpo", preset, 0, "webshop").keywords()["scale"] == "none"
+    assert algorithm_spec("gigpo", preset, 0).keywords()["scale"] == "none"
+    assert algorithm_spec("gigpo", preset, 0, "alfworld").keywords()["gamma"] == 0.95  # the rest as the preset's
     with pytest.raises(TypeError, match="option dataclasses"):
         EnvSetup("BPO-TreeMDP-v0", options={"gigpo": {"scale": "group"}})
 

@@ -60,7 +60,10 @@ def test_gpu_preset_trains_swe_bench_off_verified_and_evaluates_on_docker(tmp_pa
     swe = preset.envs["swebench"]
     assert swe.kwargs == {"max_episode_steps": 50, "instances": train, "backend": "docker", "images_dir": "/images"}
     assert swe.eval_kwargs == {"instances": verified} and swe.eval_split == "rows" and swe.eval_tasks == 500
-    assert preset.for_env("eval_temperature", "swebench") == 0.0 and preset.for_env("eval_episodes", "swebench") == 1
+    from bpo_experiments.run_config import env_config
+
+    swebench = env_config(preset, "swebench")
+    assert swebench.policy.eval_temperature == 0.0 and swebench.evaluation.episodes == 1
     assert preset.envs["webshop"].kwargs["data_dir"] == "/ws"
     assert preset.envs["alfworld"].kwargs["data_dir"] == "/alf"
     # without SWE-bench the gpu preset needs no SWE-bench flags
