@@ -21,10 +21,12 @@ SHARED_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
          "test_swebench_capacity.py", "test_swebench_official.py"),
     ),
     "processes": (
-        "each starts its own processes (torchrun / accelerate / gloo ranks, Ray actors, a run "
+        "each starts its own processes (torchrun / accelerate / gloo ranks, a local Ray cluster "
+        "with its object store in /dev/shm, `bpo-compare --jobs` workers counted by pid, a run "
         "killed by SIGKILL): two at once oversubscribe the cores their rendezvous and restart "
-        "deadlines assume",
-        ("test_data_parallel.py", "test_data_parallel_ray.py", "test_ray_pool.py", "test_resume_kill.py"),
+        "deadlines assume, and two Ray clusters share one /dev/shm",
+        ("test_data_parallel.py", "test_data_parallel_ray.py", "test_ray_pool.py", "test_resume_kill.py",
+         "test_main_job.py", "test_trust.py"),
     ),
 }
 """``group: (why, test modules)``: modules whose tests must not run beside each other."""
