@@ -15,10 +15,13 @@ import pytest
 
 SHARED_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "docker": (
-        "the Docker daemon: the slow stage restarts it (its containers stop), and the capacity, "
-        "CPU-quota and memory-limit checks measure what the one daemon on this host grants",
+        "every module that starts containers: the slow stage restarts the Docker daemon (every "
+        "container stops), and the capacity, CPU-quota, memory-limit and kill checks measure what "
+        "the one daemon on this host grants",
         ("test_swebench_faults.py", "test_swebench_docker.py", "test_swebench_docker_escape.py",
-         "test_swebench_capacity.py", "test_swebench_official.py"),
+         "test_swebench_capacity.py", "test_swebench_official.py", "test_swebench_grading.py",
+         "test_swebench_host_side.py", "test_swebench_hostile.py", "test_swebench_tampering.py",
+         "test_swebench_owners.py"),
     ),
     "processes": (
         "each starts its own processes (torchrun / accelerate / gloo ranks, a local Ray cluster "
