@@ -8,4 +8,4 @@ from skip_policy import (  # noqa: F401 - pytest hooks
     pytest_runtest_makereport,
     pytest_terminal_summary,
 )
-from xdist_groups import pytest_collection_modifyitems  # noqa: F401 - pytest hook
+from xdist_groups import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401 - pytest hooks

@@ -37,10 +37,13 @@ SHARED_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
 _GROUP_OF_MODULE = {module: group for group, (_, modules) in SHARED_GROUPS.items() for module in modules}
 
 
+def group_of_module(name: str) -> str:
+    """The xdist group of the tests in module file ``name``: its shared group, else ``name``."""
+    return _GROUP_OF_MODULE.get(name, name)
+
+
 def group_of(item: pytest.Item) -> str:
-    """The xdist group of ``item``: its shared group, else its module's file name."""
-    module = item.path.name
-    return _GROUP_OF_MODULE.get(module, module)
+    return group_of_module(item.path.name)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the markers
@@ -48,3 +51,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group_of(item)))
+
+
+def group_of_nodeid(nodeid: str) -> str:
+    """The group of a collected test id: the ``@group`` suffix pytest-xdist's worker adds where it
+    can, else the group of its module (pytest 9 keeps a test's id apart from ``item._nodeid``, so
+    the worker's suffix is lost and ``--dist loadgroup`` alone would group nothing)."""
+    if "@" in nodeid:
+        return nodeid.rsplit("@", 1)[1]
+    return group_of_module(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # a pytest-xdist hook (absent without it)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``--dist loadgroup``: pytest-xdist's scope scheduling, one scope per group (the
+    groups with the most tests handed out first)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of_nodeid(nodeid)
+
+    return GroupScheduling(config, log)
