@@ -6,7 +6,10 @@ another on one worker, and a test with no group may run on any worker beside any
 test module here is one group (so a module's module-scoped fixtures are built once, as in a
 serial run), except the modules of :data:`SHARED_GROUPS`: the tests that must not run beside each
 other share one group across modules. A test that already has an ``xdist_group`` marker keeps it.
-Without pytest-xdist the markers change nothing.
+Without pytest-xdist the markers change nothing. The scheduler is this module's
+(:func:`pytest_xdist_make_scheduler`): pytest-xdist's own ``loadgroup`` reads the group from a
+suffix it writes into ``item._nodeid``, which pytest 9 no longer uses as the test's id, so alone
+it would hand out every test on its own (``tests/test_xdist_groups.py`` catches that).
 """
 
 from __future__ import annotations
