@@ -1,10 +1,12 @@
 # The two commands of the README's Quickstart. Each sets up what it needs first (scripts/setup.sh:
 # idempotent, seconds when nothing changed), so either works on a fresh clone, in either order.
 #   make compare   the main job on the CPU default (bpo-compare; OUT=..., ARGS=... to change it)
-#   make test      the tests (pytest; ARGS=... e.g. ARGS="-m slow")
+#   make test      the tests (pytest on every core, at most 4 workers; ARGS=... e.g. ARGS="-m slow";
+#                  XDIST= runs them in one process). Which tests share a worker: tests/xdist_groups.py
 VENV ?= .venv
 OUT ?= results/compare
 ARGS ?=
+XDIST ?= -n auto --maxprocesses 4 --dist loadgroup
 
 .PHONY: setup compare test
 
@@ -15,4 +17,4 @@ compare: setup
 	$(VENV)/bin/bpo-compare --out $(OUT) --resume $(ARGS)
 
 test: setup
-	$(VENV)/bin/pytest $(ARGS)
+	$(VENV)/bin/pytest $(XDIST) $(ARGS)

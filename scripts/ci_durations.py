@@ -24,7 +24,8 @@ from typing import Any
 
 PLUGIN = '''"""pytest plugin (scripts/ci_durations.py): CPU and wall seconds per test, setup and teardown
 included. CPU: this process, the children it reaped, and the CPU its live descendants (a
-long-lived worker such as the ALFWorld planner) used during the test."""
+long-lived worker such as the ALFWorld planner) used during the test. Under pytest-xdist each
+worker measures its own tests and hands the rows to the controller, which prints them."""
 import resource
 import time
 
@@ -62,12 +63,25 @@ def pytest_runtest_protocol(item, nextitem):
     _rows.append((item.nodeid, _cpu() - c0 + descendants, time.perf_counter() - w0))
 
 
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the rows go to the controller
+        workeroutput["cpu_durations"] = list(_rows)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown without it
+def pytest_testnodedown(node, error):  # pytest-xdist's controller: a worker's rows
+    _rows.extend(tuple(row) for row in getattr(node, "workeroutput", {}).get("cpu_durations", ()))
+
+
 def pytest_terminal_summary(terminalreporter):
     for nodeid, cpu, wall in _rows:
         terminalreporter.write_line(f"CPUTIME {cpu:.2f} WALL {wall:.2f} {nodeid}")
 '''
 """The plugin's source (``--write-plugin DIR`` writes it as ``DIR/cpu_durations.py``)."""
 
+XDIST_GROUP = re.compile(r"@[A-Za-z0-9_.-]+$")
+"""The ``@group`` suffix pytest-xdist's ``--dist loadgroup`` adds to a grouped test's id."""
 CPU_LINE = re.compile(r"^CPUTIME ([0-9.]+) WALL ([0-9.]+) (\S.*?)\s*$")
 WALL_LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S.*?)\s*$")
 LOAD = re.compile(r"load average: ([0-9.]+), ([0-9.]+), ([0-9.]+)")
@@ -79,9 +93,9 @@ def read_log(path: Path) -> tuple[dict[str, dict[str, float]], list[list[float]]
     loads: list[list[float]] = []
     for line in path.read_text(errors="replace").splitlines():
         if m := CPU_LINE.match(line):
-            tests[m.group(3)] = {"cpu_s": float(m.group(1)), "wall_s": float(m.group(2))}
+            tests[XDIST_GROUP.sub("", m.group(3))] = {"cpu_s": float(m.group(1)), "wall_s": float(m.group(2))}
         elif m := WALL_LINE.match(line):
-            row = tests.setdefault(m.group(3), {"wall_s": 0.0})
+            row = tests.setdefault(XDIST_GROUP.sub("", m.group(3)), {"wall_s": 0.0})
             if "cpu_s" not in row:
                 row["wall_s"] += float(m.group(1))
         elif m := LOAD.search(line):

@@ -6,6 +6,9 @@ installed, or a system part the set-up did not install), saying which. Under
 and the alfworld, swebench and llm system parts) a skip is turned into a failure unless its
 reason matches :data:`ALLOWED_UNDER_FULL_SETUP`: parts that set-up does not install. The
 terminal summary lists every skip reason with its count, allowed or refused.
+
+Under pytest-xdist the skips are judged where the report is made (a worker) and counted where
+it is logged (the controller, which prints the summary), so the summary covers every worker.
 """
 
 from __future__ import annotations
@@ -50,17 +53,30 @@ def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 
 
 _seen: Counter[tuple[str, bool]] = Counter()
+"""``(reason, allowed)`` counts of the reports this process logged (under pytest-xdist: the
+controller, which logs every worker's reports)."""
+
+JUDGED = "bpo_skip_judged"
+"""The report attribute ``[reason, allowed]`` a judged skip carries (it travels with the report
+from a pytest-xdist worker to the controller)."""
 
 
 def _judge(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Where the report is made (a worker under pytest-xdist): a refused skip becomes a failure."""
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = _reason(report)
     ok = not require_all() or allowed(reason) is not None
-    _seen[(reason, ok)] += 1
+    setattr(report, JUDGED, [reason, ok])
     if not ok:
         report.outcome = "failed"
         report.longrepr = f"{REFUSED}: {reason}"
+
+
+def _count(report: pytest.TestReport | pytest.CollectReport) -> None:
+    judged = getattr(report, JUDGED, None)
+    if judged is not None:
+        _seen[(judged[0], bool(judged[1]))] += 1
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -73,6 +89,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
 def pytest_make_collect_report(collector: pytest.Collector) -> object:
     outcome = yield
     _judge(outcome.get_result())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _count(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _count(report)
 
 
 def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:

@@ -81,7 +81,7 @@ def test_allowed_reasons_are_only_parts_the_setup_does_not_install():
         assert allowed(reason) is None, reason
 
 
-def _run(tmp_path: Path, require_all: bool) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, require_all: bool, xdist: bool = False) -> subprocess.CompletedProcess:
     (tmp_path / "test_planted.py").write_text(
         "import pytest\n"
         "def test_needs_bwrap():\n    pytest.skip('bubblewrap is not installed (bpo-gym-setup swebench)')\n"
@@ -93,8 +93,9 @@ def _run(tmp_path: Path, require_all: bool) -> subprocess.CompletedProcess:
     env.pop("BPO_REQUIRE_ALL", None)
     if require_all:
         env["BPO_REQUIRE_ALL"] = "1"
+    workers = ["-n", "2", "--dist", "load"] if xdist else ["-p", "no:xdist"]
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "skip_policy", "-p", "no:cacheprovider",
-                           str(tmp_path / "test_planted.py")], cwd=tmp_path, env=env,
+                           *workers, str(tmp_path / "test_planted.py")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -106,3 +107,17 @@ def test_require_all_fails_a_skip_for_an_installed_part_and_lists_the_allowed(tm
     assert "allowed (vLLM is not installed by the set-up" in done.stdout
     relaxed = _run(tmp_path, require_all=False)
     assert relaxed.returncode == 0 and "1 passed, 2 skipped" in relaxed.stdout, relaxed.stdout
+
+
+def test_require_all_holds_under_pytest_xdist(tmp_path):
+    # the skips are judged on the workers and summed on the controller: the summary lists both
+    # workers' skips and the refused one fails the run
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed: pip install 'bpo-gym[test]'")
+    done = _run(tmp_path, require_all=True, xdist=True)
+    assert done.returncode == 1, done.stdout
+    assert "1 failed, 1 passed, 1 skipped" in done.stdout, done.stdout
+    assert "1 x REFUSED: bubblewrap is not installed" in done.stdout, done.stdout
+    assert "1 x allowed (vLLM is not installed by the set-up" in done.stdout, done.stdout
+    relaxed = _run(tmp_path, require_all=False, xdist=True)
+    assert relaxed.returncode == 0 and "1 passed, 2 skipped" in relaxed.stdout, relaxed.stdout
+    assert "skip reasons (BPO_REQUIRE_ALL unset" in relaxed.stdout, relaxed.stdout
