@@ -90,4 +90,35 @@ def require_declared(env: Any, needed_for: str) -> EnvCapabilities:
     return owner
 
 
-__all__ = ["EnvCapabilities", "declared", "require_declared"]
+def fixed_declarations(env: EnvCapabilities) -> dict[str, Any]:
+    """The declarations of ``env`` that never change while it lives, as the JSON-safe dict a
+    host (a Ray actor, a ``bpo-serve`` session) sends once to the :class:`ForwardedCapabilities`
+    proxy standing for it."""
+    return {
+        "max_episode_steps": env.max_episode_steps,
+        "restore_prefers_origin": env.restore_prefers_origin,
+        "has_expert": env.has_expert,
+    }
+
+
+class ForwardedCapabilities(EnvCapabilities):
+    """The fixed declarations of an env hosted elsewhere, read from what its host sent
+    (:func:`fixed_declarations`): a proxy implements :meth:`_declared` (fetched once, cached)."""
+
+    def _declared(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def max_episode_steps(self) -> int | None:  # type: ignore[override]
+        return self._declared()["max_episode_steps"]
+
+    @property
+    def restore_prefers_origin(self) -> bool:  # type: ignore[override]
+        return self._declared()["restore_prefers_origin"]
+
+    @property
+    def has_expert(self) -> bool:  # type: ignore[override]
+        return self._declared()["has_expert"]
+
+
+__all__ = ["EnvCapabilities", "ForwardedCapabilities", "declared", "fixed_declarations", "require_declared"]

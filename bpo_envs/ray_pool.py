@@ -46,7 +46,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from bpo_envs.capabilities import EnvCapabilities, declared
+from bpo_envs.capabilities import (
+    EnvCapabilities,
+    ForwardedCapabilities,
+    declared,
+    fixed_declarations,
+)
 from bpo_envs.core import (
     Snapshot,
     SnapshotError,
@@ -109,12 +114,7 @@ class EnvHost:
 
     def capabilities(self, slot: int) -> dict[str, Any]:
         """The hosted env's constant declarations, which its :class:`RemoteEnv` forwards."""
-        owner = self._declared(slot)
-        return {
-            "max_episode_steps": owner.max_episode_steps,
-            "restore_prefers_origin": owner.restore_prefers_origin,
-            "has_expert": owner.has_expert,
-        }
+        return fixed_declarations(self._declared(slot))
 
     def task_ids(self, slot: int) -> list[Any] | None:
         ids = self._declared(slot).task_ids()
@@ -239,7 +239,7 @@ class RemoteSnapshot(Snapshot):
         return f"RemoteSnapshot(actor={self.host.index}, id={self.sid}, {status})"
 
 
-class RemoteEnv(EnvCapabilities):
+class RemoteEnv(ForwardedCapabilities):
     """A local proxy for env ``slot`` of a :class:`RayEnvPool` (lent by ``acquire``).
 
     It forwards the hosted env's declarations (docs/envs.md): the constant ones are fetched
@@ -307,18 +307,6 @@ class RemoteEnv(EnvCapabilities):
         if self._capabilities is None:
             self._capabilities = self._get(self.host.actor.capabilities.remote(self.slot))
         return self._capabilities
-
-    @property
-    def max_episode_steps(self) -> int | None:  # type: ignore[override]
-        return self._declared()["max_episode_steps"]
-
-    @property
-    def restore_prefers_origin(self) -> bool:  # type: ignore[override]
-        return self._declared()["restore_prefers_origin"]
-
-    @property
-    def has_expert(self) -> bool:  # type: ignore[override]
-        return self._declared()["has_expert"]
 
     def task_ids(self) -> list[Any] | None:
         return self._get(self.host.actor.task_ids.remote(self.slot))

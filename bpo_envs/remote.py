@@ -20,7 +20,7 @@ import gymnasium as gym
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from bpo_envs.capabilities import EnvCapabilities
+from bpo_envs.capabilities import ForwardedCapabilities
 from bpo_envs.core import ResetNeeded, Snapshot, SnapshotError, SnapshotKindError, SnapshotSupport
 from bpo_envs.serve.protocol import dumps, info_from_observation, loads
 from bpo_envs.text import ACTION_MAX_LENGTH, OBSERVATION_MAX_LENGTH, text_space
@@ -75,7 +75,7 @@ def _ws_url(base_url: str) -> str:
     return url if url.endswith("/ws") else url + "/ws"
 
 
-class RemoteEnv(SnapshotSupport, EnvCapabilities, gym.Env[str, str]):
+class RemoteEnv(SnapshotSupport, ForwardedCapabilities, gym.Env[str, str]):
     """One session of a served env.
 
     It forwards the served env's declarations (docs/envs.md): the constant ones and
@@ -188,18 +188,6 @@ class RemoteEnv(SnapshotSupport, EnvCapabilities, gym.Env[str, str]):
         if self._capabilities is None:
             self._capabilities = self._call({"type": "capabilities"})
         return self._capabilities
-
-    @property
-    def max_episode_steps(self) -> int | None:  # type: ignore[override]
-        return self._declared()["max_episode_steps"]
-
-    @property
-    def restore_prefers_origin(self) -> bool:  # type: ignore[override]
-        return self._declared()["restore_prefers_origin"]
-
-    @property
-    def has_expert(self) -> bool:  # type: ignore[override]
-        return self._declared()["has_expert"]
 
     def provenance(self) -> dict[str, Any] | None:
         return self._declared()["provenance"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from bpo_envs.capabilities import EnvCapabilities, declared
+from bpo_envs.capabilities import EnvCapabilities, declared, fixed_declarations
 from bpo_envs.core import SnapshotEnv, restore, snapshot
 from bpo_envs.serve.protocol import (
     MAX_ID_CHARS,
@@ -216,12 +216,7 @@ class Session:
 
     async def capabilities(self) -> dict[str, Any]:
         owner = self.declarations
-        data = {
-            "max_episode_steps": owner.max_episode_steps,
-            "restore_prefers_origin": owner.restore_prefers_origin,
-            "has_expert": owner.has_expert,
-            "provenance": json_safe(await self.run(owner.provenance)),
-        }
+        data = {**fixed_declarations(owner), "provenance": json_safe(await self.run(owner.provenance))}
         return {"type": "capabilities", "data": data}
 
     async def task_ids(self) -> dict[str, Any]:
