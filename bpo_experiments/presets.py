@@ -371,8 +371,8 @@ GPU_ENV_SETTINGS: dict[str, Any] = {
     "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
     # the power plan (bpo_experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
     # and evaluation episodes whose detectable effect is <= 4 points on each env
-    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(8)), "swebench": tuple(range(11))},
-    "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},
+    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(6)), "swebench": tuple(range(10))},
+    "eval_episodes": {"alfworld": 16, "webshop": 8, "swebench": 1},
     "eval_every": 25,
     "grad_batches": 4,
     "grad_seeds": 1,

@@ -205,6 +205,30 @@ def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
     assert "| alfworld |" in markdown(plan)
 
 
+def test_the_power_plans_spread_is_the_committed_cpu_runs_sd_of_bpo_minus_rloo_final_success():
+    """``MEASURED_SPREAD`` is recomputed from the committed results, not trusted: the sd (n - 1)
+    over seeds of BPO's final success minus RLOO's, paired by seed, on each run's primary split."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from bpo_experiments.gpu_plan import ASSUMED_SPREAD, MEASURED_SPREAD
+
+    root = Path(__file__).resolve().parents[1]
+    for env, measured in MEASURED_SPREAD.items():
+        results = json.loads((root / measured["file"]).read_text())
+        assert (results["treatment"], results["comparator"]) == ("bpo", "rloo")
+        per_env = results["per_env"][env]
+        finals = per_env["splits"][per_env["eval_split"]]["algorithms"]
+        diffs = [b - r for b, r in zip(finals["bpo"]["per_seed"], finals["rloo"]["per_seed"], strict=True)]
+        assert len(diffs) == measured["seeds"] == len(results["seeds"])
+        assert measured["s_train"] == pytest.approx(statistics.stdev(diffs), abs=5e-5), env
+        assert per_env["treatment_vs_comparator"]["metrics"]["final"]["sd"] == pytest.approx(statistics.stdev(diffs))
+        assert measured["file"] in measured["source"] and f"{len(diffs) - 1}" in measured["source"]
+    largest = max(m["s_train"] for m in MEASURED_SPREAD.values())
+    assert {env: a["s_train"] for env, a in ASSUMED_SPREAD.items()} == dict.fromkeys(("alfworld", "webshop", "swebench"), largest)
+
+
 def _built_preset(argv, monkeypatch):
     """The preset ``bpo-compare argv`` would run (nothing trains)."""
     from bpo_experiments import compare
