@@ -134,7 +134,7 @@ def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
         assert preset.shared.kl_coef == 0.01 and preset.reasoning and preset.decision_entropy == "probe"
         assert all(preset.options[a].group_size == 8 for a in ("grpo", "rloo", "gigpo"))
         assert preset.trainer.updates == 150 and preset.budget_unit == "flops" and preset.trainer.max_grad_norm == 1.0
-        assert preset.budget == GPU_UPDATE_FLOPS
+        assert {name: setup.budget for name, setup in preset.envs.items()} == GPU_UPDATE_FLOPS
         envs = comparison_config(preset).envs
         assert envs["alfworld"].policy.eval_temperature == 0.4 == envs["webshop"].policy.eval_temperature
         assert envs["swebench"].policy.eval_temperature == 0.0
