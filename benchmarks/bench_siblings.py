@@ -88,6 +88,18 @@ def ratio_interval(g: torch.Tensor, cost: np.ndarray, ref: torch.Tensor, ref_cos
     return [float(np.nanpercentile(out, 2.5)), float(np.nanpercentile(out, 97.5))]
 
 
+def add_ratios(rows: dict[str, dict[str, Any]], kept: dict[str, tuple[torch.Tensor, np.ndarray]],
+               statistic: str, seed: int, draws: int) -> None:
+    """Each row's ``ratio_vs_rloo4`` (its ``statistic`` over RLOO(4)'s) and ``ratio_vs_rloo4_ci95``
+    (:func:`ratio_interval` of the gradients and costs ``kept[label]``), the bootstrap keyed by
+    ``(seed, the row's position)``."""
+    ref, ref_cost = kept[REFERENCE]
+    for i, (label, row) in enumerate(rows.items()):
+        g, cost = kept[label]
+        row["ratio_vs_rloo4"] = row[statistic] / rows[REFERENCE][statistic]
+        row["ratio_vs_rloo4_ci95"] = ratio_interval(g, cost, ref, ref_cost, key_seed(seed, i), draws)
+
+
 def branch_depths(algorithm: Algorithm, policy: Any, make: Callable[[], Any], batches: int) -> dict[str, int]:
     counts: Counter[int] = Counter()
     for _ in range(batches):
@@ -142,13 +154,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": time.perf_counter() - start,
             }
             print(f"{name} {label}: {rows[label]['trace_var_x_env_steps']:.4g} ({rows[label]['seconds']:.0f} s)", flush=True)
-        ref_g, ref_cost = kept[REFERENCE]
-        ref_row = rows[REFERENCE]
-        for i, (label, row) in enumerate(rows.items()):
-            g, cost = kept[label]
-            row["ratio_vs_rloo4"] = row["trace_var_x_env_steps"] / ref_row["trace_var_x_env_steps"]
-            row["ratio_vs_rloo4_ci95"] = ratio_interval(g, cost, ref_g, ref_cost, key_seed(args.seed, i), args.boot)
-            row["matched_ratio_vs_rloo4"] = row["matched_trace_var"] / ref_row["matched_trace_var"]
+        add_ratios(rows, kept, "trace_var_x_env_steps", args.seed, args.boot)
+        for row in rows.values():
+            row["matched_ratio_vs_rloo4"] = row["matched_trace_var"] / rows[REFERENCE]["matched_trace_var"]
         results["settings"][name] = {"about": setting["about"], "env": dict(setting["env"]), "configs": rows}
         results["load_average_at_end"] = os.getloadavg()
         save(results, Path(args.out), "siblings", markdown(results))  # each setting as it finishes
@@ -177,7 +185,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
     pool = EnvPool([env_factory(setup)] * 2)
     configs = configurations()
     rows: dict[str, Any] = {}
-    kept: dict[str, torch.Tensor] = {}
+    kept: dict[str, tuple[torch.Tensor, np.ndarray]] = {}
     try:
         for label in WEBSHOP_CONFIGS:
             start = time.perf_counter()
@@ -199,7 +207,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
             for p in policy.parameters():
                 p.grad = None
             g = torch.stack(grads)
-            kept[label] = g
+            kept[label] = (g, np.ones(len(g)))  # batches at one budget: their trace variance, not times a cost
             rows[label] = {
                 "trace_var": trace_var(g),
                 "env_steps_per_batch": float(np.mean(steps)),
@@ -210,11 +218,7 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
             print(f"webshop {label}: {rows[label]['trace_var']:.4g} ({rows[label]['seconds']:.0f} s)", flush=True)
     finally:
         pool.close()
-    ref = kept[REFERENCE]
-    ones = np.ones(len(ref))
-    for i, (label, row) in enumerate(rows.items()):
-        row["ratio_vs_rloo4"] = row["trace_var"] / rows[REFERENCE]["trace_var"]
-        row["ratio_vs_rloo4_ci95"] = ratio_interval(kept[label], np.ones(len(kept[label])), ref, ones, key_seed(args.seed, i), args.boot)
+    add_ratios(rows, kept, "trace_var", args.seed, args.boot)
     return {
         "about": "batch-gradient trace variance at the CPU default's env-step budget, WebShop, warm-started text scorer, fixed policy",
         "args": vars(args),
@@ -223,6 +227,13 @@ def run_webshop(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_at_end": os.getloadavg(),
         "configs": rows,
     }
+
+
+def _ratio_and_depths(row: dict[str, Any]) -> tuple[str, str]:
+    """A table row's cells: the ratio to RLOO(4) with its 95% interval, and where it branched."""
+    ci = row["ratio_vs_rloo4_ci95"]
+    depths = ", ".join(f"{d}:{c}" for d, c in row["branch_depths"].items()) or "-"
+    return f"{row['ratio_vs_rloo4']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]", depths
 
 
 def webshop_markdown(results: dict[str, Any]) -> str:
@@ -241,9 +252,8 @@ def webshop_markdown(results: dict[str, Any]) -> str:
         "|---|---|---:|---|",
     ]
     for label, r in results["configs"].items():
-        ci = r["ratio_vs_rloo4_ci95"]
-        depths = ", ".join(f"{d}:{c}" for d, c in r["branch_depths"].items()) or "-"
-        lines.append(f"| {label} | {r['ratio_vs_rloo4']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] | {r['env_steps_per_batch']:.0f} | {depths} |")
+        ratio, depths = _ratio_and_depths(r)
+        lines.append(f"| {label} | {ratio} | {r['env_steps_per_batch']:.0f} | {depths} |")
     return "\n".join(lines) + "\n"
 
 
@@ -266,10 +276,9 @@ def markdown(results: dict[str, Any]) -> str:
                   "| config | tr Var x steps vs RLOO-4 [95% CI] | matched | steps/tree | max abs z | branch depths |",
                   "|---|---|---:|---:|---:|---|"]
         for label, r in s["configs"].items():
-            ci = r["ratio_vs_rloo4_ci95"]
-            depths = ", ".join(f"{d}:{c}" for d, c in r["branch_depths"].items()) or "-"
+            ratio, depths = _ratio_and_depths(r)
             lines.append(
-                f"| {label} | {r['ratio_vs_rloo4']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] | {r['matched_ratio_vs_rloo4']:.2f} "
+                f"| {label} | {ratio} | {r['matched_ratio_vs_rloo4']:.2f} "
                 f"| {r['env_steps_per_tree']:.1f} | {max(abs(z) for z in r['z_scores']):.2f} | {depths} |"
             )
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from bpo_envs.files import user_cache_dir
@@ -36,23 +37,35 @@ def key_path() -> Path:
 
 def user_key() -> bytes:
     """The user's key, created (0600, 32 random bytes) when missing; refuses a key file that
-    others can read or write, or that is too short."""
+    others can read or write, or that is too short.
+
+    Creation is atomic: the key is written whole to a 0600 temporary file in the same folder,
+    then hard-linked to its name, which fails when a key is there already. Another process
+    therefore sees no key file or a whole one, never a partial one, and when several create it
+    at once the first link wins and every one of them returns the key it holds."""
     path = key_path()
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return _read_key(path)
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        key = secrets.token_bytes(32)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process made it first
-            return user_key()
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+    try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(key)
+            fh.write(secrets.token_bytes(32))
             fh.flush()
             os.fsync(fh.fileno())
-        return key
-    with os.fdopen(fd, "rb") as fh:
+        try:
+            os.link(temporary, path)
+        except FileExistsError:  # another process linked its key first: that one is the key
+            pass
+    finally:
+        os.unlink(temporary)
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    with open(path, "rb") as fh:
         mode = os.fstat(fh.fileno()).st_mode
         key = fh.read()
     if mode & 0o077:

@@ -91,9 +91,7 @@ def apply_flags(preset: Preset, args: argparse.Namespace, holders: dict[str, dic
     """Set the given generated flags on the preset's dataclasses (a check error is an exit)."""
     try:
         for key, value in given(args, holders["preset"]).items():
-            if key == "budget":
-                value = {e: value for e in preset.envs}
-            elif isinstance(value, list):
+            if isinstance(value, list):
                 value = tuple(value)
             setattr(preset, key, value)
         settings = given(args, holders["envs"])

@@ -376,12 +376,15 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
         if wanted and importlib.util.find_spec(package) is None:  # fail before hours of training, not after
             raise SystemExit(f"logging to {package} needs `pip install {package}`")
     base = PRESETS[name]
-    if "budget" not in given(args, holders["preset"]) and not data.get("budget") and preset.budget_unit != base.budget_unit:
+    named = data.get("envs") if isinstance(data.get("envs"), dict) else {}  # (a list names envs only)
+    budget_set = "budget" in given(args, holders["envs"]) or bool(data.get("budget")) or any(
+        isinstance(own, dict) and own.get("budget") for own in named.values())
+    if not budget_set and preset.budget_unit != base.budget_unit:
         raise SystemExit(
             f"the {name} preset's budgets are in {base.budget_unit}; with --budget-unit {preset.budget_unit} "
             f"give --budget in {preset.budget_unit}"
         )
-    missing = [e for e in preset.envs if e not in preset.budget]
+    missing = [e for e, setup in preset.envs.items() if setup.budget is None]
     if missing:
         raise SystemExit(
             f"no {preset.budget_unit} budget for env(s) {missing} in the {name} preset; give --budget in {preset.budget_unit}"

@@ -203,8 +203,9 @@ def diagnose(args: argparse.Namespace) -> dict[str, Any]:
     if preset.torch_threads:  # as the main job's workers: on a busy CPU extra threads spin-wait
         torch.set_num_threads(preset.torch_threads)
     policy = build_policy(args.policy, preset, setup, args.seed, tasks)
-    if args.budget and env_name not in preset.budget:  # a bare setup: the budget given is its only one
-        preset.budget = {**preset.budget, env_name: args.budget}
+    if args.budget and setup.budget is None:  # a bare setup: the budget given is its only one
+        setup = replace(setup, budget=args.budget)
+        preset.envs = {**preset.envs, env_name: setup}
     settings = env_config(preset, env_name)
     amount = args.budget or settings.budget
     if preset.budget_unit != "env_steps" and not args.budget:

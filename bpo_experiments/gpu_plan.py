@@ -2,13 +2,16 @@
 4 points on every env, and what that costs (docs/paper-setting.md, "Power plan").
 
 No GPU run has been made, so the spread of the paired difference (treatment minus comparator,
-per seed) is assumed from a named figure (:data:`ASSUMED_SPREAD`):
+per seed) is assumed from named figures (:data:`ASSUMED_SPREAD`):
 
     sd(E)^2 = s_train^2 + 2 p (1 - p) / (T E)
 
-``s_train``: the seed-to-seed spread of the paired difference measured on the CPU pilot
-(``docs/results/compare-cpu``), all of it counted as training spread (it also holds the pilot's
-own evaluation noise, so this overstates it); the second term: two independent evaluations of
+``s_train``: the seed-to-seed spread of the paired difference BPO - RLOO in final success (the
+evaluation after the last update) measured by the CPU main job (:data:`MEASURED_SPREAD`), all of
+it counted as training spread (it also holds those runs' own evaluation noise, so this overstates
+it). Every env takes the largest figure measured on any env: the only one with many seeds is
+WebShop's (20); ALFWorld's (3 seeds, 2 degrees of freedom) is smaller but too uncertain to plan
+with, and there is no SWE-bench run with seeds. The second term: two independent evaluations of
 ``T`` tasks x ``E`` episodes at success ``p`` (``p = 1/2``, the worst case; common random
 numbers make the real term smaller). The detectable effect at ``n`` seeds is the main job's
 :func:`~bpo_experiments.stats.minimal_detectable_effect` (a paired t-test, level 0.05,
@@ -31,12 +34,35 @@ TARGET_MDE = 0.04
 """The largest detectable effect the plan accepts (success, absolute): 4 points, so that effects
 of the size claimed for tree-search RL on these envs (3.6-6.1 points) are mostly detectable."""
 
-ASSUMED_SPREAD: dict[str, dict[str, Any]] = {
-    "webshop": {"s_train": 0.028, "source": "CPU main job docs/results/compare-cpu: sd over 20 seeds of tuned BPO - tuned RLOO final success (WebShop test, 500 goals x 1 episode)"},
-    "alfworld": {"s_train": 0.027, "source": "CPU pilot docs/results/compare-cpu: sd over 3 seeds of BPO - RLOO final success (ALFWorld valid_seen, 16 games x 4 episodes)"},
-    "swebench": {"s_train": 0.027, "source": "no SWE-bench pilot with seeds: the larger (ALFWorld) CPU-pilot figure"},
+MEASURED_SPREAD: dict[str, dict[str, Any]] = {
+    "webshop": {
+        "s_train": 0.0239, "seeds": 20, "file": "docs/results/compare-cpu/results.json",
+        "source": "docs/results/compare-cpu/results.json (code 72b7957): sd (n - 1) over seeds 0-19 of tuned BPO - "
+                  "tuned RLOO final success, WebShop test split, 500 goals x 1 episode",
+    },
+    "alfworld": {
+        "s_train": 0.0109, "seeds": 3, "file": "docs/results/compare-cpu-alfworld/results.json",
+        "source": "docs/results/compare-cpu-alfworld/results.json (code 72b7957): sd (n - 1) over seeds 0-2 of "
+                  "BPO - RLOO final success, ALFWorld valid_seen, 140 games x 1 episode",
+    },
 }
-"""The training part of the per-seed spread of the paired difference, per env, and its source."""
+"""The seed-to-seed spread of the paired difference BPO - RLOO in final success measured by the
+CPU main job (``per_env.ENV.treatment_vs_comparator.metrics.final.sd`` of ``file``), per env."""
+
+_LARGEST = max(MEASURED_SPREAD.values(), key=lambda m: m["s_train"])
+
+
+def _assumed(env: str) -> dict[str, Any]:
+    own = MEASURED_SPREAD.get(env)
+    if own is _LARGEST:
+        return {"s_train": own["s_train"], "source": own["source"]}
+    note = f"this env's own: {own['s_train']:.3f} over {own['seeds']} seeds" if own else "no run of this env with seeds"
+    return {"s_train": _LARGEST["s_train"], "source": f"the largest CPU figure, {_LARGEST['source']} ({note})"}
+
+
+ASSUMED_SPREAD: dict[str, dict[str, Any]] = {env: _assumed(env) for env in ("alfworld", "webshop", "swebench")}
+"""The training part of the per-seed spread of the paired difference, per env, and its source:
+the largest of :data:`MEASURED_SPREAD` for every env (module docstring)."""
 
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12}
 """Dense bf16 tensor-core peak (NVIDIA H100 SXM and H200 datasheets: 989 TFLOPS dense; the

@@ -248,7 +248,7 @@ def env_setting(saved: dict[str, Any], env: str) -> dict[str, Any]:
                 out.update({k: setup.pop(k) for k in ENV_SETTINGS if k in setup})
             out[key] = setup
         elif key in PER_ENV_FIELDS and isinstance(value, dict):
-            out[key] = value.get(env, None if key == "budget" else json.loads(json.dumps(defaults[key])))
+            out[key] = value.get(env, json.loads(json.dumps(defaults[key])))
         else:
             out[key] = value
     return out

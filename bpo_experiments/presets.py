@@ -74,6 +74,9 @@ class EnvSetup:
     sessions of them, round robin, instead of envs in their own process (``--env-server``)."""
 
     # -- the comparison's settings on this env (a flag of the same name sets one for every env)
+    budget: float | None = None
+    """The per-update budget of every run on this env, in the preset's ``budget_unit`` (None:
+    none, and a comparison of this env refuses to start)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """The evaluation seeds: one initial policy and one run per algorithm each."""
     eval_every: int = 5
@@ -123,12 +126,13 @@ class EnvSetup:
 
 
 ENV_SETTINGS: tuple[str, ...] = (
-    "target_success", "eval_every", "seeds", "eval_episodes", "grad_batches", "grad_seeds", "reference_batches",
+    "budget", "target_success", "eval_every", "seeds", "eval_episodes", "grad_batches", "grad_seeds", "reference_batches",
     "grad_precision", "reference_precision", "recorded_results", "max_model_len", "eval_temperature",
 )
 """The comparison's settings that are each env's own (:class:`EnvSetup` fields): before they
-were, each was a :class:`Preset` field holding one value or ``{env: value}``, as the files of
-earlier versions (``preset.json``, ``config.yaml``) still write them (:func:`with_env_settings`)."""
+were, each was a :class:`Preset` field holding one value or ``{env: value}`` (``budget``: always
+``{env: value}``), as the files of earlier versions (``preset.json``, ``config.yaml``) still
+write them (:func:`with_env_settings`)."""
 
 
 def with_env_settings(envs: dict[str, EnvSetup], settings: dict[str, Any]) -> dict[str, EnvSetup]:
@@ -236,9 +240,8 @@ class Preset:
     """The fraction of the gap from the warm start to ``target_success`` that
     ``compute_to_threshold`` waits for (per seed: each seed has its own warm start)."""
     budget_unit: str = "env_steps"
-    """The compute unit of the budgets (``bpo_algos.COMPUTE_UNITS``); the others are reported."""
-    budget: dict[str, float] = field(default_factory=dict)
-    """Per-update budget per env (in ``budget_unit``)."""
+    """The compute unit of the budgets (each env's :attr:`EnvSetup.budget`;
+    ``bpo_algos.COMPUTE_UNITS``); the others are reported."""
     recorded_pilots: str | None = None
     """The pilots of ``bpo-compare --plan`` measured for this preset (a JSON file relative to the
     repository root, written by ``--plan --pilot``): an env with no recorded results is sized
@@ -355,7 +358,6 @@ GPU_COMMON: dict[str, Any] = {
         "gigpo": GPU_GIGPO_OPTIONS,
     },
     "budget_unit": "flops",
-    "budget": GPU_UPDATE_FLOPS,
     "temperature": 1.0,
     "reasoning": True,
     "decision_entropy": "probe",
@@ -366,13 +368,14 @@ GPU_COMMON: dict[str, Any] = {
 }
 
 GPU_ENV_SETTINGS: dict[str, Any] = {
+    "budget": GPU_UPDATE_FLOPS,
     "eval_temperature": {"alfworld": 0.4, "webshop": 0.4, "swebench": 0.0},
     # verl-agent's prompt limits (ALFWorld 2048, WebShop 4096) plus the 512-token response
     "max_model_len": {"alfworld": 2048 + 512, "webshop": 4096 + 512, "swebench": 8192},
     # the power plan (bpo_experiments.gpu_plan, docs/paper-setting.md): the cheapest seeds
     # and evaluation episodes whose detectable effect is <= 4 points on each env
-    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(8)), "swebench": tuple(range(11))},
-    "eval_episodes": {"alfworld": 16, "webshop": 4, "swebench": 1},
+    "seeds": {"alfworld": tuple(range(7)), "webshop": tuple(range(6)), "swebench": tuple(range(10))},
+    "eval_episodes": {"alfworld": 16, "webshop": 8, "swebench": 1},
     "eval_every": 25,
     "grad_batches": 4,
     "grad_seeds": 1,
@@ -404,6 +407,10 @@ PRESETS: dict[str, Preset] = {
                 policy="scorer-memory", sft_epochs=10, trainer={"updates": 12, "task_draw": "unseen-first"},
             ),
         }, dict(
+            # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
+            # textworld derives every admissible command's text); docs/alfworld.md sizes the runs and
+            # their evaluations (140 valid_seen + 134 valid_unseen games x 1 episode)
+            budget={"webshop": 256, "alfworld": 800},
             seeds={"webshop": tuple(range(20)), "alfworld": (0, 1, 2)},
             # at least 6 evaluation points a run (docs/main-job.md, "Evaluation points"): WebShop at
             # updates 0, 4, ..., 20; ALFWorld at 0, 2, ..., 12
@@ -432,10 +439,6 @@ PRESETS: dict[str, Preset] = {
         tuning=TuningConfig(seeds=(1000, 1001), tasks=64, episodes=1, envs=("webshop",), default_seeds=10),
         sft_epochs=4,
         sft_lr=3e-3,
-        # ALFWorld: ~5 ms of CPU an env step with the policy and its training (3.3 ms the env:
-        # textworld derives every admissible command's text); docs/alfworld.md sizes the runs and
-        # their evaluations (140 valid_seen + 134 valid_unseen games x 1 episode)
-        budget={"webshop": 256, "alfworld": 800},
         torch_threads=1,
         recorded_pilots="docs/results/plan-pilots/cpu.json",
     ),
@@ -449,10 +452,11 @@ PRESETS: dict[str, Preset] = {
                 eval_tasks=16,
                 policy="tabular-prior",
                 max_new_tokens=16,
+                budget=512,
             ),
-            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=16, eval_tasks=16, eval_split="test"),
+            "webshop": EnvSetup("BPO-WebShop-v0", {"max_episode_steps": 15, "split": "train"}, train_tasks=16, eval_tasks=16, eval_split="test",
+                                budget=512),
         },
-        budget={"treemdp": 512, "webshop": 512},
         trainer=_trainer(updates=40),
     ),
     # The tiny offline Qwen2 model, warm-started by behaviour cloning on WebShop's expert, with
@@ -461,9 +465,9 @@ PRESETS: dict[str, Preset] = {
         envs={"webshop": EnvSetup(
             "BPO-WebShop-v0", {"max_episode_steps": 8, "split": "train"}, train_tasks=8, eval_tasks=8, eval_split="test",
             seeds=(0, 1), grad_batches=3, eval_episodes=2, eval_every=1,  # 9 evaluation points
+            budget=48,
         )},
         policy="tiny",
-        budget={"webshop": 48},
         trainer=_trainer(updates=8, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
         options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=4), "rloo": RLOOOptions(group_size=4)},
         sft_epochs=2,
@@ -479,11 +483,11 @@ PRESETS: dict[str, Preset] = {
                                 "instance_ids": ["bpo-gym__textkit-1", "bpo-gym__intervals-1", "bpo-gym__inicfg-1"]},
             train_tasks=3, eval_tasks=3, eval_split="train", max_new_tokens=24, seeds=(0,), grad_batches=2, eval_episodes=1,
             reference_batches=2,  # (the default 64 RLOO batches of the tiny LLM in sandboxes: ~10 min)
+            budget=4,
         )},
         policy="tiny",
         algorithms=("bpo", "grpo"),
         comparator="grpo",
-        budget={"swebench": 4},
         trainer=_trainer(updates=2, learning_rate=1e-4, optimizer="adamw", max_grad_norm=1.0),
         options={"bpo": BPOOptions(backbones=2, branch_factor=2), "grpo": GRPOOptions(group_size=2)},
         sft_epochs=1,
@@ -504,7 +508,7 @@ PRESETS: dict[str, Preset] = {
                 "BPO-WebShop-v0", {"max_episode_steps": 10, "split": "train"}, train_tasks=8, eval_tasks=8, policy="scorer",
                 sft_epochs=2, eval_split="test",
             ),
-        }, dict(seeds=(0, 1), eval_every=2, grad_batches=3, grad_seeds=1, reference_batches=4, eval_episodes=1)),
+        }, dict(budget=128, seeds=(0, 1), eval_every=2, grad_batches=3, grad_seeds=1, reference_batches=4, eval_episodes=1)),
         algorithms=("bpo", "grpo", "rloo", "frozen", "reinforce", "rloo-2x"),
         tuning=TuningConfig(
             seeds=(1000,), tasks=4, envs=("treemdp",),
@@ -512,7 +516,6 @@ PRESETS: dict[str, Preset] = {
                    "rloo": ({"group_size": 4}, {"group_size": 8}), "grpo": ({"group_size": 4}, {"group_size": 8})},
         ),
         sft_lr=3e-3,
-        budget={"treemdp": 128, "webshop": 128},
         trainer=_trainer(updates=4),
         torch_threads=1,
     ),
@@ -549,9 +552,9 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-PER_ENV_FIELDS: tuple[str, ...] = ("budget", *ENV_SETTINGS)
+PER_ENV_FIELDS: tuple[str, ...] = ENV_SETTINGS
 """The fields a preset's data (:func:`preset_dict`) of an earlier version keys by env name:
-``budget`` (always one per env) and each of :data:`ENV_SETTINGS`, a dict or one value."""
+each of :data:`ENV_SETTINGS`, a dict or one value (``budget``: always a dict)."""
 
 
 def preset_dict(preset: Preset) -> dict[str, Any]:

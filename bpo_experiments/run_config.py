@@ -380,15 +380,15 @@ class EnvConfig:
 
 def env_config(preset: Preset, env: str) -> EnvConfig:
     """The :class:`EnvConfig` of ``env`` in ``preset``."""
-    if env not in preset.budget:
-        raise ValueError(f"no {preset.budget_unit} budget for env {env!r}")
     setup = preset.envs[env]
+    if setup.budget is None:
+        raise ValueError(f"no {preset.budget_unit} budget for env {env!r}")
     return EnvConfig(
         name=env,
         setup=setup,
         trainer=trainer_for(preset, env),
         budget_unit=preset.budget_unit,
-        budget=preset.budget[env],
+        budget=setup.budget,
         seeds=tuple(setup.seeds),
         pool_size=preset.pool_size,
         torch_threads=preset.torch_threads,

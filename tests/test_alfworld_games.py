@@ -196,8 +196,9 @@ def test_the_main_job_evaluates_both_validation_splits(tmp_path: Path) -> None:
         "BPO-ALFWorld-v0", {"max_episode_steps": 4, "split": "train", "expert": "handcoded"}, train_tasks=2, eval_tasks=3,
         eval_split="valid_seen", extra_eval={"valid_unseen": 3}, policy="scorer-memory", sft_epochs=0,
         trainer={"updates": 1, "task_draw": "unseen-first"}, seeds=(0,), eval_every=1, eval_episodes=1, grad_seeds=0,
+        budget=16,
     )  # fmt: skip
-    preset = Preset(envs={"alfworld": setup}, algorithms=("rloo", "frozen"), budget={"alfworld": 16},
+    preset = Preset(envs={"alfworld": setup}, algorithms=("rloo", "frozen"),
                     trainer=_trainer(updates=1, learning_rate=0.5), torch_threads=1)  # fmt: skip
     train, evals = task_split(setup)
     for split, ids in {"train": train, "valid_seen": evals, **extra_eval_tasks(setup)}.items():

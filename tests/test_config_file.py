@@ -68,6 +68,25 @@ def test_a_file_of_an_earlier_version_with_per_env_settings_at_the_top_is_conver
         _parse("--config", _write(tmp_path / "bad.yaml", {"preset": "smoke", "seedz": {"treemdp": [5]}}))
 
 
+def test_budgets_of_an_earlier_version_a_preset_field_per_env_are_read_as_each_envs(tmp_path):
+    # before each env held its budget (EnvSetup.budget), a file and preset.json wrote
+    # {env: budget} at the top: read as each env's, written again under its env
+    path = _write(tmp_path / "old.yaml", {"preset": "smoke", "budget": {"treemdp": 64, "webshop": 32}})
+    preset = _parse("--config", path)
+    assert (preset.envs["treemdp"].budget, preset.envs["webshop"].budget) == (64, 32)
+    data = yaml.safe_load(config_yaml(CompareConfig("smoke", preset)))
+    assert "budget" not in data and data["envs"]["treemdp"]["budget"] == 64 and data["envs"]["webshop"]["budget"] == 32
+    # a folder whose preset.json kept the budgets at the top resumes; another budget is another setting
+    current = _parse("--smoke")
+    saved = preset_dict(current)
+    saved["budget"] = {name: setup.pop("budget") for name, setup in saved["envs"].items()}
+    check_same_settings(tmp_path, current, saved)
+    saved["budget"]["webshop"] = 64
+    with pytest.raises(SystemExit, match="setting for webshop .*differs in: budget"):
+        check_same_settings(tmp_path, current, saved)
+    assert [setup.budget for setup in current.envs.values()] == [128, 128]  # the smoke preset's, one for every env
+
+
 @pytest.mark.parametrize("data, message", [
     ({"preset": "smoke", "seedz": [0]}, r"\['seedz'\] are not settings"),
     ({"preset": "smoke", "trainer": {"update": 3}}, r"trainer: \['update'\] are not TrainerConfig fields"),

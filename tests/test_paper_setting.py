@@ -134,7 +134,7 @@ def test_gpu_presets_follow_the_published_recipe_and_fit_their_gpus():
         assert preset.shared.kl_coef == 0.01 and preset.reasoning and preset.decision_entropy == "probe"
         assert all(preset.options[a].group_size == 8 for a in ("grpo", "rloo", "gigpo"))
         assert preset.trainer.updates == 150 and preset.budget_unit == "flops" and preset.trainer.max_grad_norm == 1.0
-        assert preset.budget == GPU_UPDATE_FLOPS
+        assert {name: setup.budget for name, setup in preset.envs.items()} == GPU_UPDATE_FLOPS
         envs = comparison_config(preset).envs
         assert envs["alfworld"].policy.eval_temperature == 0.4 == envs["webshop"].policy.eval_temperature
         assert envs["swebench"].policy.eval_temperature == 0.0
@@ -203,6 +203,30 @@ def test_power_plan_of_the_gpu_preset_detects_4_points_on_every_env():
         assert (best["seeds"], best["eval_episodes"]) == (row["seeds"], row["eval_episodes"]), (env, best, row)
     assert plan["swebench"]["eval_episodes"] == 1 and plan["swebench"]["eval_tasks"] == 500
     assert "| alfworld |" in markdown(plan)
+
+
+def test_the_power_plans_spread_is_the_committed_cpu_runs_sd_of_bpo_minus_rloo_final_success():
+    """``MEASURED_SPREAD`` is recomputed from the committed results, not trusted: the sd (n - 1)
+    over seeds of BPO's final success minus RLOO's, paired by seed, on each run's primary split."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from bpo_experiments.gpu_plan import ASSUMED_SPREAD, MEASURED_SPREAD
+
+    root = Path(__file__).resolve().parents[1]
+    for env, measured in MEASURED_SPREAD.items():
+        results = json.loads((root / measured["file"]).read_text())
+        assert (results["treatment"], results["comparator"]) == ("bpo", "rloo")
+        per_env = results["per_env"][env]
+        finals = per_env["splits"][per_env["eval_split"]]["algorithms"]
+        diffs = [b - r for b, r in zip(finals["bpo"]["per_seed"], finals["rloo"]["per_seed"], strict=True)]
+        assert len(diffs) == measured["seeds"] == len(results["seeds"])
+        assert measured["s_train"] == pytest.approx(statistics.stdev(diffs), abs=5e-5), env
+        assert per_env["treatment_vs_comparator"]["metrics"]["final"]["sd"] == pytest.approx(statistics.stdev(diffs))
+        assert measured["file"] in measured["source"] and f"{len(diffs) - 1}" in measured["source"]
+    largest = max(m["s_train"] for m in MEASURED_SPREAD.values())
+    assert {env: a["s_train"] for env, a in ASSUMED_SPREAD.items()} == dict.fromkeys(("alfworld", "webshop", "swebench"), largest)
 
 
 def _built_preset(argv, monkeypatch):

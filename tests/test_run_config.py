@@ -21,7 +21,7 @@ def test_run_config_resolves_every_setting_once():
     config = run_config(preset, env, "rloo-2x", 1, 8)
     assert config.registered == "rloo-2x" and config.options == algorithm_spec("rloo-2x", preset, stream_seed(1, ALGORITHM), env).keywords()
     assert config.options["group_size"] == preset.options["rloo"].group_size and config.options["of"] == "rloo"
-    assert config.budget == 2 * preset.budget[env] and config.trainer.budget.amount == config.budget  # the control's multiple
+    assert config.budget == 2 * preset.envs[env].budget and config.trainer.budget.amount == config.budget  # the control's multiple
     assert config.trainer.tasks_per_update == 8 and config.trainer.out_dir is None  # the folder is set when it runs
     assert config.policy.policy == (preset.envs[env].policy or preset.policy)
     assert config.probing == env_config(preset, env).probes_on(1) and not run_config(preset, env, "rloo@tune1", 1, 8).probing  # not a tuning run

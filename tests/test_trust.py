@@ -321,6 +321,66 @@ def test_checkpoints_and_sealed_files_refuse_a_pickle(tmp_path, monkeypatch):
         sealed.seal(b"x", "p")
 
 
+def _make_key(key_file: str, slow: bool, created, go_on, start_after: float, results) -> None:
+    """One process asking for the user's key (``sealed.user_key``). ``slow``: it stalls right
+    after it creates a file (a descheduled writer), until the test lets it go on, having set
+    ``created`` so the others ask while it stalls."""
+    os.environ["BPO_GYM_KEY_FILE"] = key_file
+    from bpo_envs import sealed
+
+    if slow:
+        real_open = os.open
+
+        def open_then_stall(file, flags, *args, **kwargs):
+            fd = real_open(file, flags, *args, **kwargs)
+            if flags & os.O_CREAT and not created.is_set():
+                created.set()
+                go_on.wait(timeout=30)
+            return fd
+
+        os.open = open_then_stall
+    else:
+        created.wait(timeout=30)
+        time.sleep(start_after)
+    try:
+        results.put(sealed.user_key().hex())
+    except Exception as error:  # what the test reports: a process that could not get the key
+        results.put(f"{type(error).__name__}: {error}")
+
+
+def test_processes_creating_the_key_at_once_all_get_one_whole_key(tmp_path):
+    """A process that reads the key while another is creating it never sees a partial key file,
+    and processes that create it at once all end up with the same key (the first to link it).
+    Real processes: in each round one stalls right after creating its file, and the others,
+    started at seeded jitters within 5 ms, ask for the key meanwhile. Deterministic apart from
+    the jitter: on the code that wrote the key file in place the others read 0 bytes every round."""
+    import multiprocessing
+
+    import numpy as np
+
+    context = multiprocessing.get_context("fork")
+    rng = np.random.default_rng(np.random.SeedSequence(2026))
+    for round_ in range(3):
+        key_file = tmp_path / f"round-{round_}" / "user.key"
+        created, go_on, results = context.Event(), context.Event(), context.Queue()
+        jitters = rng.uniform(0.0, 0.005, size=3)
+        others = [context.Process(target=_make_key, args=(str(key_file), False, created, go_on, float(j), results))
+                  for j in jitters]
+        slow = context.Process(target=_make_key, args=(str(key_file), True, created, go_on, 0.0, results))
+        for process in [slow, *others]:
+            process.start()
+        keys = [results.get(timeout=60) for _ in others]  # asked while the slow one stalls
+        go_on.set()
+        keys.append(results.get(timeout=60))
+        for process in [slow, *others]:
+            process.join(timeout=60)
+            assert process.exitcode == 0
+        assert len(set(keys)) == 1, keys
+        assert bytes.fromhex(keys[0]) == key_file.read_bytes() and len(keys[0]) == 64
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        assert [p.name for p in key_file.parent.iterdir()] == ["user.key"]  # no temporary files left
+
+
 def test_alfworld_translation_caches_from_elsewhere_are_never_unpickled(tmp_path):
     from env_zoo import make_or_skip
 
