@@ -10,7 +10,7 @@ per seed) is assumed from named figures (:data:`ASSUMED_SPREAD`):
 evaluation after the last update) measured by the CPU main job (:data:`MEASURED_SPREAD`), all of
 it counted as training spread (it also holds those runs' own evaluation noise, so this overstates
 it). Every env takes the largest figure measured on any env: the only one with many seeds is
-WebShop's (20); ALFWorld's (3 seeds, 2 degrees of freedom) is smaller but too uncertain to plan
+WebShop's (32); ALFWorld's (3 seeds, 2 degrees of freedom) is smaller but too uncertain to plan
 with, and there is no SWE-bench run with seeds. The second term: two independent evaluations of
 ``T`` tasks x ``E`` episodes at success ``p`` (``p = 1/2``, the worst case; common random
 numbers make the real term smaller). The detectable effect at ``n`` seeds is the main job's
@@ -36,8 +36,8 @@ of the size claimed for tree-search RL on these envs (3.6-6.1 points) are mostly
 
 MEASURED_SPREAD: dict[str, dict[str, Any]] = {
     "webshop": {
-        "s_train": 0.0239, "seeds": 20, "file": "docs/results/compare-cpu/results.json",
-        "source": "docs/results/compare-cpu/results.json (code 72b7957): sd (n - 1) over seeds 0-19 of tuned BPO - "
+        "s_train": 0.0226, "seeds": 32, "file": "docs/results/compare-cpu/results.json",
+        "source": "docs/results/compare-cpu/results.json (code 72b7957): sd (n - 1) over seeds 0-31 of tuned BPO - "
                   "tuned RLOO final success, WebShop test split, 500 goals x 1 episode",
     },
     "alfworld": {
