@@ -274,9 +274,13 @@ def _size_from_record(comparison: ComparisonConfig, env: str, entry: dict[str, A
     old_updates = old_updates.get(env) if isinstance(old_updates, dict) else old_updates
     scale = updates / old_updates if old_updates else 1.0
     seconds, flops = {}, {}
+    # a run's CPU seconds are what it takes on an idle core; its wall seconds carry the load of
+    # the machine it was recorded on (a record written before runs kept their CPU has only those)
+    by_cpu = all((record["algorithms"].get(a) or {}).get("seconds_cpu_per_run") is not None for a in record["algorithms"])
+    entry["seconds_basis"] = "CPU seconds of the recorded runs" if by_cpu else "wall seconds of the recorded runs, at the load they ran under"
     for a in comparison.algorithms:
         r = record["algorithms"].get(a) or record["algorithms"].get(comparison.comparator) or next(iter(record["algorithms"].values()))
-        seconds[a] = r.get("seconds_per_run", 0.0) * scale
+        seconds[a] = (r["seconds_cpu_per_run"] if by_cpu else r.get("seconds_per_run", 0.0)) * scale
         flops[a] = r["compute"].get("flops", float("nan")) * updates
     entry["seconds_per_run"] = seconds
     entry["flops_per_run"] = flops
@@ -377,7 +381,8 @@ def render(result: dict[str, Any]) -> str:
             f"{env}: {len(e['seeds'])} seeds x {len(e['algorithms'])} algorithms = {e['runs']} runs; {e['updates']} updates of "
             f"{e['budget_per_update']} {e['budget_unit']} ({e['compute_per_run']:,.0f} per run); {e['evaluations_per_run']} evaluations "
             f"of {e['eval_tasks']} tasks x {e['eval_episodes']} episodes; gradient probes on seeds {e['probe_seeds']}.",
-            f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs",
+            f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs"
+            + (f" ({e['seconds_basis']})" if e.get("seconds_basis") else ""),
         ]
         if e.get("translations"):
             lines.append(f"  ALFWorld game translations first: {e['translations']['games']} games not translated yet, "

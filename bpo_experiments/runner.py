@@ -315,7 +315,7 @@ def run_one(
     policy = initial_policy((config.env, config.seed), initial, rebuild)
     algorithm = config.build_algorithm()
     measure = _Measurements(folder, config, policy, pool, eval_pool, train_tasks, eval_tasks, warm, reference, algorithm)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     try:
         trainer = with_run_fields(config, out_dir=folder, progress=progress,
                                   wandb_name=f"{config.env}/{config.algorithm}/seed{config.seed}", wandb_config=config.to_json())
@@ -337,6 +337,9 @@ def run_one(
         measure.timing["eval"] += time.perf_counter() - t0
     result = _run_result(config, algorithm, warm, measure, extra, history)
     result["seconds"] = time.perf_counter() - start
+    # the run's own process's CPU (a run never shares its process with another): what the run
+    # costs on an idle core, whatever else loaded the machine (bpo-compare --plan reads it)
+    result["seconds_cpu"] = time.process_time() - start_cpu
     result["seconds_eval"] = measure.timing["eval"]
     result["seconds_probe"] = measure.timing["probe"]
     result["code"] = code_version()

@@ -359,6 +359,8 @@ def algorithm_summary(rs: list[dict[str, Any]], a: str, metrics: dict[tuple[str,
         "grad_norm_var_train": float(np.mean([r["grad_norm_var_train"] for r in rs])),
         "budget_used_ratio": float(np.mean([r["compute_per_update"][unit] for r in rs]) / comparison.envs[env].budget),
         "seconds_per_run": float(np.mean([r["seconds"] for r in rs])),
+        # absent when a run was written before runs recorded their CPU
+        "seconds_cpu_per_run": float(np.mean([r["seconds_cpu"] for r in rs])) if all("seconds_cpu" in r for r in rs) else None,
         "budget_multiple": float(rs[0].get("budget_multiple", 1.0)),
     }
     for m in METRICS:

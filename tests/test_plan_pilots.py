@@ -36,3 +36,22 @@ def test_the_default_preset_records_every_envs_costs(monkeypatch, capsys):
     for env, entry in result["per_env"].items():
         assert entry["source"].startswith("recorded"), env
         assert entry["seconds_total"] > 0
+
+
+def test_a_record_with_cpu_seconds_is_planned_at_an_idle_cores_cost(tmp_path, monkeypatch):
+    """A run records its own process's CPU (``seconds_cpu``); ``--plan`` prices a recorded run by
+    it, not by the wall time the load of that day stretched; a record without it falls back to
+    the wall seconds and says so (the broken case: the wall figure used where CPU is recorded)."""
+    from bpo_experiments.plan import REPOSITORY
+
+    monkeypatch.setattr(plan, "_pilot", _no_pilot)
+    record = json.loads((REPOSITORY / "docs/results/compare-cpu/results.json").read_text())
+    wall = compare.main(["--envs", "webshop", "--plan", "--jobs", "2", "--no-progress"])
+    for summary in record["per_env"]["webshop"]["algorithms"].values():
+        summary["seconds_cpu_per_run"] = summary["seconds_per_run"] / 4
+    (tmp_path / "results.json").write_text(json.dumps(record))
+    idle = compare.main(["--envs", "webshop", "--plan", "--jobs", "2", "--no-progress", "--plan-from", str(tmp_path / "results.json")])
+    before, after = wall["per_env"]["webshop"], idle["per_env"]["webshop"]
+    assert after["seconds_basis"].startswith("CPU") and before["seconds_basis"].startswith("wall")
+    for a, seconds in after["seconds_per_run"].items():
+        assert seconds == pytest.approx(before["seconds_per_run"][a] / 4)
