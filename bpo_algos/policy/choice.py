@@ -17,6 +17,7 @@ import copy
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,10 @@ from bpo_algos.policy.base import (
 from bpo_envs.validation import check_count
 
 
+@lru_cache(maxsize=1 << 14)
 def context_key(text: str) -> int:
-    """A stable 32-bit id of ``text`` (recorded as the action's prompt id)."""
+    """A stable 32-bit id of ``text`` (recorded as the action's prompt id; cached: the pages
+    of an env recur)."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest(), "big")
 
 
@@ -161,7 +164,8 @@ class ChoicePolicy(TablePolicy, nn.Module):
             return []
         if rngs is not None and len(rngs) != len(contexts):
             raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
-        all_logp = [lp.double().numpy() for lp in self._log_probs_no_grad(contexts)]
+        # float32 -> float64 is exact: numpy's cast gives the values torch's .double() gives
+        all_logp = [lp.numpy().astype(np.float64) for lp in self._log_probs_no_grad(contexts)]
         out: list[list[Action]] = []
         for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
             actions = self._admissible(context)

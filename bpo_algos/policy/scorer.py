@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -93,7 +94,8 @@ def mentions(observation: str, actions: tuple[str, ...], max_chars: int) -> tupl
             out.append("")
             continue
         end = found[i]
-        stop = next((s for s in starts if s >= end), len(observation))
+        after = bisect_left(starts, end)  # the first mention that starts at or after ``end``
+        stop = starts[after] if after < len(starts) else len(observation)
         out.append(observation[end : min(stop, end + max_chars)])
     return tuple(out)
 
@@ -204,7 +206,10 @@ class TextScorerPolicy(ChoicePolicy):
             columns.append(np.concatenate(remembered))
         # float64 features rounded once to float32, as a tensor built from Python floats would be
         features = torch.from_numpy(np.concatenate(columns, axis=1).astype(np.float32))
-        per_action = torch.repeat_interleave(states, torch.as_tensor(sizes), dim=0)
+        # each context's row once per candidate: the index_select that repeat_interleave runs
+        # (so the same numbers and gradients), with its index built in numpy in one go
+        owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        per_action = states.index_select(0, torch.from_numpy(owner))
         t, o, r = per_action[:, 0], per_action[:, 1], per_action[:, 2]
         a, m = pairs[:, 0], pairs[:, 1]
         x = torch.cat([a, m, a * t, a * o, m * t, a * r, features], dim=-1)
