@@ -53,6 +53,19 @@ def gumbel_top_k(logp: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
     return order[: min(int(k), int(np.isfinite(logp).sum()))]
 
 
+def categorical_draws(p: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` i.i.d. indices drawn from the probabilities ``p`` (float64, summing to 1): the very
+    draws (and generator state after them) of ``rng.choice(len(p), size=n, p=p)``, which inverts
+    the normalised cumulative sum at ``n`` uniforms, without its per-call checks (a few times
+    its cost for the handful of actions a step has). ``p`` that is not finite and non-negative
+    goes to ``rng.choice``, which says what is wrong with it."""
+    if not (np.isfinite(p).all() and (p >= 0).all()):
+        return rng.choice(len(p), size=n, p=p)
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    return cdf.searchsorted(rng.random(n), side="right")
+
+
 def chosen(step: StepLike) -> int:
     """The index of ``step``'s action in its context's admissible list, checked against the
     action's text (the two travel together from the sample to the loss)."""
@@ -171,7 +184,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
             actions = self._admissible(context)
             probs = np.exp(logp)
             rng = self._rng if rngs is None else rngs[i]
-            picks = rng.choice(len(actions), size=n, p=probs / probs.sum())
+            picks = categorical_draws(probs / probs.sum(), n, rng)
             prompt = (context_key(context.observation),)
             out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt, index=int(i)) for i in picks])
             self.meter.gen_tokens += n

@@ -62,9 +62,15 @@ def _words(text: str) -> frozenset[str]:
 @lru_cache(maxsize=1 << 16)
 def hashed_ngrams(text: str, buckets: int) -> tuple[int, ...]:
     """Bucket ids of the lower-cased word unigrams and bigrams of ``text`` (CRC32 mod ``buckets``)."""
+    return tuple(_ngram_ids(text, buckets).tolist())
+
+
+def _ngram_ids(text: str, buckets: int) -> np.ndarray:
+    """:func:`hashed_ngrams` as an int64 array, hashed through ``map`` (no Python loop)."""
     words = _WORD.findall(text.lower())
-    grams = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
-    return tuple(zlib.crc32(g.encode()) % buckets for g in grams)
+    grams = words + list(map(" ".join, zip(words, words[1:], strict=False)))
+    crc = np.fromiter(map(zlib.crc32, map(str.encode, grams)), dtype=np.int64, count=len(grams))
+    return crc % buckets
 
 
 def _argument(action: str) -> str | None:
@@ -236,7 +242,7 @@ class _Candidates:
 @lru_cache(maxsize=1 << 16)
 def _bag_ids(text: str, max_chars: int, buckets: int) -> np.ndarray:
     # hashed_ngrams' own cache is bypassed: this one keeps the ids (as a compact array)
-    ids = np.asarray(hashed_ngrams.__wrapped__(text[:max_chars], buckets), dtype=np.int64)
+    ids = _ngram_ids(text[:max_chars], buckets)
     ids.setflags(write=False)  # shared by every call that hits the cache
     return ids
 

@@ -333,10 +333,8 @@ class WebShopEnv(SnapshotEnv):
 
     def _click(self, s: Session, label: str, node: pages.Node) -> Session:
         if label == "buy now":
-            product = self.catalog.products[s.product]
-            reward, self._details = get_reward(
-                product, self._goal, self.catalog.prices[s.product], dict(s.options), self.noun_parser
-            )
+            reward, details = self._purchase_reward(s)
+            self._details = dict(details)
             return s._replace(page="done", reward=float(reward))
         if label == "back to search":
             return START
@@ -359,6 +357,21 @@ class WebShopEnv(SnapshotEnv):
             options[node.group] = label
             return s._replace(page="item", sub=None, options=tuple(options.items()))
         return s._replace(page="item", sub=None)
+
+    def _purchase_reward(self, s: Session) -> tuple[float, dict[str, Any]]:
+        """:func:`get_reward` of buying ``s``'s product with ``s``'s options for the current goal,
+        from the catalog's shared cache (a pure function of the goal, the product, the options
+        and the noun parser; the trees of a batch buy the same products again and again)."""
+        key = (self._goal_task, s.product, s.options, self.noun_parser)
+        cache = self.catalog.reward_cache
+        found = cache.get(key)
+        if found is None:
+            product = self.catalog.products[s.product]
+            found = get_reward(product, self._goal, self.catalog.prices[s.product], dict(s.options), self.noun_parser)
+            if len(cache) >= PAGE_CACHE_SIZE:
+                cache.clear()
+            cache[key] = found
+        return found
 
     def _invalid(self, action: str, why: str) -> tuple[str, float, bool, dict[str, Any]]:
         obs, info = self._render(self._session)
