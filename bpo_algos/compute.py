@@ -22,8 +22,9 @@ The cost model (docs/main-job.md, "Cost units"), one for every policy:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,7 @@ class ComputeMeter:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def copy(self) -> ComputeMeter:
-        return replace(self)  # every field is a number: a shallow copy is a copy
+        return copy.copy(self)  # every field is a number: a shallow copy is a copy
 
     def get(self, unit: str) -> float:
         if unit not in COMPUTE_UNITS and unit != "resets":

@@ -26,11 +26,14 @@ the policy, the algorithm and the trainer's config (:mod:`bpo_experiments.build`
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import io
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -121,6 +124,45 @@ def _load_policy(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
+JOB_GC_THRESHOLD = 5000
+"""The garbage collector's first threshold while a job or a comparison runs (Python's: 700)."""
+
+
+@contextmanager
+def collector_for_jobs(freeze: bool = True) -> Iterator[None]:
+    """The garbage collector's first threshold at :data:`JOB_GC_THRESHOLD` inside, and with
+    ``freeze`` every object that exists on entry (modules, the env's data, caches) out of its
+    view (``gc.freeze``), put back on exit (``gc.unfreeze``, so nothing is kept for good).
+
+    A job makes trees, contexts and pages by the hundred thousand and keeps many of them for a
+    while; with Python's defaults each full collection walks the whole heap again and the young
+    generations are swept every 700 allocations: a seventh of a small WebShop job's CPU time,
+    a third of that with these (docs/main-job.md, "Where the time goes"). It changes when
+    memory is freed, never a result."""
+    threshold = gc.get_threshold()
+    if freeze:
+        gc.freeze()
+    gc.set_threshold(max(threshold[0], JOB_GC_THRESHOLD), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        if freeze:
+            gc.unfreeze()
+
+
+def long_lived_frozen(job: Callable[..., Any]) -> Callable[..., Any]:
+    """``job`` run inside :func:`collector_for_jobs` (what exists when it starts frozen)."""
+
+    @functools.wraps(job)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with collector_for_jobs():
+            return job(*args, **kwargs)
+
+    return run
+
+
+@long_lived_frozen
 def initial_job(env: EnvConfig, seed: int, train_tasks: list[Any], eval_tasks: list[Any]) -> dict[str, Any]:
     """The (env, seed)'s initial policy, its evaluation (the warm start) and, when probes are on,
     the warm start's reference gradient, with the env's resolved settings ``env``. Returns
@@ -281,6 +323,7 @@ class _Measurements:
         return rule, None
 
 
+@long_lived_frozen
 def run_one(
     out: Path,
     config: RunConfig,

@@ -240,3 +240,31 @@ def test_ray_runs_give_the_results_of_one_job(tmp_path):
     saved = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "ray")]
     assert saved[1]["timing"]["ray"] == "local"
     assert _strip(saved[0]) == _strip(saved[1])
+
+
+def test_a_job_freezes_what_exists_and_gives_it_back():
+    """Inside a job the objects that existed at its start are frozen out of the collector's
+    view and the first threshold is raised; after it (also after an error) both are as before,
+    so nothing stays frozen for good and garbage made inside the job is still collected."""
+    import gc
+
+    from bpo_experiments.runner import JOB_GC_THRESHOLD, collector_for_jobs, long_lived_frozen
+
+    before = gc.get_threshold()
+    seen = {}
+
+    @long_lived_frozen
+    def job(fail: bool) -> None:
+        seen["frozen"], seen["threshold"] = gc.get_freeze_count(), gc.get_threshold()[0]
+        if fail:
+            raise RuntimeError("boom")
+
+    job(False)
+    assert seen["frozen"] > 0 and seen["threshold"] >= JOB_GC_THRESHOLD
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+    with pytest.raises(RuntimeError):
+        job(True)
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+    with collector_for_jobs(freeze=False):
+        assert gc.get_freeze_count() == 0 and gc.get_threshold()[0] >= JOB_GC_THRESHOLD
+    assert gc.get_threshold() == before

@@ -145,3 +145,57 @@ def test_a_checkpoint_with_a_reference_loads_into_a_fresh_policy():
     steps = [type("S", (), {"context": _context(), "action": s})() for s in samples]
     assert torch.equal(fresh.reference_token_logprobs(steps), policy.reference_token_logprobs(steps))
     assert not torch.equal(fresh.reference_token_logprobs(steps), fresh.token_logprobs(steps).detach())
+
+
+def test_categorical_draws_are_rng_choice_draws():
+    """The sampler's inverse-CDF draws equal ``rng.choice(k, size=n, p=p)`` draw for draw and
+    leave the generator in the same state, on distributions from flat to nearly one-hot; bad
+    probabilities still raise rng.choice's error."""
+    from bpo_algos.policy.choice import categorical_draws
+
+    for t in range(3000):
+        r = np.random.default_rng(t)
+        k, n = int(r.integers(1, 60)), int(r.integers(1, 5))
+        logits = r.normal(size=k) * float(r.choice([0.1, 1.0, 5.0, 40.0]))
+        p = np.exp(logits - logits.max())
+        p = p / p.sum()
+        a, b = np.random.default_rng([t, 1]), np.random.default_rng([t, 1])
+        assert np.array_equal(a.choice(k, size=n, p=p), categorical_draws(p, n, b))
+        assert a.bit_generator.state == b.bit_generator.state
+    with pytest.raises(ValueError):
+        categorical_draws(np.array([0.5, np.nan]), 1, np.random.default_rng(0))
+
+
+def test_fast_hashing_and_mentions_equal_their_plain_definitions():
+    """The n-gram ids (hashed through ``map``) and the mentions (cut by bisection) equal the
+    per-gram loop and the linear scan they replace, on random texts."""
+    import re
+    import zlib
+
+    word = re.compile(r"[a-z0-9]+")
+
+    def plain_ids(text: str, buckets: int) -> tuple[int, ...]:
+        words = word.findall(text.lower())
+        grams = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+        return tuple(zlib.crc32(g.encode()) % buckets for g in grams)
+
+    def plain_mentions(observation: str, actions: tuple[str, ...], max_chars: int) -> tuple[str, ...]:
+        lowered, found, starts = observation.lower(), {}, []
+        for i, action in enumerate(actions):
+            m = re.match(r"^\s*[\w ]+\[(.+)\]\s*$", action, re.DOTALL)
+            arg = m.group(1).strip().lower() if m else None
+            if arg and lowered.find(arg) >= 0:
+                found[i] = lowered.find(arg) + len(arg)
+                starts.append(lowered.find(arg))
+        starts.sort()
+        return tuple(observation[found[i]: min(next((s for s in starts if s >= found[i]), len(observation)), found[i] + max_chars)]
+                     if i in found else "" for i in range(len(actions)))
+
+    rng = np.random.default_rng(0)
+    vocab = ["red", "Shoe", "b0", "b01", "size 9", "ünï", "42", "a-b", "[SEP]", "$9.99", "x"]
+    for _ in range(300):
+        text = " ".join(rng.choice(vocab, size=int(rng.integers(0, 80))))
+        for buckets in (7, 1 << 15):
+            assert hashed_ngrams.__wrapped__(text, buckets) == plain_ids(text, buckets)
+        actions = tuple(f"click[{w.lower()}]" for w in rng.choice(vocab, size=int(rng.integers(1, 6))))
+        assert mentions.__wrapped__(text, actions, 30) == plain_mentions(text, actions, 30)

@@ -343,3 +343,37 @@ def test_extra_env_instances_share_the_catalog_and_stay_small(env):
     tracemalloc.stop()
     assert all(e.unwrapped.catalog is env.unwrapped.catalog for e in envs)
     assert grown / len(envs) < 1 << 20
+
+
+@pytest.mark.parametrize("mode", ["text", "text_rich"])
+def test_shared_page_cache_gives_the_pages_an_uncached_env_builds(small_dir, mode):
+    """Random walks over several tasks, twice on one env: each step's observation, reward and
+    info equal a fresh render of the same session (the page functions run again, no cache) and
+    the first walk's; a cached page and a cached reward never leak into another task, mode or
+    set of options."""
+    env = gym.make(ENV_ID, data_dir=small_dir, observation_mode=mode)
+    u = env.unwrapped
+    u.catalog.page_cache.clear()
+    u.catalog.reward_cache.clear()
+
+    def walk() -> list:
+        out, rng = [], np.random.default_rng(3)
+        for task in (0, 1, 0, 2):
+            obs, info = env.reset(options={"task_id": task})
+            for _ in range(12):
+                action = u.sample_action(rng)
+                obs, r, term, trunc, info = env.step(action)
+                u.catalog.page_cache, kept = {}, u.catalog.page_cache  # render this session afresh
+                fresh_obs, fresh_info = u._render(u.session)
+                u.catalog.page_cache = kept
+                if not info.get("invalid_action"):
+                    assert (obs, info["admissible_actions"], info["page"]) == (fresh_obs, fresh_info["admissible_actions"], fresh_info["page"])
+                out.append((obs, r, term, trunc, {k: v for k, v in info.items() if k != "task_id"}))
+                if term or trunc:
+                    break
+        return out
+
+    first = walk()
+    assert u.catalog.page_cache and any(step[2] for step in first)
+    assert walk() == first  # now served from the cache
+    env.close()

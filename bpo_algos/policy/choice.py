@@ -17,6 +17,7 @@ import copy
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,10 @@ from bpo_algos.policy.base import (
 from bpo_envs.validation import check_count
 
 
+@lru_cache(maxsize=1 << 14)
 def context_key(text: str) -> int:
-    """A stable 32-bit id of ``text`` (recorded as the action's prompt id)."""
+    """A stable 32-bit id of ``text`` (recorded as the action's prompt id; cached: the pages
+    of an env recur)."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest(), "big")
 
 
@@ -48,6 +51,19 @@ def gumbel_top_k(logp: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
     keys[~np.isfinite(logp)] = -np.inf  # zero-probability actions are never drawn
     order = np.argsort(-keys, kind="stable")
     return order[: min(int(k), int(np.isfinite(logp).sum()))]
+
+
+def categorical_draws(p: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` i.i.d. indices drawn from the probabilities ``p`` (float64, summing to 1): the very
+    draws (and generator state after them) of ``rng.choice(len(p), size=n, p=p)``, which inverts
+    the normalised cumulative sum at ``n`` uniforms, without its per-call checks (a few times
+    its cost for the handful of actions a step has). ``p`` that is not finite and non-negative
+    goes to ``rng.choice``, which says what is wrong with it."""
+    if not (np.isfinite(p).all() and (p >= 0).all()):
+        return rng.choice(len(p), size=n, p=p)
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    return cdf.searchsorted(rng.random(n), side="right")
 
 
 def chosen(step: StepLike) -> int:
@@ -161,13 +177,14 @@ class ChoicePolicy(TablePolicy, nn.Module):
             return []
         if rngs is not None and len(rngs) != len(contexts):
             raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
-        all_logp = [lp.double().numpy() for lp in self._log_probs_no_grad(contexts)]
+        # float32 -> float64 is exact: numpy's cast gives the values torch's .double() gives
+        all_logp = [lp.numpy().astype(np.float64) for lp in self._log_probs_no_grad(contexts)]
         out: list[list[Action]] = []
         for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
             actions = self._admissible(context)
             probs = np.exp(logp)
             rng = self._rng if rngs is None else rngs[i]
-            picks = rng.choice(len(actions), size=n, p=probs / probs.sum())
+            picks = categorical_draws(probs / probs.sum(), n, rng)
             prompt = (context_key(context.observation),)
             out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt, index=int(i)) for i in picks])
             self.meter.gen_tokens += n

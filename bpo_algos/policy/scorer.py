@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,9 +62,15 @@ def _words(text: str) -> frozenset[str]:
 @lru_cache(maxsize=1 << 16)
 def hashed_ngrams(text: str, buckets: int) -> tuple[int, ...]:
     """Bucket ids of the lower-cased word unigrams and bigrams of ``text`` (CRC32 mod ``buckets``)."""
+    return tuple(_ngram_ids(text, buckets).tolist())
+
+
+def _ngram_ids(text: str, buckets: int) -> np.ndarray:
+    """:func:`hashed_ngrams` as an int64 array, hashed through ``map`` (no Python loop)."""
     words = _WORD.findall(text.lower())
-    grams = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
-    return tuple(zlib.crc32(g.encode()) % buckets for g in grams)
+    grams = words + list(map(" ".join, zip(words, words[1:], strict=False)))
+    crc = np.fromiter(map(zlib.crc32, map(str.encode, grams)), dtype=np.int64, count=len(grams))
+    return crc % buckets
 
 
 def _argument(action: str) -> str | None:
@@ -93,7 +100,8 @@ def mentions(observation: str, actions: tuple[str, ...], max_chars: int) -> tupl
             out.append("")
             continue
         end = found[i]
-        stop = next((s for s in starts if s >= end), len(observation))
+        after = bisect_left(starts, end)  # the first mention that starts at or after ``end``
+        stop = starts[after] if after < len(starts) else len(observation)
         out.append(observation[end : min(stop, end + max_chars)])
     return tuple(out)
 
@@ -204,7 +212,10 @@ class TextScorerPolicy(ChoicePolicy):
             columns.append(np.concatenate(remembered))
         # float64 features rounded once to float32, as a tensor built from Python floats would be
         features = torch.from_numpy(np.concatenate(columns, axis=1).astype(np.float32))
-        per_action = torch.repeat_interleave(states, torch.as_tensor(sizes), dim=0)
+        # each context's row once per candidate: the index_select that repeat_interleave runs
+        # (so the same numbers and gradients), with its index built in numpy in one go
+        owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        per_action = states.index_select(0, torch.from_numpy(owner))
         t, o, r = per_action[:, 0], per_action[:, 1], per_action[:, 2]
         a, m = pairs[:, 0], pairs[:, 1]
         x = torch.cat([a, m, a * t, a * o, m * t, a * r, features], dim=-1)
@@ -231,7 +242,7 @@ class _Candidates:
 @lru_cache(maxsize=1 << 16)
 def _bag_ids(text: str, max_chars: int, buckets: int) -> np.ndarray:
     # hashed_ngrams' own cache is bypassed: this one keeps the ids (as a compact array)
-    ids = np.asarray(hashed_ngrams.__wrapped__(text[:max_chars], buckets), dtype=np.int64)
+    ids = _ngram_ids(text[:max_chars], buckets)
     ids.setflags(write=False)  # shared by every call that hits the cache
     return ids
 

@@ -277,6 +277,10 @@ class Catalog:
     asin_to_index: dict[str, int] = field(default_factory=dict)
     files: dict[str, Path | None] = field(default_factory=dict)
     bundled: bool = False
+    page_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Rendered pages of the envs on this catalog (see ``WebShopEnv._view``)."""
+    reward_cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Purchase rewards of the envs on this catalog (see ``WebShopEnv._purchase_reward``)."""
 
     def __post_init__(self) -> None:
         self.asin_to_index = {p["asin"].lower(): i for i, p in enumerate(self.products)}

@@ -80,6 +80,17 @@ class Session(NamedTuple):
 
 
 START = Session("start")
+PAGE_CACHE_SIZE = 1 << 14
+"""Pages kept in a catalog's shared page cache (:meth:`WebShopEnv._view`); emptied when full."""
+
+
+class PageView(NamedTuple):
+    """A rendered page (shared by every env on a catalog: never mutate its parts)."""
+
+    nodes: list[pages.Node]
+    clickables: dict[str, pages.Node]
+    observation: str
+    admissible: tuple[str, ...]
 
 
 def parse_action(action: str) -> tuple[str, str | None]:
@@ -156,6 +167,7 @@ class WebShopEnv(SnapshotEnv):
         # the (immutable) session and the goal, so an identity match is always the same page;
         # a click then reads the page it clicks on instead of building it again.
         self._page: tuple[Session, dict[str, Any], list[pages.Node], dict[str, pages.Node]] | None = None
+        self._goal_task: Any = None  # the task id of ``_goal`` (part of the shared page cache's key)
 
     # ---- SnapshotEnv ---------------------------------------------------------------------
     def task_ids(self) -> Sequence[int]:
@@ -193,7 +205,7 @@ class WebShopEnv(SnapshotEnv):
         }
 
     def _reset_task(self, task_id: int) -> tuple[str, dict[str, Any]]:
-        self._goal = self.catalog.goal(task_id)
+        self._goal, self._goal_task = self.catalog.goal(task_id), task_id
         self._session = START
         return self._render(START)
 
@@ -206,7 +218,7 @@ class WebShopEnv(SnapshotEnv):
     def _apply(self, state: Any) -> None:
         # the goal depends on the task id, which the base restores after _set_state
         super()._apply(state)
-        self._goal = self.catalog.goal(self._task_id)
+        self._goal, self._goal_task = self.catalog.goal(self._task_id), self._task_id
 
     def _portable_task_state(self, inner: Session) -> tuple[Any, ...]:
         return (*inner[:5], tuple(sorted(inner.visited)), *inner[6:])
@@ -251,10 +263,35 @@ class WebShopEnv(SnapshotEnv):
         page = self._page
         if page is not None and page[0] is s and page[1] is self._goal:
             return page[2], page[3]
-        nodes = self._nodes(s)
-        table = pages.clickables(nodes)
-        self._page = (s, self._goal, nodes, table)
-        return nodes, table
+        view = self._view(s)
+        self._page = (s, self._goal, view.nodes, view.clickables)
+        return view.nodes, view.clickables
+
+    def _view(self, s: Session) -> PageView:
+        """Session ``s``'s page under the current goal, from the catalog's shared page cache.
+
+        A page is a pure function of the (immutable) session, the goal (fixed by the task id
+        on a catalog) and the env's ``observation_mode`` and ``search_actions``, so every env
+        instance on the catalog shares the pages it built: the trees of a batch and the batches
+        of a run revisit the same pages of the same tasks many times."""
+        key = (self.observation_mode, self.search_actions, self._goal_task, s)
+        cache = self.catalog.page_cache
+        view = cache.get(key)
+        if view is None:
+            nodes = self._nodes(s)
+            table = pages.clickables(nodes)
+            if self.observation_mode == "text":
+                obs = pages.to_text(nodes)
+            else:
+                selected = [v for _, v in s.options] if s.page == "item" else []
+                visited = [self.catalog.products[i]["asin"] for i in s.visited]
+                obs = pages.to_text_rich(nodes, selected, visited)
+            admissible = () if s.page == "done" else tuple(self._admissible(s, table))
+            view = PageView(nodes, table, obs, admissible)
+            if len(cache) >= PAGE_CACHE_SIZE:
+                cache.clear()  # bounded; plain dict operations keep it safe across threads
+            cache[key] = view
+        return view
 
     def _admissible(self, s: Session, table: dict[str, pages.Node]) -> list[str]:
         if s.page == "start":
@@ -262,15 +299,8 @@ class WebShopEnv(SnapshotEnv):
         return [f"click[{label}]" for label in table if label != "search"]
 
     def _render(self, s: Session) -> tuple[str, dict[str, Any]]:
-        nodes, table = self._page_of(s)
-        if self.observation_mode == "text":
-            obs = pages.to_text(nodes)
-        else:
-            selected = [v for _, v in s.options] if s.page == "item" else []
-            visited = [self.catalog.products[i]["asin"] for i in s.visited]
-            obs = pages.to_text_rich(nodes, selected, visited)
-        info = {"admissible_actions": [] if s.page == "done" else self._admissible(s, table), "page": s.page}
-        return obs, info
+        view = self._view(s)
+        return view.observation, {"admissible_actions": list(view.admissible), "page": s.page}
 
     # ---- transitions ---------------------------------------------------------------------
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
@@ -303,10 +333,8 @@ class WebShopEnv(SnapshotEnv):
 
     def _click(self, s: Session, label: str, node: pages.Node) -> Session:
         if label == "buy now":
-            product = self.catalog.products[s.product]
-            reward, self._details = get_reward(
-                product, self._goal, self.catalog.prices[s.product], dict(s.options), self.noun_parser
-            )
+            reward, details = self._purchase_reward(s)
+            self._details = dict(details)
             return s._replace(page="done", reward=float(reward))
         if label == "back to search":
             return START
@@ -329,6 +357,21 @@ class WebShopEnv(SnapshotEnv):
             options[node.group] = label
             return s._replace(page="item", sub=None, options=tuple(options.items()))
         return s._replace(page="item", sub=None)
+
+    def _purchase_reward(self, s: Session) -> tuple[float, dict[str, Any]]:
+        """:func:`get_reward` of buying ``s``'s product with ``s``'s options for the current goal,
+        from the catalog's shared cache (a pure function of the goal, the product, the options
+        and the noun parser; the trees of a batch buy the same products again and again)."""
+        key = (self._goal_task, s.product, s.options, self.noun_parser)
+        cache = self.catalog.reward_cache
+        found = cache.get(key)
+        if found is None:
+            product = self.catalog.products[s.product]
+            found = get_reward(product, self._goal, self.catalog.prices[s.product], dict(s.options), self.noun_parser)
+            if len(cache) >= PAGE_CACHE_SIZE:
+                cache.clear()
+            cache[key] = found
+        return found
 
     def _invalid(self, action: str, why: str) -> tuple[str, float, bool, dict[str, Any]]:
         obs, info = self._render(self._session)
