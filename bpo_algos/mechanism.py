@@ -340,7 +340,7 @@ def prefix_explained_interval(terms: EtaTerms, *, seed: int = 0, n_boot: int = 1
         if np.isfinite(leave_one_out).all():
             shift = (n - 1) * (plain - float(leave_one_out.mean()))
     eta = plain + shift
-    if n_boot <= 0:
+    if n_boot <= 0 or n < 2:  # a resample of one tree is that tree: a zero-width "interval"
         return eta, None
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6D656368]))
     boot = prefix_explained_of(terms, bootstrap_weights(bootstrap_strata(terms.task), n, n_boot, rng))
@@ -517,7 +517,9 @@ def mechanism_table(rows: Mapping[str, Mechanism]) -> str:
 
     for name, m in rows.items():
         ci = m.prefix_explained_ci95
-        eta = f(m.prefix_explained) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        eta = f(m.prefix_explained)
+        if m.prefix_explained is not None:
+            eta += f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else " (no interval: one tree)"
         depths = ", ".join(f"{d}:{n}" for d, n in m.branch_depths.items()) or "-"
         lines.append(
             f"| {name} | {eta} | {m.branch_nodes} | {depths} | {f(m.fork_steps_per_leaf)} "

@@ -147,3 +147,16 @@ def test_interval_covers_a_known_eta() -> None:
         hits += lo <= 0.2 <= hi
         assert lo <= m.prefix_explained <= hi
     assert hits >= 30, hits
+
+
+def test_one_tree_gives_eta_but_no_interval():
+    """A bootstrap over trees needs two: resampling one tree draws that tree every time, whose
+    "interval" has zero width (the broken case, what a one-tree diagnosis printed: [x, x])."""
+    from bpo_algos.mechanism import eta_terms, prefix_explained_interval
+
+    rng = np.random.default_rng(np.random.SeedSequence(7))
+    trees = [synthetic_tree(0, (2, 4), 0.2, 0.0, rng) for _ in range(2)]
+    eta, ci = prefix_explained_interval(eta_terms(trees[:1]), n_boot=200)
+    assert eta is not None and ci is None
+    eta, ci = prefix_explained_interval(eta_terms(trees), n_boot=200)
+    assert eta is not None and ci is not None and ci[1] > ci[0]
