@@ -519,7 +519,7 @@ def mechanism_table(rows: Mapping[str, Mechanism]) -> str:
         ci = m.prefix_explained_ci95
         eta = f(m.prefix_explained)
         if m.prefix_explained is not None:
-            eta += f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else " (no interval: one tree)"
+            eta += f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else " (no interval: fewer than 2 trees or no resamples)"
         depths = ", ".join(f"{d}:{n}" for d, n in m.branch_depths.items()) or "-"
         lines.append(
             f"| {name} | {eta} | {m.branch_nodes} | {depths} | {f(m.fork_steps_per_leaf)} "
