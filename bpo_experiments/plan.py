@@ -79,21 +79,26 @@ the plan sizes the seeds itself, and the other two only say where its sources ar
 
 def record_differences(saved: dict[str, Any], preset: Preset, env: str) -> dict[str, list[Any]]:
     """What ``env``'s setting in the recorded ``results.json`` ``saved`` (its ``preset``) and
-    ``preset`` differ in, ``{key: [recorded, now]}``, the env's setup field by field
-    (``envs.FIELD``), :data:`PLAN_SIZES` aside; empty when the record is this setting's (or holds
+    ``preset`` differ in, ``{key: [recorded, now]}``, a mapping field by field (``envs.FIELD``,
+    ``envs.trainer.FIELD``), :data:`PLAN_SIZES` aside; empty when the record is this setting's (or holds
     no preset to tell). A record of another setting still sizes the plan, which says so: its
     seconds and spreads are that setting's."""
     saved_preset = saved.get("preset")
     if not isinstance(saved_preset, dict) or env not in (saved_preset.get("envs") or {}):
         return {}
     out: dict[str, list[Any]] = {}
-    for key, (old, new) in setting_changes(env_setting(saved_preset, env), preset, env).items():
-        if key in PLAN_SIZES:
-            continue
-        if key == "envs" and isinstance(old, dict) and isinstance(new, dict):
-            out.update({f"envs.{k}": [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)})
+
+    def add(key: str, old: Any, new: Any) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):  # name the fields that differ
+            for k in sorted(set(old) | set(new)):
+                if old.get(k) != new.get(k):
+                    add(f"{key}.{k}", old.get(k), new.get(k))
         else:
             out[key] = [old, new]
+
+    for key, (old, new) in setting_changes(env_setting(saved_preset, env), preset, env).items():
+        if key not in PLAN_SIZES:
+            add(key, old, new)
     return out
 
 
