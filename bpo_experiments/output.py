@@ -64,30 +64,42 @@ def check_same_settings(out: Path, preset: Preset, saved_preset: dict[str, Any] 
     differs)."""
     current = preset_dict(preset)
     settings = {e: env_setting(current, e) for e in preset.envs}
-    for env_name, setting in settings.items():
+    for env_name in settings:
         path = out / "runs" / env_name / "setting.json"
         saved_setting = read_json_or_redo(path)
         if saved_setting is None and saved_preset is not None and env_name in saved_preset.get("envs", {}):
             saved_setting = env_setting(saved_preset, env_name)  # a folder written before per-env settings
         if saved_setting is None:
             continue
-        if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
-            saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
-        if isinstance(saved_setting.get("tuning"), dict):  # and those TuningConfig gained (pinned)
-            saved_setting["tuning"] = {**_tuning_defaults(), **saved_setting["tuning"]}
-        for key, unset in REMOVED_FIELDS.items():  # a field removed since, left at its default, set nothing
-            if saved_setting.get(key, unset) == unset:
-                saved_setting.pop(key, None)
-        defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
-        changed = sorted(
-            k for k in set(saved_setting) | set(setting)
-            if k not in _GROWABLE and saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
-        )
+        changed = sorted(k for k in setting_changes(saved_setting, preset, env_name) if k not in _GROWABLE)
         if changed:
             raise SystemExit(
                 f"{out} holds a comparison with another setting for {env_name} (differs in: {', '.join(changed)}); choose another --out"
             )
     return settings
+
+
+def setting_changes(saved_setting: dict[str, Any], preset: Preset, env_name: str) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, now)}`` for every key of env ``env_name``'s setting (:func:`env_setting`)
+    whose value in ``saved_setting`` (a ``setting.json``, or :func:`env_setting` of a saved
+    ``preset.json``) differs from ``preset``'s; fields added to :class:`EnvSetup` or
+    :class:`~bpo_experiments.tuning.TuningConfig` since count at their defaults, and a removed
+    field left at its default sets nothing (:data:`REMOVED_FIELDS`)."""
+    saved_setting = dict(saved_setting)
+    setting = env_setting(preset_dict(preset), env_name)
+    if isinstance(saved_setting.get("envs"), dict):  # fields EnvSetup gained since count at their defaults
+        saved_setting["envs"] = {**_env_setup_defaults(), **saved_setting["envs"]}
+    if isinstance(saved_setting.get("tuning"), dict):  # and those TuningConfig gained (pinned)
+        saved_setting["tuning"] = {**_tuning_defaults(), **saved_setting["tuning"]}
+    for key, unset in REMOVED_FIELDS.items():  # a field removed since, left at its default, set nothing
+        if saved_setting.get(key, unset) == unset:
+            saved_setting.pop(key, None)
+    defaults = env_setting(preset_dict(Preset(envs={env_name: preset.envs[env_name]})), env_name)
+    return {
+        k: (saved_setting.get(k, defaults.get(k)), setting.get(k, defaults.get(k)))
+        for k in sorted(set(saved_setting) | set(setting))
+        if saved_setting.get(k, defaults.get(k)) != setting.get(k, defaults.get(k))
+    }
 
 
 def check_same_data(out: Path, data: dict[str, Any]) -> None:

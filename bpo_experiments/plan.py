@@ -40,6 +40,7 @@ from bpo_envs.files import CorruptFileError, read_json
 from bpo_experiments.build import make_policy
 from bpo_experiments.evaluation import evaluate_episodes
 from bpo_experiments.gpu_plan import ASSUMED_MFU, ASSUMED_SPREAD, PEAK_BF16_FLOPS, gpu_plan
+from bpo_experiments.output import env_setting, setting_changes
 from bpo_experiments.presets import EnvSetup, Preset, setup_data
 from bpo_experiments.run_config import ComparisonConfig, comparison_config
 from bpo_experiments.significance import minimal_detectable_effect, power
@@ -69,6 +70,36 @@ def recorded(comparison: ComparisonConfig, plan_from: Path | None, env: str) -> 
         if path.exists():
             return json.loads(path.read_text()), str(path.relative_to(REPOSITORY))
     return None, None
+
+
+PLAN_SIZES = ("seeds", "recorded_results", "recorded_pilots")
+"""Setting keys in which a recorded run may differ from the plan's preset and still describe it:
+the plan sizes the seeds itself, and the other two only say where its sources are."""
+
+
+def record_differences(saved: dict[str, Any], preset: Preset, env: str) -> dict[str, list[Any]]:
+    """What ``env``'s setting in the recorded ``results.json`` ``saved`` (its ``preset``) and
+    ``preset`` differ in, ``{key: [recorded, now]}``, a mapping field by field (``envs.FIELD``,
+    ``envs.trainer.FIELD``), :data:`PLAN_SIZES` aside; empty when the record is this setting's (or holds
+    no preset to tell). A record of another setting still sizes the plan, which says so: its
+    seconds and spreads are that setting's."""
+    saved_preset = saved.get("preset")
+    if not isinstance(saved_preset, dict) or env not in (saved_preset.get("envs") or {}):
+        return {}
+    out: dict[str, list[Any]] = {}
+
+    def add(key: str, old: Any, new: Any) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):  # name the fields that differ
+            for k in sorted(set(old) | set(new)):
+                if old.get(k) != new.get(k):
+                    add(f"{key}.{k}", old.get(k), new.get(k))
+        else:
+            out[key] = [old, new]
+
+    for key, (old, new) in setting_changes(env_setting(saved_preset, env), preset, env).items():
+        if key not in PLAN_SIZES:
+            add(key, old, new)
+    return out
 
 
 def pilot_settings(comparison: ComparisonConfig, env: str) -> dict[str, Any]:
@@ -206,6 +237,9 @@ def plan(preset: Preset, jobs: int, plan_from: Path | None = None, progress: boo
         record = (saved or {}).get("per_env", {}).get(env) if saved else None
         if record and "vs_comparator" in record:  # (an older results.json has no paired spreads)
             run_seconds = _size_from_record(comparison, env, entry, n, updates, saved, source, record)
+            differs = record_differences(saved, preset, env)
+            if differs:
+                entry["record_differs"] = differs
         elif comparison.gpus and env in ASSUMED_SPREAD and not pilot:
             run_seconds = _size_from_gpu_plan(comparison, env, entry, n)
         else:
@@ -367,6 +401,11 @@ def _size_from_pilot(comparison: ComparisonConfig, env: str, entry: dict[str, An
     return run_seconds
 
 
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def render(result: dict[str, Any]) -> str:
     """The plan as text."""
     lines = [
@@ -384,6 +423,10 @@ def render(result: dict[str, Any]) -> str:
             f"  costs from {e['source']}: {e['seconds_total'] / 60:.1f} min of runs"
             + (f" ({e['seconds_basis']})" if e.get("seconds_basis") else ""),
         ]
+        if e.get("record_differs"):
+            changes = "; ".join(f"{k} {_short(old)} -> {_short(new)}" for k, (old, new) in e["record_differs"].items())
+            lines.append(f"  warning: the recorded run had another setting ({changes}): its seconds and spreads are that "
+                         "setting's, not this one's")
         if e.get("translations"):
             lines.append(f"  ALFWorld game translations first: {e['translations']['games']} games not translated yet, "
                          f"{e['translations']['cpu_seconds'] / 60:.1f} min of CPU (included; made in the --jobs workers)")

@@ -130,6 +130,21 @@ def test_plan_from_a_saved_run_uses_its_spread(treemdp_comparison, capsys):
     assert entry["mde"]["bpo"]["final"] == pytest.approx(minimal_detectable_effect(saved["sd"], 4))
 
 
+def test_plan_from_a_run_of_another_setting_says_so(treemdp_comparison, capsys):
+    """A recorded run sizes the plan of its own setting silently (more seeds are the plan's to
+    size), and the plan of another setting with a warning naming what differs: its spreads are
+    not that setting's."""
+    out = treemdp_comparison  # read, not changed
+    base = [*TREEMDP, "--plan", "--seeds", "0", "1", "2", "3", "--plan-from", str(out / "results.json")]
+    assert "record_differs" not in compare.main(base)["per_env"]["treemdp"]
+    assert "warning: the recorded run had another setting" not in capsys.readouterr().out
+    entry = compare.main([*base, "--learning-rate", "0.5"])["per_env"]["treemdp"]
+    assert entry["source"] == f"recorded: {out / 'results.json'}"
+    old, new = entry["record_differs"].pop("trainer.learning_rate")
+    assert new == 0.5 != old and not entry["record_differs"]
+    assert "warning: the recorded run had another setting (trainer.learning_rate" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
