@@ -13,7 +13,10 @@ KWARGS = {"split": "train", "max_episode_steps": 5}
 
 @pytest.fixture
 def private_translations(tmp_path, monkeypatch):
-    """Translations written into (and read from) a fresh folder; the games stay the user's."""
+    """Translations written into (and read from) a fresh folder; the games stay the user's. The
+    process's cache starts empty too: a game an earlier test in this process loaded would not
+    be translated, so not written (the test's result would hang on the order tests run in)."""
+    _upstream.clear_translation_cache()
 
     def path(game):
         return tmp_path / f"{_upstream._game_digest(game)}{_upstream.TRANSLATION_SUFFIX}"

@@ -81,6 +81,29 @@ def test_check_snapshot(env):
     assert report.portable_checked and report.fresh_env_checked
 
 
+def test_output_printed_before_the_client_reads_the_headers_is_kept(env, monkeypatch):
+    """The race a busy host makes, forced: the client reads the exec's answer 0.5 s late, when
+    the command has already printed (it arrives with the headers). Every byte is still there:
+    all of a short output, the first 8 KiB of a long one (docs/setup.md, "CI time")."""
+    import http.client
+
+    env.reset(options={"task_id": "bpo-gym__intervals-1"})
+    commands = ("ls", "printf 'x%.0s' $(seq 1 20000); echo; echo end")
+    on_time = [env.step(c)[0] for c in commands]
+    begin = http.client.HTTPResponse.begin
+
+    def late_begin(self):
+        time.sleep(0.5)
+        return begin(self)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
+    late = [env.step(c)[0] for c in commands]
+    monkeypatch.undo()
+    assert "intervals" in on_time[0] and on_time[1].startswith("x" * 5000)
+    assert "[... 10005 characters elided ...]" in on_time[1] and "\nend\n" in on_time[1]
+    assert late == on_time
+
+
 def test_snapshot_restores_edits_deletes_and_new_files(env):
     env.reset(options={"task_id": "bpo-gym__textkit-1"})
     env.step("echo hi >> README.md && mkdir -p d && ln -s README.md d/l && chmod +x pyproject.toml")

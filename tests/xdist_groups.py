@@ -9,12 +9,23 @@ other share one group across modules. A test that already has an ``xdist_group``
 Without pytest-xdist the markers change nothing. The scheduler is this module's
 (:func:`pytest_xdist_make_scheduler`): pytest-xdist's own ``loadgroup`` reads the group from a
 suffix it writes into ``item._nodeid``, which pytest 9 no longer uses as the test's id, so alone
-it would hand out every test on its own (``tests/test_xdist_groups.py`` catches that).
+it would hand out every test on its own (``tests/test_xdist_groups.py`` catches that). It hands
+out the groups that took longest first (:func:`group_seconds`, from the last measured run), so
+that a long group does not start last and leave the other workers idle at the end.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
 import pytest
+
+DURATIONS = Path(__file__).resolve().parent.parent / "docs" / "results" / "ci-time" / "durations-xdist.json"
+"""The last measured default suite (``scripts/ci_durations.py``): per-test wall seconds."""
+UNMEASURED_S = 0.5
+"""Seconds assumed for a test the measurement does not have (added since)."""
 
 SHARED_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "docker": (
@@ -65,16 +76,61 @@ def group_of_nodeid(nodeid: str) -> str:
     return group_of_module(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
 
 
+def measured_seconds(path: Path = DURATIONS) -> dict[str, float]:
+    """Wall seconds per test id in the measurement at ``path`` (under pytest-xdist where it has
+    them, else in one process); empty when there is none."""
+    try:
+        rows = json.loads(path.read_text())["tests"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    seconds = {}
+    for row in rows:
+        wall = row.get("after_wall_s") if row.get("after_wall_s") is not None else row.get("before_wall_s")
+        if wall is not None:
+            seconds[row["test"]] = float(wall)
+    return seconds
+
+
+def group_seconds(nodeids: Iterable[str], measured: dict[str, float]) -> dict[str, float]:
+    """Seconds per group of ``nodeids``: the sum of their measured seconds (a test measured as
+    a whole, not per parameter, counts once per parameter; an unmeasured one
+    :data:`UNMEASURED_S`)."""
+    total: dict[str, float] = {}
+    for nodeid in nodeids:
+        test = nodeid.rsplit("@", 1)[0]
+        seconds = measured.get(test, measured.get(test.split("[", 1)[0], UNMEASURED_S))
+        group = group_of_nodeid(nodeid)
+        total[group] = total.get(group, 0.0) + seconds
+    return total
+
+
+def longest_first(groups: dict[str, Iterable[str]], measured: dict[str, float]) -> list[str]:
+    """The names of ``groups`` (group: its test ids), those with the most measured seconds
+    first (ties: in the given order)."""
+    seconds = group_seconds((n for ids in groups.values() for n in ids), measured)
+    return sorted(groups, key=lambda g: -seconds.get(g, 0.0))
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # a pytest-xdist hook (absent without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under ``--dist loadgroup``: pytest-xdist's scope scheduling, one scope per group (the
-    groups with the most tests handed out first)."""
+    """Under ``--dist loadgroup``: pytest-xdist's scope scheduling, one scope per group, the
+    groups that took longest handed out first (:func:`group_seconds`; pytest-xdist's own order
+    is by number of tests, which started an 11-test module of 2,000-batch z-tests last)."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return group_of_nodeid(nodeid)
+
+        def _assign_work_unit(self, node: object) -> None:
+            if not self.ordered:  # the first hand-out: the work queue holds every group
+                self.ordered = True
+                for group in longest_first(self.workqueue, measured_seconds()):
+                    self.workqueue.move_to_end(group)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)

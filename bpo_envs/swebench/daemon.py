@@ -10,6 +10,8 @@ wait for a restarting daemon, and the host's room for more envs.
 * :func:`docker_client` is a client whose daemon answers, else
   :class:`bpo_envs.system.MissingPartError` saying how to get one.
 * :func:`check_capacity` raises, naming the limit, when the host cannot start more envs.
+* :func:`exec_output` streams a started exec's output, every byte of it (docker-py's own
+  reader loses what arrives with the response's headers: see its docstring).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +155,49 @@ def check_capacity(client: Any, n_envs: int = 1, limits: SandboxLimits | None = 
             f"{n_envs * lim.max_processes} processes, over the host's kernel.pid_max {pid_max}; "
             "lower max_processes or the concurrency"
         )
+
+
+FRAME_HEADER = struct.Struct(">BxxxL")
+"""The header of a frame of the daemon's multiplexed stream (no tty): the stream (1 stdout,
+2 stderr), three zero bytes, the payload's length (big-endian)."""
+
+
+def exec_output(api: Any, exec_id: str) -> Iterator[bytes]:
+    """Start the created exec ``exec_id`` (no tty) and yield its output as it arrives: each
+    frame's payload, stdout and stderr in the order the daemon sent them, until the daemon
+    closes the stream (the exec and every process holding its output ended). The start goes
+    through :func:`docker_call`; reading does not (it lasts as long as the command).
+
+    Why not docker-py's ``exec_start(stream=True)``: it reads the frames from the raw socket
+    under the response, while http.client read the response's headers through a buffered
+    reader that takes up to 8 KiB from the socket at once. When the command has printed before
+    the client reads the headers (the client's thread was not scheduled while the daemon
+    started the exec: a busy host), the first frames sit in that buffer and are never seen: the
+    whole output of a short command, the first 8 KiB of a long one. Here the frames are read
+    through that buffered reader. A stream that ends inside a frame raises ConnectionError
+    (the daemon went away mid-answer) rather than returning a cut output.
+    """
+    stream = docker_call(api.exec_start, exec_id, stream=True)  # docker-py's generator stays unread
+    # docker-py's and http.client's attributes (third party): the response behind the stream,
+    # and http.client's buffered reader over its socket, which may already hold the first frames
+    response = stream._response
+    reader = response.raw._fp.fp
+    # a command may print nothing for longer than the client's timeout: wait for the daemon as
+    # long as it takes (the host's deadline for the command is kept by the caller)
+    api._disable_socket_timeout(api._get_raw_response_socket(response))
+    try:
+        while True:
+            header = reader.read(FRAME_HEADER.size)
+            if not header:
+                return
+            if len(header) < FRAME_HEADER.size:
+                raise ConnectionError("the Docker daemon's exec stream ended inside a frame header")
+            _, size = FRAME_HEADER.unpack(header)
+            payload = reader.read(size) if size else b""
+            if len(payload) < size:
+                raise ConnectionError(f"the Docker daemon's exec stream ended inside a frame "
+                                      f"({len(payload)} of {size} bytes)")
+            if payload:
+                yield payload
+    finally:
+        response.close()

@@ -82,6 +82,7 @@ from bpo_envs.swebench.daemon import (  # noqa: F401 - the daemon's knobs, re-ex
     check_capacity,
     docker_call,
     docker_client,
+    exec_output,
     max_docker_calls,
     set_daemon_wait,
     set_max_docker_calls,
@@ -505,7 +506,7 @@ class DockerBackend:
 
         def read() -> None:
             try:
-                for chunk in docker_call(api.exec_start, exec_id, stream=True):
+                for chunk in exec_output(api, exec_id):
                     with feeding:
                         if ended.is_set():
                             return
