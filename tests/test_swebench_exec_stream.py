@@ -10,6 +10,7 @@ reader (on the raw socket under it) never looks at (docs/setup.md, "CI time").
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -20,7 +21,7 @@ import pytest
 
 docker = pytest.importorskip("docker", reason="needs docker-py: pip install 'bpo-gym[swe]'")
 
-from bpo_envs.swebench.daemon import exec_output  # noqa: E402
+from bpo_envs.swebench.daemon import exec_complete, exec_output  # noqa: E402
 
 HEADERS = (b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\n"
            b"Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
@@ -32,10 +33,12 @@ def frame(stream: int, payload: bytes) -> bytes:
 
 class FakeDaemon:
     """Answers one exec start per connection with ``HEADERS + body``, sent as ``pieces`` (byte
-    counts of successive writes, 5 ms apart; the rest in the last write), then closes."""
+    counts of successive writes, 5 ms apart; the rest in the last write), then closes. An exec
+    create (``POST /containers/ID/exec``) is answered with the exec's id, an exec inspect
+    (``GET /exec/ID/json``) with ``exit_code``."""
 
-    def __init__(self, path: Path, body: bytes, pieces: tuple[int, ...] = ()) -> None:
-        self.path, self.body, self.pieces = path, body, pieces
+    def __init__(self, path: Path, body: bytes, pieces: tuple[int, ...] = (), exit_code: int = 0) -> None:
+        self.path, self.body, self.pieces, self.exit_code = path, body, pieces, exit_code
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(path))
         self.server.listen(4)
@@ -53,10 +56,16 @@ class FakeDaemon:
                 while b"\r\n\r\n" not in request:
                     request += conn.recv(4096)
                 head, _, body = request.partition(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
+                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length")), b"0"))
                 while len(body) < length:
                     body += conn.recv(4096)
+                target = head.split(b" ")[1]
+                if target.endswith(b"/exec") or target.endswith(b"/json"):
+                    reply = json.dumps({"Id": "e1"} if target.endswith(b"/exec") else {"ExitCode": self.exit_code}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                 + f"Content-Length: {len(reply)}\r\n\r\n".encode() + reply)
+                    continue
                 answer, at = HEADERS + self.body, 0
                 for n in self.pieces:
                     conn.sendall(answer[at:at + n])
@@ -120,3 +129,17 @@ def test_a_stream_cut_inside_a_frame_is_an_error(api, tmp_path):
                 list(exec_output(api, "e"))
         finally:
             daemon.close()
+
+
+def test_a_command_run_to_its_end_keeps_its_whole_output_and_exit_code(api, tmp_path):
+    """``exec_complete`` (the image build's set-up script): the exit code from the exec's
+    inspect and every byte of the output, also when it came with the headers, where docker-py's
+    ``exec_run`` path (``exec_start`` without a stream) returns it cut (the broken case)."""
+    body = frame(1, b"y" * 12_000) + frame(2, b"failed: no such file\n")
+    want = b"y" * 12_000 + b"failed: no such file\n"
+    daemon = FakeDaemon(tmp_path / "d.sock", body, exit_code=3)
+    try:
+        assert api.exec_start("e1") != want, "docker-py's non-streamed exec now reads every byte"
+        assert exec_complete(api, "c1", ["bash", "-c", "set-up"]) == (3, want)
+    finally:
+        daemon.close()

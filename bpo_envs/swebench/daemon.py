@@ -11,7 +11,8 @@ wait for a restarting daemon, and the host's room for more envs.
   :class:`bpo_envs.system.MissingPartError` saying how to get one.
 * :func:`check_capacity` raises, naming the limit, when the host cannot start more envs.
 * :func:`exec_output` streams a started exec's output, every byte of it (docker-py's own
-  reader loses what arrives with the response's headers: see its docstring).
+  reader loses what arrives with the response's headers: see its docstring);
+  :func:`exec_complete` runs a command to its end and returns its exit code and whole output.
 """
 
 from __future__ import annotations
@@ -201,3 +202,14 @@ def exec_output(api: Any, exec_id: str) -> Iterator[bytes]:
                 yield payload
     finally:
         response.close()
+
+
+def exec_complete(api: Any, container_id: str, cmd: list[str], environment: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """Run ``cmd`` in the running container ``container_id`` (no tty) until it ends: its exit
+    code and its whole output (stdout and stderr interleaved as the daemon sent them), read by
+    :func:`exec_output` (docker-py's ``exec_run`` reads with the reader that loses what arrives
+    with the headers). No deadline: for the library's own set-up commands, never an agent's."""
+    exec_id = docker_call(api.exec_create, container_id, cmd, environment=environment)["Id"]
+    output = b"".join(exec_output(api, exec_id))
+    code = docker_call(api.exec_inspect, exec_id)["ExitCode"]
+    return int(code if code is not None else -1), output

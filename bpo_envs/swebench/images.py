@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bpo_envs.swebench.daemon import docker_client
+from bpo_envs.swebench.daemon import docker_client, exec_complete
 from bpo_envs.swebench.owners import owner_labels, run_dir
 
 DEFAULT_IMAGE = "bpo-gym/swebench-base:bookworm"
@@ -214,7 +214,7 @@ def build_test_image(row: dict[str, Any], client: Any | None = None,
     try:
         box.exec_run(["rm", "-rf", "/testbed"])
         box.put_archive("/", buf.getvalue())
-        rc, out = box.exec_run(["bash", "-c", _SETUP], environment={"BASH_ENV": "", "BASHRC": BASHRC_LINE})
+        rc, out = exec_complete(client.api, box.id, ["bash", "-c", _SETUP], {"BASH_ENV": "", "BASHRC": BASHRC_LINE})
         if rc != 0:
             raise RuntimeError(f"building {name} failed: {out.decode(errors='replace')}")
         repo, tag = name.rsplit(":", 1)
