@@ -119,8 +119,14 @@ class ChoicePolicy(TablePolicy, nn.Module):
         :meth:`sample`, :meth:`sample_distinct` and :meth:`decision_entropy` read their scores
         from it (the same numbers their own passes would give, up to float rounding in a larger
         batch; the meter counts each call's tokens as before). Scores are keyed by the context
-        object, so a context the pass did not cover is scored on its own."""
+        object, so a context the pass did not cover is scored on its own. A pass opened inside
+        one that covers all of its contexts scores nothing again: it reads the outer one
+        (:func:`~bpo_algos.rollout.run_together` opens one pass over several engines' steps)."""
         contexts = [as_context(c) for c in contexts]
+        outer = self._shared
+        if outer is not None and all((found := outer.get(id(c))) is not None and found[0] is c for c in contexts):
+            yield
+            return
         for context in contexts:
             self._admissible(context)
         with torch.no_grad():
