@@ -313,6 +313,8 @@ class Algorithm(Topology):
         pools: Sequence[EnvPool],
         tasks: Sequence[Any],
         budget: Budget | dict[str, Any] | tuple[str, float] | None = None,
+        *,
+        finish: bool = True,
     ) -> list[Batch]:
         """``len(pools)`` batches, batch ``k`` on ``pools[k]``, collected in lock step
         (:func:`~bpo_algos.rollout.run_together`: one policy pass per engine step over every
@@ -323,8 +325,9 @@ class Algorithm(Topology):
         tree costs of the batch before the call (not of batch ``k - 1``) and branches on the
         topology's state at the call (BPO's threshold). The batches are then scored and
         finished in order, as ``collect`` would (:meth:`end_batch` after each), so the state
-        after the call is that of ``len(pools)`` collections of these very batches. Not for a
-        budget in seconds (the batches share the wall time)."""
+        after the call is that of ``len(pools)`` collections of these very batches
+        (``finish=False``: no :meth:`end_batch`; the caller runs it on each, in order). Not for
+        a budget in seconds (the batches share the wall time)."""
         budget = Budget.parse(budget)
         if budget is not None and budget.unit == "seconds":
             raise ValueError("collect_together cannot hold a budget in seconds: the batches share the wall time")
@@ -334,7 +337,7 @@ class Algorithm(Topology):
                       self, tasks, budget, prior)
             for pool in pools
         ]
-        return [self._batch_of(policy, result, True) for result in run_together(policy, runs)]
+        return [self._batch_of(policy, result, finish) for result in run_together(policy, runs)]
 
     def _batch_of(self, policy: Policy, result: EngineResult, finish: bool) -> Batch:
         """The batch of an engine run: the topology's last step, the advantages, the reference

@@ -19,6 +19,7 @@ import torch
 
 from baselines import RLOO
 from bpo_algos import BPO, Budget, EnvPool
+from bpo_algos.controls import Frozen
 from bpo_algos.diagnostics import gradient_samples
 from bpo_algos.policy.scorer import TextScorerPolicy
 from bpo_algos.rollout import EngineRun, RolloutEngine, run_together
@@ -149,3 +150,22 @@ def test_wide_pools_only_where_the_env_steps_inline():
     finally:
         for p in pools:
             p.close()
+
+
+def test_frozen_collects_together_its_inner_batches_with_zero_advantages():
+    tasks = engine_reference.tasks(3)
+    policy = TextScorerPolicy(seed=11)
+    pools = _pools(2)
+    try:
+        frozen = Frozen(RLOO(group_size=3, seed=7), "rloo").collect_together(policy, pools, tasks, Budget("env_steps", 40))
+        inner = RLOO(group_size=3, seed=7).collect_together(policy, pools, tasks, Budget("env_steps", 40))
+    finally:
+        for pool in pools:
+            pool.close()
+
+    def without_advantages(batch):
+        return [(i, task, seed, [e[:3] + e[4:] for e in edges], meter) for i, task, seed, edges, meter in _record(batch)]
+
+    assert [without_advantages(b) for b in frozen] == [without_advantages(b) for b in inner]
+    assert all(e.advantage == 0.0 for b in frozen for e in b.steps) and any(e.advantage != 0.0 for b in inner for e in b.steps)
+    assert {b.algorithm for b in frozen} == {"frozen"}
