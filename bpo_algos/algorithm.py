@@ -18,7 +18,15 @@ from bpo_algos.advantages import as_batch, estimate_advantages
 from bpo_algos.compute import COMPUTE_UNITS, Budget, ComputeMeter
 from bpo_algos.losses import AGGREGATIONS, loss_normaliser, policy_loss
 from bpo_algos.policy.base import Policy, action_mask, pad_token_rows
-from bpo_algos.rollout import EnvFn, EnvPool, RolloutEngine, Topology
+from bpo_algos.rollout import (
+    EngineResult,
+    EngineRun,
+    EnvFn,
+    EnvPool,
+    RolloutEngine,
+    Topology,
+    run_together,
+)
 from bpo_algos.tree import Edge, RolloutTree
 from bpo_envs.validation import check_count
 
@@ -297,6 +305,43 @@ class Algorithm(Topology):
         finally:
             if not isinstance(env_fns, EnvPool):
                 pool.close()
+        return self._batch_of(policy, result, finish)
+
+    def collect_together(
+        self,
+        policy: Policy,
+        pools: Sequence[EnvPool],
+        tasks: Sequence[Any],
+        budget: Budget | dict[str, Any] | tuple[str, float] | None = None,
+        *,
+        finish: bool = True,
+    ) -> list[Batch]:
+        """``len(pools)`` batches, batch ``k`` on ``pools[k]``, collected in lock step
+        (:func:`~bpo_algos.rollout.run_together`: one policy pass per engine step over every
+        batch's deciding paths). Batch ``k`` is the batch ``collect(policy, pools[k], tasks,
+        budget)`` would build as the ``k``-th of as many calls from this algorithm's state at
+        the call, with every adaptive setting the collection reads held at that state: the
+        engine seeds are drawn in the same order, but each batch starts its trees on the
+        tree costs of the batch before the call (not of batch ``k - 1``) and branches on the
+        topology's state at the call (BPO's threshold). The batches are then scored and
+        finished in order, as ``collect`` would (:meth:`end_batch` after each), so the state
+        after the call is that of ``len(pools)`` collections of these very batches
+        (``finish=False``: no :meth:`end_batch`; the caller runs it on each, in order). Not for
+        a budget in seconds (the batches share the wall time)."""
+        budget = Budget.parse(budget)
+        if budget is not None and budget.unit == "seconds":
+            raise ValueError("collect_together cannot hold a budget in seconds: the batches share the wall time")
+        prior = self._tree_costs.get(budget.unit) if budget is not None else None
+        runs = [
+            EngineRun(RolloutEngine(pool, max_parallel_trees=self.shared.max_parallel_trees, seed=int(self._rng.integers(2**31 - 1))),
+                      self, tasks, budget, prior)
+            for pool in pools
+        ]
+        return [self._batch_of(policy, result, finish) for result in run_together(policy, runs)]
+
+    def _batch_of(self, policy: Policy, result: EngineResult, finish: bool) -> Batch:
+        """The batch of an engine run: the topology's last step, the advantages, the reference
+        log-probs (a KL) and, with ``finish``, :meth:`end_batch`."""
         if result.trees:
             self._tree_costs = {u: [float(t.compute.get(u)) for t in result.trees] for u in COMPUTE_UNITS}
         for tree in result.trees:

@@ -121,6 +121,19 @@ class Frozen(Algorithm):
             self.end_batch(batch)
         return batch
 
+    def collect_together(self, policy: Policy, pools: Sequence[EnvPool], tasks: Sequence[Any], budget: Any = None, *,
+                         finish: bool = True) -> list[Batch]:
+        """``inner``'s batches with every advantage zero (:meth:`Algorithm.collect_together`)."""
+        batches = self.inner.collect_together(policy, pools, tasks, budget, finish=False)
+        for batch in batches:
+            _zero_advantages(batch.trees)
+            batch.algorithm = self.name
+            for tree in batch.trees:
+                tree.algorithm = self.name
+            if finish:
+                self.end_batch(batch)
+        return batches
+
     def end_batch(self, batch: Batch) -> None:
         self.inner.end_batch(batch)
 

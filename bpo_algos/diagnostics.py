@@ -25,14 +25,14 @@ fresh randomness. From those samples:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from bpo_algos.algorithm import Algorithm
+from bpo_algos.algorithm import Algorithm, Batch
 from bpo_algos.compute import Budget
 from bpo_algos.data_parallel import is_sharded
 from bpo_algos.rollout import EnvFn, EnvPool
@@ -150,6 +150,7 @@ def gradient_samples(
     *,
     truth: torch.Tensor | None = None,
     keep_grads: bool | None = None,
+    pools: Sequence[EnvPool] = (),
 ) -> GradientSamples:
     """``n`` gradient estimates of ``algorithm`` at ``policy``'s current parameters.
 
@@ -162,6 +163,14 @@ def gradient_samples(
     Every sample goes into running sums (:class:`GradientMoments`, with ``truth``'s projections
     when given). ``keep_grads``: also keep the full samples (True), never (False), or while
     ``n x P`` float32 values fit :data:`KEEP_GRADS_BYTES` (None; logged when they do not).
+
+    ``pools`` (two or more pools like ``env_fns``, none of them it): the batches are collected
+    ``len(pools)`` at a time in lock step (:meth:`~bpo_algos.algorithm.Algorithm.collect_together`:
+    one policy pass per engine step over all of them), each then back-propagated in order as
+    above. Each batch is then the one ``collect`` builds from the algorithm's state at the
+    start of its group (its tree-cost estimate and branching state held within the group,
+    where one after the other each batch would read the one before it), so the samples of a
+    group are independent given that state; without ``pools``, one batch at a time.
     """
     if isinstance(policy, torch.nn.Module) and is_sharded(policy):
         raise RuntimeError(
@@ -175,9 +184,23 @@ def gradient_samples(
     params: list[torch.nn.Parameter] = []
     moments = GradientMoments(truth)
     keep = keep_grads
+    if len(pools) == 1 or any(p is pool for p in pools):
+        raise ValueError("pools: two or more pools besides env_fns' (or none)")
+    together = list(pools)
+
+    def batches() -> Iterator[Batch]:
+        left = n
+        while left > 0:
+            if together and left > 1:
+                group = together[:left]
+                yield from algorithm.collect_together(sampler or policy, group, tasks, budget)
+                left -= len(group)
+            else:
+                yield algorithm.collect(sampler or policy, pool, tasks, budget)
+                left -= 1
+
     try:
-        for _ in range(n):
-            batch = algorithm.collect(sampler or policy, pool, tasks, budget)
+        for batch in batches():
             params = [p for p in policy.parameters() if p.requires_grad]
             for p in params:
                 p.grad = None

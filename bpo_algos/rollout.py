@@ -70,7 +70,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +90,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "EngineResult",
+    "EngineRun",
     "EnvFailureError",
     "EnvFn",
     "EnvPool",
@@ -100,6 +101,7 @@ __all__ = [
     "StepResult",
     "Topology",
     "TreeBuild",
+    "run_together",
 ]
 
 
@@ -209,6 +211,28 @@ class RolloutEngine:
         such an engine builds alone (evaluation episodes, each on its own seed, run in one
         batch this way). Only without a budget, ``tree_indices`` or several trees per task.
         """
+        steps = self.steps(policy, topology, tasks, budget, prior_costs, tree_indices=tree_indices, seeds=seeds)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+
+    def steps(
+        self,
+        policy: Policy,
+        topology: Topology,
+        tasks: Sequence[Any],
+        budget: Budget | None = None,
+        prior_costs: Sequence[float] | None = None,
+        *,
+        tree_indices: Iterable[int] | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> Generator[list[Context], None, EngineResult]:
+        """:meth:`run` one engine step at a time: yields,
+        before each step, the contexts of the paths that decide in it (a caller may open one
+        ``policy.shared_pass`` over them and other engines' before resuming it:
+        :func:`run_together`); returns the :class:`EngineResult`."""
         if not tasks:
             raise ValueError("tasks must not be empty")
         if topology.root_branches < 1:
@@ -261,6 +285,7 @@ class RolloutEngine:
                         f"({len(self.pool)} slot(s), all lent or lost to failures)"
                     )
                 break
+            yield [p.context for p in ready if p.pending is None]
             self._advance(ready, waiting, entropies)
             in_flight -= self._finish_done(trees, waiting)
             ready = [p for p in ready if p.env is not None]
@@ -620,3 +645,60 @@ class RolloutEngine:
         build.open_paths += len(nodes)
         # end ALGO LOGIC
         return bool(nodes)
+
+
+@dataclass
+class EngineRun:
+    """One of the runs :func:`run_together` advances: an engine (on a pool of its own) and the
+    arguments of its :meth:`RolloutEngine.run`."""
+
+    engine: RolloutEngine
+    topology: Topology
+    tasks: Sequence[Any]
+    budget: Budget | None = None
+    prior_costs: Sequence[float] | None = None
+
+
+def run_together(policy: Policy, runs: Sequence[EngineRun]) -> list[EngineResult]:
+    """The results of ``runs``, each what ``run.engine.run(policy, ...)`` gives alone, built in
+    lock step: at every step one ``policy.shared_pass`` over the deciding paths of every run
+    still under way, which each run's own pass then reads (``ChoicePolicy.shared_pass``: a pass
+    nested in one that covers its contexts scores nothing again). Every run keeps its own
+    engine, pool, budget, meter and random streams, so its trees are those it builds alone (the
+    scores up to float rounding in the larger pass); only the per-step work is shared.
+
+    Each run's ``compute.seconds`` is the wall time of the whole lock step (the runs share
+    it), so a budget in seconds would not be a run's own: such a run is refused. The engines
+    must not share a pool (each run's schedule is its own pool's free-slot bookkeeping). A policy
+    that samples from a seed of its own (``samples_from_rngs`` False) gets the runs one after the
+    other, as its samples depend on the order of the calls."""
+    pools = [id(r.engine.pool) for r in runs]
+    if len(set(pools)) != len(pools):
+        raise ValueError("run_together needs a pool per run (a shared pool would change each run's schedule)")
+    if any(r.budget is not None and r.budget.unit == "seconds" for r in runs):
+        raise ValueError("run_together cannot hold a budget in seconds: the runs share the wall time")
+    if not policy.samples_from_rngs:  # its samples depend on the order of the calls: one run at a time
+        return [r.engine.run(policy, r.topology, r.tasks, r.budget, r.prior_costs) for r in runs]
+    steps = [r.engine.steps(policy, r.topology, r.tasks, r.budget, r.prior_costs) for r in runs]
+    results: list[EngineResult | None] = [None] * len(runs)
+    deciding: dict[int, list[Context]] = {}
+
+    def resume(i: int) -> None:
+        try:
+            deciding[i] = next(steps[i])
+        except StopIteration as stop:
+            results[i] = stop.value
+            deciding.pop(i, None)
+
+    try:
+        for i in range(len(runs)):
+            resume(i)
+        while deciding:
+            contexts = [c for i in sorted(deciding) for c in deciding[i]]
+            with policy.shared_pass(contexts):
+                for i in sorted(deciding):
+                    resume(i)
+    finally:
+        for step in steps:
+            step.close()
+    return [r for r in results if r is not None]

@@ -7,7 +7,7 @@ The gradient probes: signal-to-noise against a reference RLOO gradient
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +120,7 @@ def reference_batches_for(rows: torch.Tensor, target: float, most: int, least: i
 
 def gradient_rows(probe: Algorithm, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget, n: int,
                   precision: Callable[[torch.Tensor], int] | None = None, sizing: torch.Tensor | int | None = None,
-                  ) -> tuple[GradientSamples, dict[str, Any]]:
+                  pools: Sequence[EnvPool] = ()) -> tuple[GradientSamples, dict[str, Any]]:
     """Gradient samples of the algorithm ``probe`` (built on the probe's own stream) at ``policy``
     (kept: the bootstrap needs their Gram matrix). The probe is the estimator that trains: same
     settings, its adaptive state (BPO's threshold, the budget's tree-cost estimate) warmed by one
@@ -135,28 +135,37 @@ def gradient_rows(probe: Algorithm, policy: Any, pool: EnvPool, tasks: list[Any]
     the estimate is made of fresh batches only and their number was fixed before they were drawn,
     so every unbiased figure (signal, trace variance, mean) stays unbiased: the count is set by
     the precision target, never by the batches it is measured on. Returns the samples and how
-    their number was set."""
+    their number was set.
+
+    ``pools``: the probe's batches after the warm-up are collected ``len(pools)`` at a time in
+    lock step, each group from the state the batches before it left
+    (:func:`~bpo_algos.diagnostics.gradient_samples`' ``pools``); the warm-up batch always alone."""
     with _RNGGuard(policy):
         policy.seed(probe.seed)
         if isinstance(sizing, int) or precision is None:
             count = n if sizing is None else int(sizing)
             probe.collect(policy, pool, tasks, budget)
             found = {"batches": count, "most": n, "sized_on": "fixed" if sizing is None else "given", "pilot_batches": 0}
-            return gradient_samples(probe, policy, pool, tasks, count, budget, keep_grads=True), found
+            return gradient_samples(probe, policy, pool, tasks, count, budget, keep_grads=True, pools=pools), found
         if sizing is None:
-            pilot = gradient_samples(probe, policy, pool, tasks, PILOT_BATCHES, budget, keep_grads=True).grads
+            # the first pilot batch is the warm-up: alone, so that the others start from its state
+            first = gradient_samples(probe, policy, pool, tasks, 1, budget, keep_grads=True).grads
+            rest = gradient_samples(probe, policy, pool, tasks, PILOT_BATCHES - 1, budget, keep_grads=True, pools=pools).grads
+            width = max(first.shape[1], rest.shape[1])  # a policy that grew parameters: zeros on them
+            pilot = torch.cat([torch.nn.functional.pad(g, (0, width - g.shape[1])) for g in (first, rest)])
             source = "pilot"
         else:
             probe.collect(policy, pool, tasks, budget)
             pilot, source = sizing, "earlier probe"
         count = max(2, precision(pilot))
-        samples = gradient_samples(probe, policy, pool, tasks, count, budget, keep_grads=True)
+        samples = gradient_samples(probe, policy, pool, tasks, count, budget, keep_grads=True, pools=pools)
     return samples, {"batches": count, "most": n, "sized_on": source, "sizing_batches": int(pilot.shape[0]),
                      "pilot_batches": PILOT_BATCHES if sizing is None else 0}
 
 
 def reference_gradient(reference: AlgorithmSpec, n: int, seed: int, policy: Any, pool: EnvPool, tasks: list[Any], budget: Budget,
-                       point: str = "initial", precision: float | None = None) -> tuple[torch.Tensor, float, dict[str, Any]]:
+                       point: str = "initial", precision: float | None = None,
+                       pools: Sequence[EnvPool] = ()) -> tuple[torch.Tensor, float, dict[str, Any]]:
     """``(mean, signal, sizing)`` of at most ``n`` (``reference_batches``) batches of the
     reference estimator (:data:`~bpo_experiments.run_config.REFERENCE_ALGORITHM` as ``reference`` builds it) at ``policy`` (the
     seed's reference stream at probe ``point``): the reference the cosine of
@@ -164,11 +173,12 @@ def reference_gradient(reference: AlgorithmSpec, n: int, seed: int, policy: Any,
     preset's ``reference_precision``): as many batches as make the mean's noise at most
     ``precision^2`` of its signal (:func:`reference_batches_for`, on a pilot); None: ``n``.
     ``sizing`` also holds the jackknife relative error of the pool's signal-to-noise ratio
-    (:func:`snr_relative_error`), on which the probes at the same point are sized."""
+    (:func:`snr_relative_error`), on which the probes at the same point are sized. ``pools``:
+    as :func:`gradient_rows`'."""
     key = stream_seed(seed, REFERENCE, PROBE_POINTS[point])
     probe = reference.build(seed=key)
     rule = None if precision is None else partial(reference_batches_for, target=precision, most=n)
-    samples, sizing = gradient_rows(probe, policy, pool, tasks, budget, n, rule)
+    samples, sizing = gradient_rows(probe, policy, pool, tasks, budget, n, rule, pools=pools)
     rows = samples.grads.double()
     moments = signal_to_noise(rows, resamples=1)
     sizing["snr_relative_error"] = snr_relative_error(rows)  # what the probes at this point size on

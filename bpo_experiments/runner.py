@@ -53,6 +53,7 @@ from bpo_envs.files import read_json_or_redo
 from bpo_experiments.build import make_policy
 from bpo_experiments.evaluation import evaluate_episodes, evaluate_extra
 from bpo_experiments.output import run_dir, write_on_rank0
+from bpo_experiments.presets import EnvSetup
 from bpo_experiments.probes import (
     batches_for_error,
     gradient_rows,
@@ -73,7 +74,7 @@ from bpo_experiments.streams import (
     PROBE_POINTS,
     stream_seed,
 )
-from bpo_experiments.tasks import env_factory, eval_env_factory
+from bpo_experiments.tasks import env_factory, eval_env_factory, steps_inline
 
 __all__ = ["base_algorithm", "initial_job", "initial_policy", "run_one"]
 
@@ -162,6 +163,36 @@ def long_lived_frozen(job: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+INLINE_EVAL_ENVS = 64
+"""Envs of an evaluation pool where the env steps inline (:func:`~bpo_experiments.tasks.steps_inline`;
+else the preset's ``pool_size``): the episodes advance that many at a time, one policy pass per
+step over all of them. Each episode draws from its own streams, so the wins are those of any
+pool size (docs/main-job.md, "Where the time goes")."""
+
+LOCKSTEP_PROBE_BATCHES = 16
+"""Probe and reference batches collected together at most (each on a pool of ``pool_size`` envs
+of its own), where the env steps inline; elsewhere one batch at a time (a blocking env's pool
+holds sandboxes). See :func:`~bpo_experiments.probes.gradient_rows`' ``pools``."""
+
+
+def evaluation_pool_size(setup: EnvSetup, pool_size: int) -> int:
+    """The envs an evaluation of ``setup``'s env runs on (:data:`INLINE_EVAL_ENVS`)."""
+    return max(pool_size, INLINE_EVAL_ENVS) if steps_inline(setup) else pool_size
+
+
+def lockstep_pools(setup: EnvSetup, pool_size: int) -> list[EnvPool]:
+    """The pools probe batches are collected on together (:data:`LOCKSTEP_PROBE_BATCHES`; none
+    where the env may block); the caller closes them. Envs are made on first use."""
+    if not steps_inline(setup):
+        return []
+    return [EnvPool([env_factory(setup)] * pool_size, workers=setup.workers) for _ in range(LOCKSTEP_PROBE_BATCHES)]
+
+
+def _close(pools: list[EnvPool]) -> None:
+    for pool in pools:
+        pool.close()
+
+
 @long_lived_frozen
 def initial_job(env: EnvConfig, seed: int, train_tasks: list[Any], eval_tasks: list[Any]) -> dict[str, Any]:
     """The (env, seed)'s initial policy, its evaluation (the warm start) and, when probes are on,
@@ -173,7 +204,7 @@ def initial_job(env: EnvConfig, seed: int, train_tasks: list[Any], eval_tasks: l
     start = time.perf_counter()
     policy = make_policy(env.policy, setup, seed, train_tasks)
     built = time.perf_counter() - start
-    pool = EnvPool([eval_env_factory(setup)] * env.pool_size, workers=setup.workers)
+    pool = EnvPool([eval_env_factory(setup)] * evaluation_pool_size(setup, env.pool_size), workers=setup.workers)
     try:
         wins = evaluate_episodes(policy, pool, eval_tasks, env.evaluation.episodes, seed)
     finally:
@@ -181,18 +212,20 @@ def initial_job(env: EnvConfig, seed: int, train_tasks: list[Any], eval_tasks: l
     warm = {"success": float(np.mean(wins)), "episodes": len(wins), "wins": wins, "seconds_build": built,
             "seconds_eval": time.perf_counter() - start - built, "code": code_version()}
     if setup.extra_eval:
-        warm["extra"] = evaluate_extra(policy, setup, env.evaluation.episodes, env.pool_size, seed)
+        warm["extra"] = evaluate_extra(policy, setup, env.evaluation.episodes, evaluation_pool_size(setup, env.pool_size), seed)
     reference = None
     if env.probes_on(seed):
         pool = EnvPool([env_factory(setup)] * env.pool_size, workers=setup.workers)
+        pools = lockstep_pools(setup, env.pool_size)
         try:
             t0 = time.perf_counter()
             mean, signal, sizing = reference_gradient(env.probes.reference, env.probes.reference_batches, seed, policy, pool, train_tasks,
-                                                      env.per_update_budget(), precision=env.probes.reference_precision)
+                                                      env.per_update_budget(), precision=env.probes.reference_precision, pools=pools)
             warm["seconds_reference"] = time.perf_counter() - t0
             warm["reference_sizing"] = sizing
         finally:
             pool.close()
+            _close(pools)
         buffer = io.BytesIO()
         torch.save({"mean": mean, "signal": signal}, buffer)
         reference = buffer.getvalue()
@@ -224,9 +257,12 @@ class _Measurements:
     each written to its file in the run's folder when taken (a resumed run keeps those it has)."""
 
     def __init__(self, folder: Path, config: RunConfig, policy: Any, pool: EnvPool, eval_pool: EnvPool, train_tasks: list[Any],
-                 eval_tasks: list[Any], warm: dict[str, Any], reference: bytes | None, algorithm: Algorithm) -> None:
+                 eval_tasks: list[Any], warm: dict[str, Any], reference: bytes | None, algorithm: Algorithm,
+                 probe_pools: list[EnvPool] | None = None) -> None:
         self.folder, self.config, self.seed = folder, config, config.seed
         self.policy, self.pool, self.eval_pool = policy, pool, eval_pool
+        self.probe_pools = probe_pools or []
+        """Pools the probes collect their batches on together (:func:`lockstep_pools`)."""
         self.train_tasks, self.eval_tasks, self.warm = train_tasks, eval_tasks, warm
         self.budget, self.biased = config.per_update_budget(), not algorithm.unbiased
         self.reference = torch.load(io.BytesIO(reference), weights_only=True) if reference is not None else None  # tensors only
@@ -288,14 +324,15 @@ class _Measurements:
             key = PROBE_POINTS[point]
             probe = self.config.build_algorithm(seed=stream_seed(self.seed, PROBE, key))
             samples, sizing = gradient_rows(probe, self.policy, self.pool, self.train_tasks, self.budget, self.config.settings.probes.batches,
-                                            *self._sizing(point))
+                                            *self._sizing(point), pools=self.probe_pools)
             self.probe_rows = samples.grads
             ref = None
             if point == "initial" and self.reference is not None:
                 ref = (self.reference["mean"], self.reference["signal"])
             elif point != "initial" and self.biased:
                 *ref, _ = reference_gradient(self.config.settings.probes.reference, self.config.settings.probes.reference_batches, self.seed, self.policy,
-                                             self.pool, self.train_tasks, self.budget, point, self.config.settings.probes.reference_precision)
+                                             self.pool, self.train_tasks, self.budget, point, self.config.settings.probes.reference_precision,
+                                             pools=self.probe_pools)
                 ref = tuple(ref)
             result = signal_to_noise(samples, ref, seed=stream_seed(self.seed, BOOTSTRAP, key))
             result.update({k: v for k, v in variance_summary(samples).items() if k in ("grad_norm_var", "grad_norm_mean")})
@@ -353,11 +390,13 @@ def run_one(
     write_on_rank0(folder / CONFIG_FILE, config.to_json())
     setup = config.setup
     pool = EnvPool([env_factory(setup)] * config.settings.pool_size, workers=setup.workers)
-    separate_eval = setup.eval_split not in ("held-out", "train")
-    eval_pool = EnvPool([eval_env_factory(setup)] * config.settings.pool_size, workers=setup.workers) if separate_eval else pool
+    eval_size = evaluation_pool_size(setup, config.settings.pool_size)
+    separate_eval = setup.eval_split not in ("held-out", "train") or eval_size != config.settings.pool_size
+    eval_pool = EnvPool([eval_env_factory(setup)] * eval_size, workers=setup.workers) if separate_eval else pool
+    probe_pools = lockstep_pools(setup, config.settings.pool_size) if config.probing else []
     policy = initial_policy((config.env, config.seed), initial, rebuild)
     algorithm = config.build_algorithm()
-    measure = _Measurements(folder, config, policy, pool, eval_pool, train_tasks, eval_tasks, warm, reference, algorithm)
+    measure = _Measurements(folder, config, policy, pool, eval_pool, train_tasks, eval_tasks, warm, reference, algorithm, probe_pools)
     start, start_cpu = time.perf_counter(), time.process_time()
     try:
         trainer = with_run_fields(config, out_dir=folder, progress=progress,
@@ -365,6 +404,7 @@ def run_one(
         history = Trainer(algorithm, policy, pool, train_tasks, trainer).train(after_update=measure)
     finally:
         pool.close()
+        _close(probe_pools)
         if separate_eval:
             eval_pool.close()
     extra = None
@@ -375,7 +415,7 @@ def run_one(
             if measure.unchanged() and "extra" in warm:  # the warm start's policy: its evaluation
                 extra = warm["extra"]
             else:
-                extra = evaluate_extra(policy, setup, config.settings.evaluation.episodes, config.settings.pool_size, config.seed)
+                extra = evaluate_extra(policy, setup, config.settings.evaluation.episodes, eval_size, config.seed)
             write_on_rank0(folder / "extra_eval.json", extra)
         measure.timing["eval"] += time.perf_counter() - t0
     result = _run_result(config, algorithm, warm, measure, extra, history)

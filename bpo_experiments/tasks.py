@@ -12,9 +12,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 import bpo_envs  # noqa: F401 - registers the ids
 from bpo_envs.capabilities import require_declared
+from bpo_envs.core import SnapshotEnv
 from bpo_experiments.presets import EnvSetup
 
 
@@ -23,6 +25,17 @@ def env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:
         turn = itertools.count()
         return lambda: gym.make("BPO-Remote-v0", base_url=setup.servers[next(turn) % len(setup.servers)])
     return lambda: gym.make(setup.env_id, **setup.kwargs)
+
+
+def steps_inline(setup: EnvSetup) -> bool:
+    """Whether ``setup``'s envs are stepped in the engine's thread: the registered class declares
+    ``step_may_block = False`` (read from the class, never probed; served envs never are). Many
+    such envs cost only memory (no sandbox, no thread), so the main job gives them wider
+    evaluation pools and probe pools of their own (:mod:`bpo_experiments.runner`)."""
+    if setup.servers:
+        return False
+    creator = load_env_creator(gym.spec(setup.env_id).entry_point)
+    return isinstance(creator, type) and issubclass(creator, SnapshotEnv) and creator.step_may_block is False
 
 
 def eval_env_factory(setup: EnvSetup) -> Callable[[], gym.Env]:

@@ -199,3 +199,37 @@ def test_fast_hashing_and_mentions_equal_their_plain_definitions():
             assert hashed_ngrams.__wrapped__(text, buckets) == plain_ids(text, buckets)
         actions = tuple(f"click[{w.lower()}]" for w in rng.choice(vocab, size=int(rng.integers(1, 6))))
         assert mentions.__wrapped__(text, actions, 30) == plain_mentions(text, actions, 30)
+
+
+
+def _per_step(policy: TextScorerPolicy, steps: list) -> torch.Tensor:
+    """The recorded actions' log-probs as they were taken before: a select per step, stacked."""
+    all_logp = policy.log_probs_of([s.context for s in steps])
+    return torch.stack([lp[s.action.index] for lp, s in zip(all_logp, steps, strict=True)]).unsqueeze(-1)
+
+
+def test_token_logprobs_are_the_per_step_selections_bit_for_bit():
+    """The loss's log-probs, gathered from the concatenated rows, equal a select per step, values
+    and gradients bit for bit (so training is unchanged)."""
+    env = _webshop()
+    tasks = list(env.unwrapped.task_ids())[:4]
+    env.close()
+    pool = EnvPool([_webshop] * 2)
+    try:
+        policy = TextScorerPolicy(seed=3)
+        steps = RLOO(group_size=3, seed=2).collect(policy, pool, tasks).steps
+    finally:
+        pool.close()
+    assert len(steps) > 10 and len({len(s.context.admissible_actions) for s in steps}) > 1
+    weights = torch.linspace(-1.0, 2.0, len(steps))
+
+    def grads(logp: torch.Tensor) -> list[torch.Tensor]:
+        policy.zero_grad(set_to_none=True)
+        (logp.squeeze(-1) * weights).sum().backward()
+        return [p.grad.clone() for p in policy.parameters()]
+
+    assert torch.equal(policy.token_logprobs(steps), _per_step(policy, steps))
+    new, old = grads(policy.token_logprobs(steps)), grads(_per_step(policy, steps))
+    assert all(torch.equal(a, b) for a, b in zip(new, old, strict=True))
+    assert any(g.abs().sum() > 0 for g in new)
+    assert policy.token_logprobs([]).shape == (0, 1)
