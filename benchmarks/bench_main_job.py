@@ -47,11 +47,13 @@ from typing import Any
 
 SMALL_JOB = ["--algorithms", "rloo", "bpo", "--treatment", "bpo", "--seeds", "0", "--no-tune", "--updates", "4",
              "--eval-every", "4", "--positive-control", "none", "--calibration-control", "none", "--jobs", "1", "--no-progress"]
-ALFWORLD_DEFAULT_JOB = ["--algorithms", "rloo", "--treatment", "rloo", "--seeds", "0", "--no-tune", "--updates", "2",
+ALFWORLD_DEFAULT_JOB = ["--algorithms", "rloo", "frozen", "--treatment", "rloo", "--comparator", "frozen", "--seeds", "0", "--no-tune", "--updates", "2",
                         "--eval-every", "2", "--positive-control", "none", "--calibration-control", "none", "--jobs", "1", "--no-progress"]
 """``--alfworld-default``: the CPU default's ALFWorld initial job as it is (the handcoded expert's
 demos of 1,000 games, 10 cloning epochs, the warm start on 140 valid_seen + 134 valid_unseen
-games) and one RLOO run of 2 updates evaluated after update 2 (140 games) and at its end (134)."""
+games), one RLOO run of 2 updates evaluated after update 2 (140 games) and at its end (134), and
+``frozen`` (2 updates of collection; its evaluations are the warm start's) as the comparator the command
+line asks for."""
 JOB_ARGS = {
     # ALFWorld's initial policy without behaviour cloning (its expert trajectories on 1,000
     # games take longer than the whole job): the runs, probes and evaluations are the default's
