@@ -14,7 +14,12 @@ env, the profile's top functions (``profile-LABEL-ENV.txt``) into ``--out``::
 
 The small job: ``bpo-compare --envs ENV --algorithms rloo bpo --treatment bpo --seeds 0 --no-tune
 --updates 4 --eval-every 4 --positive-control none --calibration-control none --jobs 1`` (plus
-``--job-args``' extra flags per env). Counted in the job's own process: *env steps*, every
+``--job-args``' extra flags per env; ``--alfworld-default``: ALFWorld's job is instead the CPU
+default's initial job with its behaviour cloning and a short RLOO run, :data:`ALFWORLD_DEFAULT_JOB`,
+each job with its own empty expert-demo cache unless ``--demos-cache`` names one folder for all).
+Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
+the cloning and the evaluations; the runs, and in them their evaluations) and every run's
+results, so that before and after can be compared result for result. Counted in the job's own process: *env steps*, every
 ``SnapshotEnv.step``; *decisions*, every action a choice policy sampled
 (``ChoicePolicy.sample`` / ``sample_distinct``), in training, probes and evaluation alike.
 
@@ -129,16 +134,18 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
     # CPU seconds by phase (the job's functions wrapped before compare binds them): the initial
     # job, and inside it the expert demos, the cloning and the warm start's evaluation; the runs,
     # and inside them their evaluations
+    # (evaluation first: runner binds evaluate_episodes when it is imported)
+    import bpo_experiments.evaluation as evaluation
+
+    timed(evaluation, "evaluate_episodes")
     import bpo_algos.policy.sft as sft
     import bpo_experiments.build as build
-    import bpo_experiments.evaluation as evaluation
     import bpo_experiments.runner as runner
 
     timed(runner, "initial_job", "initial job", enters="initial job")
     timed(runner, "run_one", "runs", enters="runs")
     timed(build, "_expert_demos", "demos")
     timed(sft, "behaviour_cloning", "cloning")
-    timed(evaluation, "evaluate_episodes")
     from bpo_experiments import compare
 
     job_start = time.perf_counter()
