@@ -181,7 +181,12 @@ def cached_expert_demos(env_id: str, kwargs: dict[str, Any], env_fn: Callable[[]
     key = demos_key(env_id, kwargs, tasks, None if seedless else seed, provenance)
     folder = folder if folder is not None else demos_folder()
     path = folder / f"{key}.json.gz"
-    with _lock(folder / f"{key}.lock"):
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_lock(folder / f"{key}.lock"))
+        except OSError as exc:  # a cache folder this user cannot write: collect, keep nothing
+            log.info("expert demos: no cache in %s (%s)", folder, exc)
+            return expert_demos(env_fn, tasks, seed=seed)
         demos = _read(path, key)
         if demos is not None:
             return demos
@@ -191,7 +196,6 @@ def cached_expert_demos(env_id: str, kwargs: dict[str, Any], env_fn: Callable[[]
             log.info("expert demos of %s: not episodes the demo file can hold; not kept", env_id)
             return demos
         try:
-            folder.mkdir(parents=True, exist_ok=True)
             payload = {"format": DEMOS_FORMAT, "key": key, "env_id": env_id, "tasks": len(tasks), "episodes": episodes}
             atomic_write(path, gzip.compress(json.dumps(payload).encode(), mtime=0))
         except OSError as exc:

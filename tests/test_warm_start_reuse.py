@@ -80,6 +80,12 @@ def test_a_damaged_demo_file_is_collected_again(demos: list[Demo], tmp_path: Pat
     assert cached_expert_demos("BPO-ALFWorld-v0", KWARGS, make, TASKS, 0, seedless=True, folder=tmp_path) == demos
 
 
+def test_a_cache_folder_that_cannot_be_made_still_gives_the_demos(demos: list[Demo], tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert cached_expert_demos("BPO-ALFWorld-v0", KWARGS, make, TASKS, 0, seedless=True, folder=blocked / "demos") == demos
+
+
 def test_demo_data_round_trip_is_checked(demos: list[Demo]) -> None:
     data = demos_data(demos)
     assert data is not None and demos_from_data(json.loads(json.dumps(data))) == demos
