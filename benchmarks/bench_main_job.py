@@ -14,7 +14,12 @@ env, the profile's top functions (``profile-LABEL-ENV.txt``) into ``--out``::
 
 The small job: ``bpo-compare --envs ENV --algorithms rloo bpo --treatment bpo --seeds 0 --no-tune
 --updates 4 --eval-every 4 --positive-control none --calibration-control none --jobs 1`` (plus
-``--job-args``' extra flags per env). Counted in the job's own process: *env steps*, every
+``--job-args``' extra flags per env; ``--alfworld-default``: ALFWorld's job is instead the CPU
+default's initial job with its behaviour cloning and a short RLOO run, :data:`ALFWORLD_DEFAULT_JOB`,
+each job with its own empty expert-demo cache unless ``--demos-cache`` names one folder for all).
+Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
+the cloning and the evaluations; the runs, and in them their evaluations) and every run's
+results, so that before and after can be compared result for result. Counted in the job's own process: *env steps*, every
 ``SnapshotEnv.step``; *decisions*, every action a choice policy sampled
 (``ChoicePolicy.sample`` / ``sample_distinct``), in training, probes and evaluation alike.
 
@@ -47,6 +52,13 @@ from typing import Any
 
 SMALL_JOB = ["--algorithms", "rloo", "bpo", "--treatment", "bpo", "--seeds", "0", "--no-tune", "--updates", "4",
              "--eval-every", "4", "--positive-control", "none", "--calibration-control", "none", "--jobs", "1", "--no-progress"]
+ALFWORLD_DEFAULT_JOB = ["--algorithms", "rloo", "frozen", "--treatment", "rloo", "--comparator", "frozen", "--seeds", "0", "--no-tune", "--updates", "2",
+                        "--eval-every", "2", "--positive-control", "none", "--calibration-control", "none", "--jobs", "1", "--no-progress"]
+"""``--alfworld-default``: the CPU default's ALFWorld initial job as it is (the handcoded expert's
+demos of 1,000 games, 10 cloning epochs, the warm start on 140 valid_seen + 134 valid_unseen
+games), one RLOO run of 2 updates evaluated after update 2 (140 games) and at its end (134), and
+``frozen`` (2 updates of collection; its evaluations are the warm start's) as the comparator the command
+line asks for."""
 JOB_ARGS = {
     # ALFWorld's initial policy without behaviour cloning (its expert trajectories on 1,000
     # games take longer than the whole job): the runs, probes and evaluations are the default's
@@ -75,6 +87,27 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
     import itertools
 
     counts = {"env_steps": itertools.count(), "decisions": 0}
+    cpu: dict[str, float] = {}
+    phase = ["start-up"]
+
+    def timed(module: Any, name: str, bucket: str | None = None, enters: str | None = None) -> None:
+        """``module.name`` wrapped to add its process CPU seconds to ``cpu[bucket]`` (None: to
+        ``cpu["evaluation in " + the current phase]``); ``enters``: the phase inside it."""
+        original = getattr(module, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            outer, t0 = phase[0], time.process_time()
+            if enters is not None:
+                phase[0] = enters
+            try:
+                return original(*args, **kwargs)
+            finally:
+                phase[0] = outer
+                key = bucket or f"evaluation in {outer}"
+                cpu[key] = cpu.get(key, 0.0) + time.process_time() - t0
+
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(module, name, wrapper)
 
     profiler = cProfile.Profile() if profile_path is not None else None
     if profiler is not None:
@@ -98,6 +131,21 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
             return out
 
         setattr(ChoicePolicy, name, counted)
+    # CPU seconds by phase (the job's functions wrapped before compare binds them): the initial
+    # job, and inside it the expert demos, the cloning and the warm start's evaluation; the runs,
+    # and inside them their evaluations
+    # (evaluation first: runner binds evaluate_episodes when it is imported)
+    import bpo_experiments.evaluation as evaluation
+
+    timed(evaluation, "evaluate_episodes")
+    import bpo_algos.policy.sft as sft
+    import bpo_experiments.build as build
+    import bpo_experiments.runner as runner
+
+    timed(runner, "initial_job", "initial job", enters="initial job")
+    timed(runner, "run_one", "runs", enters="runs")
+    timed(build, "_expert_demos", "demos")
+    timed(sft, "behaviour_cloning", "cloning")
     from bpo_experiments import compare
 
     job_start = time.perf_counter()
@@ -107,7 +155,7 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
         profiler.disable()
         profiler.dump_stats(str(profile_path))
     result = {"wall_seconds": time.perf_counter() - started, "job_seconds": job_seconds, "cpu_seconds": time.process_time(),
-              "env_steps": next(counts["env_steps"]), "decisions": counts["decisions"]}
+              "env_steps": next(counts["env_steps"]), "decisions": counts["decisions"], "cpu_seconds_by_phase": cpu}
     result_path.write_text(json.dumps(result))
 
 
@@ -220,12 +268,16 @@ def _top(profile: Path, path: Path, header: str) -> None:
 
 
 # ---- the parent --------------------------------------------------------------------------------
-def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: Path) -> dict[str, Any]:
+def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: Path, alfworld_default: bool = False,
+         demos_cache: Path | None = None) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"bench-main-job-{env}-", dir=scratch))
     result_path = out.with_suffix(".json")
-    argv = ["--envs", env, *SMALL_JOB, *JOB_ARGS.get(env, []), *extra, "--out", str(out / "job")]
+    job = ALFWORLD_DEFAULT_JOB if alfworld_default and env == "alfworld" else [*SMALL_JOB, *JOB_ARGS.get(env, [])]
+    argv = ["--envs", env, *job, *extra, "--out", str(out / "job")]
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(argv), str(result_path), str(profile or "")]
     environ = {**os.environ, "PYTHONPATH": str(code)}
+    if demos_cache is not None:  # the expert demos' file cache (a checkout without one ignores it)
+        environ["BPO_DEMOS_CACHE"] = str(demos_cache)
     before = _uptime()
     t0 = time.perf_counter()
     done = subprocess.run(command, env=environ, cwd=str(code), capture_output=True, text=True, check=False)
@@ -234,7 +286,16 @@ def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: 
         raise SystemExit(f"the small job failed on {code} ({env}):\n{done.stderr[-4000:]}")
     child = json.loads(result_path.read_text())
     results = json.loads((out / "job" / "results.json").read_text())
-    return {"process_wall_seconds": wall, **child, "uptime_before": before, "uptime_after": _uptime(),
+    runs = {}
+    for run in sorted((out / "job" / "runs").glob("*/*/seed*/run.json")):
+        saved = json.loads(run.read_text())
+        runs[f"{saved['env']}/{saved['algorithm']}/seed{saved['seed']}"] = {
+            k: saved.get(k) for k in ("seconds_cpu", "seconds_eval", "final_success", "warm_success", "evals", "curve", "extra_eval")}
+    initial = {}
+    for warm in sorted((out / "job" / "runs").glob("*/_initial/seed*/initial.json")):
+        saved = json.loads(warm.read_text())
+        initial[str(warm.parent.relative_to(out / "job" / "runs"))] = {k: saved.get(k) for k in ("success", "wins", "extra")}
+    return {"process_wall_seconds": wall, **child, "uptime_before": before, "uptime_after": _uptime(), "runs": runs, "initial": initial,
             "decisions_per_second": child["decisions"] / child["job_seconds"],
             "decisions_per_cpu_second": child["decisions"] / child["cpu_seconds"],
             "env_steps_per_second": child["env_steps"] / child["job_seconds"],
@@ -255,6 +316,11 @@ def main() -> None:
                         help="first run each env's job once, untimed, on the first --code (fills the caches: ALFWorld's game translations)")
     parser.add_argument("--job-args", default="", help="extra bpo-compare flags for every job (one string)")
     parser.add_argument("--out", default="docs/results/bench-main-job")
+    parser.add_argument("--alfworld-default", action="store_true",
+                        help="ALFWorld's job is the CPU default's initial job (demos, 10 cloning epochs, warm start) and one short RLOO run "
+                        "(ALFWORLD_DEFAULT_JOB) instead of the small job without cloning")
+    parser.add_argument("--demos-cache", help="the expert demos' file cache of every job (default: a new empty folder per job, so "
+                        "each collects its demos; a folder kept across jobs measures the jobs after the first with them on disk)")
     args = parser.parse_args()
     codes = [Path(c).resolve() for c in (args.code or [Path(__file__).resolve().parents[1]])]
     labels = args.labels or [_git(c) for c in codes]
@@ -265,18 +331,21 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="bench-main-job-"))
     extra = args.job_args.split()
     rows: list[dict[str, Any]] = []
+
+    def demos() -> Path:
+        return Path(args.demos_cache) if args.demos_cache else Path(tempfile.mkdtemp(prefix="demos-", dir=scratch))
     if args.warm_up:
         for env in args.envs:
-            _one(codes[0], env, extra, None, scratch)
+            _one(codes[0], env, extra, None, scratch, args.alfworld_default, demos())
     for r in range(args.rounds):
         for env in args.envs:
             for code, label in zip(codes, labels, strict=True):
                 row = {"round": r, "env": env, "label": label, "code": str(code), "commit": _git(code)}
-                row["plain"] = _one(code, env, extra, None, scratch)
+                row["plain"] = _one(code, env, extra, None, scratch, args.alfworld_default, demos())
                 print(f"{label} {env} plain: {row['plain']['job_seconds']:.1f} s ({row['plain']['uptime_before']})", flush=True)
                 if not args.no_profile:
                     profile = scratch / f"{label}-{env}-{r}.prof"
-                    row["profiled"] = _one(code, env, extra, profile, scratch)
+                    row["profiled"] = _one(code, env, extra, profile, scratch, args.alfworld_default, demos())
                     row["profiled"].update(shares(profile))
                     _top(profile, out / f"profile-{label}-{env}.txt",
                          f"cProfile of the small {env} job on {label} ({code}, {row['commit']}), round {r}; {row['profiled']['uptime_before']}")
@@ -294,6 +363,8 @@ def main() -> None:
                 ratios = [a / b for a, b in zip(values[first], values[last], strict=True)]
                 summary[env][f"{name} speed-up {last} over {first}"] = {"per_round": ratios, "mean": sum(ratios) / len(ratios)}
     result = {"small_job": ["bpo-compare", "--envs", "ENV", *SMALL_JOB], "job_args": {**JOB_ARGS, "all": extra}, "warm_up": args.warm_up,
+              "alfworld_default_job": ["bpo-compare", "--envs", "alfworld", *ALFWORLD_DEFAULT_JOB] if args.alfworld_default else None,
+              "demos_cache": args.demos_cache or "a new empty folder per job",
               "cpu_count": os.cpu_count(), "rows": rows, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(summary, indent=2))

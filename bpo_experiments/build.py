@@ -103,14 +103,19 @@ _DEMOS: dict[str, Any] = {}
 
 
 def _expert_demos(setup: EnvSetup, tasks: list[Any], seed: int) -> Any:
-    """The expert's demos of ``tasks``, kept per process: an expert whose episodes do not
+    """The expert's demos of ``tasks``, kept per process; an expert whose episodes do not
     depend on the reset seed (ALFWorld's: a task id fixes the game) gives every seed the same
-    demos, so they are collected once."""
+    demos, so they are collected once, and kept on disk for every process and every later
+    comparison (:mod:`bpo_experiments.demo_cache`)."""
     from bpo_algos.policy.sft import expert_demos
+    from bpo_experiments.demo_cache import cached_expert_demos
 
     seedless = setup.env_id == "BPO-ALFWorld-v0"
     key = repr((setup.env_id, sorted(setup.kwargs.items()), tasks, None if seedless else seed))
     if key not in _DEMOS:
         _DEMOS.clear()  # one env's demos at a time
-        _DEMOS[key] = expert_demos(env_factory(setup), tasks, seed=seed)
+        if seedless and not setup.servers:
+            _DEMOS[key] = cached_expert_demos(setup.env_id, setup.kwargs, env_factory(setup), tasks, seed, seedless=True)
+        else:
+            _DEMOS[key] = expert_demos(env_factory(setup), tasks, seed=seed)
     return _DEMOS[key]

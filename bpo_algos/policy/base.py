@@ -228,6 +228,13 @@ class Policy:
     def clear_cache(self) -> None:
         """Drop state kept between calls that an update makes stale; by default none."""
 
+    def inputs_kept(self) -> AbstractContextManager[None]:
+        """A block inside which the policy may keep what it derives from each context object
+        that does not depend on its weights (a text scorer's features) and reuse it when the
+        same object is scored again, with the same numbers: behaviour cloning's epochs over one
+        list of demos. By default nothing is kept."""
+        return nullcontext()
+
     samples_from_rngs: bool = True
     """Whether :meth:`sample` draws each context's samples from its generator in ``rngs`` alone,
     so that an episode depends on its own streams and not on what else was in the batch (then

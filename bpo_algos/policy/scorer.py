@@ -35,7 +35,8 @@ from __future__ import annotations
 import re
 import zlib
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -168,50 +169,67 @@ class TextScorerPolicy(ChoicePolicy):
         the bags of the actions and their mentions, and the word-overlap features."""
         return _candidates(task, observation, actions, self.max_chars, self.mention_chars, self.buckets)
 
+    _kept_inputs: dict[int, tuple[Context, _Inputs]] | None = None
+    """Inside :meth:`inputs_kept`: each scored context's inputs, by the context object."""
+
+    @contextmanager
+    def inputs_kept(self) -> Iterator[None]:
+        """Within the block, what :meth:`scores` derives from a context object (its bags, its
+        word-overlap, repeat and memory features) is kept and reused whenever the same object
+        is scored again: behaviour cloning's epochs over the same demos derive them once. The
+        inputs depend on the context's text alone, never on the weights, so the scores are the
+        same numbers; outside the block nothing is kept."""
+        outer, self._kept_inputs = self._kept_inputs, {} if self._kept_inputs is None else self._kept_inputs
+        try:
+            yield
+        finally:
+            self._kept_inputs = outer
+
+    def _inputs(self, c: Context) -> _Inputs:
+        """What the scoring pass reads from context ``c`` (kept by id inside :meth:`inputs_kept`)."""
+        kept = self._kept_inputs
+        if kept is not None:
+            hit = kept.get(id(c))
+            if hit is not None and hit[0] is c:
+                return hit[1]
+        actions = c.admissible_actions or ()
+        task = c.initial_observation or c.observation
+        recent = [turn.action for turn in c.history[len(c.history) - self.history :]] if self.history else []
+        found = self._candidates(task, c.observation, actions)
+        taken = np.zeros(len(actions))
+        for action in recent:  # the repeat feature: ``action in recent``
+            taken[found.positions.get(action, [])] = 1.0
+        columns = [found.features, taken[:, None]]
+        if self.memory:
+            columns.append(np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1))
+        # float64 features rounded once to float32, as a tensor built from Python floats would be
+        # (elementwise: rounding each context's block is rounding the whole batch's)
+        inputs = _Inputs((self._ids(task), self._ids(c.observation), self._ids("\n".join(recent))), found.pair_ids, found.pair_lengths,
+                         np.concatenate(columns, axis=1).astype(np.float32), len(actions))
+        if kept is not None:
+            kept[id(c)] = (c, inputs)
+        return inputs
+
     def scores(self, contexts: Sequence[Context]) -> list[torch.Tensor]:
         """One batched forward over every context and candidate: the bags of all texts go
         through the embedding in one call, the features are gathered per context (cached per
         task, observation and admissible list), never per candidate."""
         if not contexts:
             return []
-        state_bags: list[np.ndarray] = []
-        pair_bags: list[np.ndarray] = []
-        pair_lengths: list[np.ndarray] = []
-        static: list[np.ndarray] = []
-        repeated: list[np.ndarray] = []
-        remembered: list[np.ndarray] = []
-        sizes: list[int] = []
-        for c in contexts:
-            actions = c.admissible_actions or ()
-            task = c.initial_observation or c.observation
-            recent = [turn.action for turn in c.history[len(c.history) - self.history :]] if self.history else []
-            found = self._candidates(task, c.observation, actions)
-            state_bags += [self._ids(task), self._ids(c.observation), self._ids("\n".join(recent))]
-            pair_bags.append(found.pair_ids)
-            pair_lengths.append(found.pair_lengths)
-            static.append(found.features)
-            taken = np.zeros(len(actions))
-            for action in recent:  # the repeat feature: ``action in recent``
-                taken[found.positions.get(action, [])] = 1.0
-            repeated.append(taken)
-            if self.memory:
-                remembered.append(np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1))
-            sizes.append(len(actions))
+        inputs = [self._inputs(c) for c in contexts]
+        state_bags = [bag for x in inputs for bag in x.state_bags]
+        sizes = [x.n_actions for x in inputs]
         state_lengths = np.fromiter((len(b) for b in state_bags), dtype=np.int64, count=len(state_bags))
-        lengths = np.concatenate([state_lengths, *pair_lengths])
+        lengths = np.concatenate([state_lengths, *(x.pair_lengths for x in inputs)])
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        ids = np.concatenate([*state_bags, *pair_bags])
+        ids = np.concatenate([*state_bags, *(x.pair_ids for x in inputs)])
         embedded = self.embedding(torch.from_numpy(ids), torch.from_numpy(offsets))
         n_states = len(state_bags)
         states = embedded[:n_states].view(len(contexts), 3, -1)
         n_actions = sum(sizes)
         pairs = embedded[n_states:].view(n_actions, 2, -1)
-        columns = [np.concatenate(static), np.concatenate(repeated)[:, None]]
-        if self.memory:
-            columns.append(np.concatenate(remembered))
-        # float64 features rounded once to float32, as a tensor built from Python floats would be
-        features = torch.from_numpy(np.concatenate(columns, axis=1).astype(np.float32))
+        features = torch.from_numpy(np.concatenate([x.features for x in inputs]))
         # each context's row once per candidate: the index_select that repeat_interleave runs
         # (so the same numbers and gradients), with its index built in numpy in one go
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
@@ -221,6 +239,19 @@ class TextScorerPolicy(ChoicePolicy):
         x = torch.cat([a, m, a * t, a * o, m * t, a * r, features], dim=-1)
         flat = self.out(torch.tanh(self.hidden(x))).squeeze(-1)
         return list(torch.split(flat, sizes))
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What the scoring pass reads from one context: the bags of its task, observation and
+    recent actions, its candidates' bags, and every candidate's features as float32."""
+
+    state_bags: tuple[np.ndarray, np.ndarray, np.ndarray]
+    pair_ids: np.ndarray
+    pair_lengths: np.ndarray
+    features: np.ndarray
+    """``[n_actions, n_features]`` float32: the word-overlap, repeat and memory features."""
+    n_actions: int
 
 
 @dataclass(frozen=True)

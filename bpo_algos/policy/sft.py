@@ -104,22 +104,28 @@ def behaviour_cloning(
     steps = demo_steps(policy, demos)
     if not steps:
         raise ValueError(f"none of the {len(demos)} demos is an action {type(policy).__name__} can take")
-    policy.prepare_parameters(steps)  # a table policy's entries, before the optimizer sees its parameters
-    params = policy.trainable_parameters()
-    optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = np.random.default_rng(seed)
     losses: list[float] = []
-    for _ in range(epochs):
-        order = rng.permutation(len(steps))
-        for start in range(0, len(order), batch_size):
-            chunk = [steps[i] for i in order[start : start + batch_size]]
-            logp = policy.token_logprobs(chunk)
-            n_tokens = sum(len(s.action.token_ids) for s in chunk)
-            loss = -logp.sum() / n_tokens
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
+    # every epoch scores the same demo contexts: what a policy derives from their text alone
+    # is derived once (Policy.inputs_kept), the weights' part every batch
+    with policy.inputs_kept():
+        policy.prepare_parameters(steps)  # a table policy's entries, before the optimizer sees its parameters
+        params = policy.trainable_parameters()
+        # foreach: Adam's steps as one list operation per formula step instead of a Python loop
+        # over the parameters; on a CPU the same kernels in the same order (the same numbers),
+        # and the default on a GPU already
+        optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+        for _ in range(epochs):
+            order = rng.permutation(len(steps))
+            for start in range(0, len(order), batch_size):
+                chunk = [steps[i] for i in order[start : start + batch_size]]
+                logp = policy.token_logprobs(chunk)
+                n_tokens = sum(len(s.action.token_ids) for s in chunk)
+                loss = -logp.sum() / n_tokens
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.detach()))
     policy.clear_cache()
     policy.sync_weights()
     return losses

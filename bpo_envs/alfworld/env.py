@@ -70,9 +70,9 @@ class _Saved:
     names: tuple[tuple[str, str], ...]
     predicates: frozenset[str]
     problem_key: str
-    # the handcoded expert: its inputs so far (command, feedback, admissible commands, facts, won) as plain data, its
-    # intro, and the expert's own state where it was asked during the episode
-    trace: tuple[tuple[Any, ...], ...] | None = None
+    # the handcoded expert: its inputs so far (command, feedback, admissible commands, facts, won: a _Told, or
+    # plain data from portable bytes), its intro, and the expert's own state where it was asked during the episode
+    trace: tuple[Any, ...] | None = None
     intro: str = ""
     expert: ExpertState | None = None
 
@@ -87,6 +87,30 @@ class _Saved:
             )
             self.facts = FactState(self.problem_key, tuple(atoms), self.names)
         return self.facts
+
+
+@dataclass(frozen=True)
+class _Told:
+    """What the handcoded expert is told after one step, as the engine left it: the command,
+    the feedback, and the step's own admissible list, facts (textworld propositions) and won
+    flag, read from the game state that step made (never changed afterwards). Turned into plain
+    data (:meth:`plain`) only where it must travel (portable bytes), so a step whose expert is
+    never asked pays nothing for it."""
+
+    command: str
+    feedback: str
+    admissible: Any
+    facts: Any
+    won: Any
+
+    def plain(self) -> tuple[Any, ...]:
+        """``(command, feedback, admissible commands, facts, won)`` as strings and tuples."""
+        facts = tuple((f.name, tuple((v.name, v.type) for v in f.arguments)) for f in self.facts)
+        return (self.command, self.feedback, tuple(self.admissible), facts, bool(self.won))
+
+
+def _plain_told(told: Any) -> tuple[Any, ...]:
+    return told.plain() if isinstance(told, _Told) else told
 
 
 def _canonical(action: str) -> str:
@@ -186,7 +210,7 @@ class ALFWorldEnv(SnapshotEnv):
         self._moved = False
         # handcoded expert: the episode's steps, and the expert once asked (then kept current)
         self._intro = ""
-        self._trace: list[tuple[str, str, Any]] | None = [] if self.expert == "handcoded" else None
+        self._trace: list[Any] | None = [] if self.expert == "handcoded" else None
         self._handcoded: HandcodedExpert | None = None
 
     # ---- tasks ---------------------------------------------------------------------------
@@ -264,20 +288,23 @@ class ALFWorldEnv(SnapshotEnv):
         if self.expert != "handcoded":
             return
         state = self._engine.game_state()
-        # plain data (strings and tuples), so that the history travels in portable bytes
-        facts = tuple((f.name, tuple((v.name, v.type) for v in f.arguments)) for f in state["_facts"])
-        told = (command, feedback, tuple(state["admissible_commands"]), facts, bool(state["won"]))
+        # kept as the engine's own objects; plain data (strings and tuples) only when the history
+        # travels in portable bytes (_Told.plain)
+        told = _Told(command, feedback, state["admissible_commands"], state["_facts"], state["won"])
         if self._trace is not None:
             self._trace.append(told)
         if self._handcoded is not None:
             self._tell(self._handcoded, told, dict(self._engine.names))
 
     @staticmethod
-    def _tell(expert: HandcodedExpert, told: tuple[Any, ...], names: dict[str, str]) -> None:
-        from textworld.logic import Proposition, Variable
+    def _tell(expert: HandcodedExpert, told: Any, names: dict[str, str]) -> None:
+        if isinstance(told, _Told):  # the step's own propositions: what plain data would rebuild
+            command, feedback, admissible, propositions, won = told.command, told.feedback, told.admissible, told.facts, told.won
+        else:
+            from textworld.logic import Proposition, Variable
 
-        command, feedback, admissible, facts, won = told
-        propositions = [Proposition(name, [Variable(v, t) for v, t in args]) for name, args in facts]
+            command, feedback, admissible, facts, won = told
+            propositions = [Proposition(name, [Variable(v, t) for v, t in args]) for name, args in facts]
         expert.update(command, feedback, list(admissible), readable_facts(propositions, names), bool(won))
 
     def _build_expert(self, task_id: str, intro: str, trace: Any, names: dict[str, str]) -> HandcodedExpert:
@@ -335,7 +362,7 @@ class ALFWorldEnv(SnapshotEnv):
         out = {"task_id": inner.task_id, "facts": facts.facts, "names": facts.names, "at_start": inner.at_start, "intro": inner.intro}
         if self.expert == "handcoded":
             # the expert's inputs (plain data) travel; the expert is rebuilt from them when asked
-            out["trace"] = tuple(inner.trace or ())
+            out["trace"] = tuple(_plain_told(told) for told in inner.trace or ())
         return out
 
     def _task_state_from_portable(self, obj: dict[str, Any]) -> _Saved:
