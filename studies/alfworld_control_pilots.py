@@ -49,8 +49,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "folder": "alfctl-lr3", "sft_epochs": 10, "learning_rate": 3e-3, "epochs": 1, "budget": 800,
         "command": (f"nice -n 15 bpo-compare --config lr3.yaml --seeds 0 [1 [2]] --jobs 1 --no-progress --out alfctl-lr3 [--resume]   "
                     f"(lr3.yaml: {PRINT_CONFIG} with envs.alfworld.trainer.learning_rate 0.003; one invocation per seed added, "
-                    "each under /usr/bin/time -v)"),
-        "logs": "alfctl2/lr3.*.log", "loadavg": "alfctl2/loadavg.log",
+                    "each under /usr/bin/time -v; seed 2's initial job copied from the committed default run's folder: seeds 0 and 1's, "
+                    "made here, are byte-identical to that run's (policy.pt and every evaluation episode), so the initial job does not "
+                    "depend on the RL learning rate)"),
+        "logs": "alfctl2/lr3.*.log", "loadavg": "alfctl2/loadavg.log", "initial_copied": [2],
+    },
+    "lr3b1600": {
+        "folder": "alfctl-lr3b1600", "sft_epochs": 10, "learning_rate": 3e-3, "epochs": 1, "budget": 1600,
+        "command": (f"nice -n 15 bpo-compare --config lr3b1600.yaml --seeds 0 [1 [2]] --jobs 1 --no-progress --out alfctl-lr3b1600 --resume   "
+                    f"(lr3b1600.yaml: {PRINT_CONFIG} with envs.alfworld.trainer.learning_rate 0.003 and envs.alfworld.budget 1600; "
+                    "one invocation per seed added, each under /usr/bin/time -v; the initial jobs of seeds 0-2 copied from alfctl-lr3: "
+                    "the initial job does not depend on the RL learning rate or the budget (no probes on ALFWorld))"),
+        "logs": "alfctl2/lr3b1600.*.log", "loadavg": "alfctl2/loadavg.log", "initial_copied": [0, 1, 2],
     },
 }
 
@@ -194,12 +204,13 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", "Cost per seed where it was measured (one invocation per seed added: its initial job, RLOO run and frozen run; "
                   "CPU seconds from `/usr/bin/time -v`, user + system; load: the 1-minute load average over the invocation, "
                   "at start and end, and its range sampled once a minute):", "",
-                  "| setting | invocation | seed added | CPU s | wall s | load start / end | load range |", "|---|---:|---:|---:|---:|---|---|"]
+                  "| setting | invocation | seed added | its initial job | CPU s | wall s | load start / end | load range |", "|---|---:|---:|---|---:|---:|---|---|"]
         for v in costed.values():
             for i, s in enumerate(v["sessions"]):
                 rng = "" if s["load_1min_range"] is None else f"{s['load_1min_range'][0]:.1f}-{s['load_1min_range'][1]:.1f}"
                 end = "" if s["load_end"] is None else f"{s['load_end']:.1f}"
-                lines.append(f"| {label(v)} | {i} | {s.get('seed_added', '')} | {_fmt(s['cpu_seconds'], '{:.0f}')} | {s['wall_seconds']:.0f} | "
+                made = "copied" if s.get("initial_job_copied") else "made"
+                lines.append(f"| {label(v)} | {i} | {s.get('seed_added', '')} | {made} | {_fmt(s['cpu_seconds'], '{:.0f}')} | {s['wall_seconds']:.0f} | "
                              f"{s['load_start']:.1f} / {end} | {rng} |")
     return "\n".join(lines) + "\n"
 
@@ -226,6 +237,7 @@ def main() -> None:
             entry["sessions"] = sessions(folder, logs, args.runs / v["loadavg"] if "loadavg" in v else None)
             for i, s in enumerate(entry["sessions"]):
                 s["seed_added"] = rows[i]["seed"] if i < len(rows) else None
+                s["initial_job_copied"] = s["seed_added"] in v.get("initial_copied", [])
         data["variants"][name] = entry
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pilots.json").write_text(json.dumps(data, indent=1) + "\n")
