@@ -116,8 +116,9 @@ def test_per_env_settings_are_each_envs_own_and_earlier_files_read_the_same():
     moved = {k: {e: old["envs"][e].pop(k) for e in old["envs"]} for k in ENV_SETTINGS}
     old.update({**moved, "eval_episodes": 1})  # one value for every env, as the cpu preset's was
     assert all(env_setting(old, e) == env_setting(preset_dict(PRESETS["cpu"]), e) for e in old["envs"])
-    old["seeds"] = {"webshop": [0, 1]}  # alfworld not named: the default (0, 1, 2), as it is
-    assert env_setting(old, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
+    old["seeds"] = {"webshop": [0, 1]}  # alfworld not named: the default (0, 1, 2), not the cpu preset's 6 seeds
+    current = env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
+    assert env_setting(old, "alfworld") == {**current, "seeds": [0, 1, 2]} and current["seeds"] != [0, 1, 2]
     assert env_setting(old, "webshop")["seeds"] != env_setting(preset_dict(PRESETS["cpu"]), "webshop")["seeds"]
     assert env_setting(saved, "alfworld") == env_setting(preset_dict(PRESETS["cpu"]), "alfworld")
 
