@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--replicate", action="store_true",
                         help="run the whole map twice on disjoint seeds and record whether its verdicts replicate")
     parser.add_argument("--cells", nargs="+", help="only these cells, in this order")
-    parser.add_argument("--seeds", type=int, default=12, help="evaluation seeds per cell")
+    parser.add_argument("--seeds", type=int, default=24, help="evaluation seeds per cell")
     parser.add_argument("--tuning-seeds", type=int, default=4,
                         help="tuning seeds per configuration (the F-test across candidates needs at least 2)")
     parser.add_argument("--updates", type=int, default=8)
