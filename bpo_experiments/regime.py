@@ -9,7 +9,10 @@ In every cell:
 
 1. **tuning** (seeds disjoint from the evaluation seeds): every configuration (RLOO and GRPO at
    each group size, BPO's tree shapes) trains ``updates`` updates at a fixed env-step budget per
-   update; the best independent one and the best BPO shape are chosen by mean AUC;
+   update; per kind (independent, BPO shape, RLOO group size) the one-way F-test across its
+   candidates' AUCs decides: where they differ (``p < 0.05``) the highest mean is chosen,
+   otherwise the kind's default (:data:`DEFAULT_CHOICE`) is kept, the main job's rule
+   (:func:`~bpo_experiments.tuning.decide`; :func:`choose_config`);
 2. **evaluation**: the two chosen train on ``seeds`` seeds at matched env steps and at matched
    flops (the flops RLOO-4 spends on the same env-step budget at the prior); each run's curve is
    the exact expected return over all the cell's tasks after every update (no evaluation
@@ -61,7 +64,7 @@ from bpo_algos.rollout import EnvPool
 from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
-from bpo_experiments.significance import holm, mean_ci, paired_p_value
+from bpo_experiments.significance import holm, mean_ci, one_way_anova, paired_p_value
 from bpo_experiments.stats import paired_difference
 from bpo_experiments.streams import PROBE, TRAINING, TUNING, stream_seed
 
@@ -79,6 +82,9 @@ CONFIGS: dict[str, Callable[[int], Algorithm]] = {
 QUICK_CONFIGS = ("rloo-2", "rloo-4", "grpo-4", "bpo-2x4-q0.8", "bpo-4x2-q0.8")
 GROUP_SIZE = {"rloo-2": 2, "rloo-4": 4, "rloo-8": 8}
 SHAPES = {"bpo-2x4-q0.8": (2, 4), "bpo-4x2-q0.8": (4, 2), "bpo-2x4-q0.95": (2, 4)}
+DEFAULT_CHOICE = {"independent": "rloo-4", "bpo": "bpo-2x4-q0.8", "rloo": "rloo-4"}
+"""What a cell compares when its tuning cannot tell a kind's candidates apart: RLOO at the CPU
+preset's group size (4), BPO at its own option defaults (2 backbones x 4, entropy quantile 0.8)."""
 MIN_VARIANCE_SEEDS = 5
 """A measured variance ratio comes from at least this many seeds (docs/regime.md, "Method")."""
 ALPHA = 0.05
@@ -306,19 +312,31 @@ def variance_study(cell: Cell, rloo: str, shapes: Sequence[str], n: int, pool: E
 
 
 # ---- the map -------------------------------------------------------------------------------
+def choose_config(scores_per_seed: dict[str, Sequence[float]], default: str, alpha: float = ALPHA) -> dict[str, Any]:
+    """One kind's tuning decision: :func:`~bpo_experiments.significance.one_way_anova` across the
+    candidates' per-seed AUCs (``f_test``); where they differ (``p < alpha``) ``chosen`` is the
+    highest mean (``best``), otherwise ``default`` (``kept_default`` True), or the highest mean
+    when ``default`` is not a candidate. Picking the highest of candidates the tuning cannot tell
+    apart picks noise, and with it a different comparator in every run of the map."""
+    names = list(scores_per_seed)
+    test = one_way_anova([scores_per_seed[n] for n in names], alpha=alpha)
+    best = max(names, key=lambda n: float(np.mean(scores_per_seed[n])))  # the first on a tie
+    keep = not test["distinguishable"] and default in names
+    return {"chosen": default if keep else best, "best": best, "kept_default": keep, "f_test": test}
+
+
 def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str], seeds: MapSeeds) -> dict[str, Any]:
     """One cell of the map on ``seeds`` (module docstring: tuning, evaluation, variance)."""
     start = time.perf_counter()
     pool = EnvPool([cell.make_env, cell.make_env])
     steps = Budget("env_steps", cell.budget_steps)
     try:
-        tuning: dict[str, float] = {}
-        for config in configs:
-            runs = [train(cell, config, s, steps, args.updates, args.lr, pool) for s in seeds.tuning]
-            tuning[config] = float(np.mean([r["auc"] for r in runs]))
-        independent = max((c for c in configs if not c.startswith("bpo")), key=tuning.__getitem__)
-        branching = max((c for c in configs if c.startswith("bpo")), key=tuning.__getitem__)
-        rloo = max((c for c in configs if c in GROUP_SIZE), key=tuning.__getitem__)
+        per_seed = {c: [train(cell, c, s, steps, args.updates, args.lr, pool)["auc"] for s in seeds.tuning] for c in configs}
+        candidates = {"independent": [c for c in configs if not c.startswith("bpo")],
+                      "bpo": [c for c in configs if c.startswith("bpo")],
+                      "rloo": [c for c in configs if c in GROUP_SIZE]}
+        decisions = {kind: choose_config({c: per_seed[c] for c in names}, DEFAULT_CHOICE[kind]) for kind, names in candidates.items()}
+        independent, branching, rloo = (decisions[k]["chosen"] for k in ("independent", "bpo", "rloo"))
         # matched flops: what RLOO-4 spends on the env-step budget at the prior
         probe = CONFIGS["rloo-4"](0).collect(prior_policy(cell), pool, task_draws(cell, 0, 1)[0], steps, seed=0)
         flops = Budget("flops", float(probe.compute.flops))
@@ -344,7 +362,8 @@ def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str], seeds
         "budget_env_steps": cell.budget_steps,
         "prior_return": exact_return(cell.make_env(), prior_policy(cell)),
         "variance_by_depth": cell.make_env().variance_by_depth(prior_policy(cell).log_probs, 0),
-        "tuning": {"seeds": list(seeds.tuning), "scores": tuning,
+        "tuning": {"seeds": list(seeds.tuning), "scores": {c: float(np.mean(v)) for c, v in per_seed.items()},
+                   "scores_per_seed": per_seed, "decisions": decisions,
                    "chosen": {"independent": independent, "bpo": branching, "rloo": rloo}},
         "matched": matched,
         "variance": variance,
@@ -502,6 +521,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for name, r in results["cells"].items():
         c = r["tuning"]["chosen"]
+        kept = {k: " (default)" if d.get("kept_default") else "" for k, d in r["tuning"].get("decisions", {}).items()}
         shape = r["variance"]["shapes"].get(c["bpo"], {})
         m = shape.get("mechanism", {})
         eta = m.get("prefix_explained")
@@ -512,7 +532,7 @@ def markdown(results: dict[str, Any]) -> str:
         steps = r["matched"]["env_steps"]
         p, p_holm = steps.get("p"), steps.get("p_holm")
         lines.append(
-            f"| {name} | {c['bpo']} vs {c['independent']} | {fmt['env_steps']} "
+            f"| {name} | {c['bpo']}{kept.get('bpo', '')} vs {c['independent']}{kept.get('independent', '')} | {fmt['env_steps']} "
             f"| {'-' if p is None else f'{p:.3g}'} ({'-' if p_holm is None else f'{p_holm:.3g}'}) | {steps.get('verdict', '-')} "
             f"| {fmt['flops']} | {'-' if eta is None else f'{eta:.2f}'} | {m.get('fork_cost_ratio') or float('nan'):.2f} | {_ratio(shape)} |"
         )
@@ -540,8 +560,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--replicate", action="store_true",
                         help="run the whole map twice on disjoint seeds and record whether its verdicts replicate")
     parser.add_argument("--cells", nargs="+", help="only these cells, in this order")
-    parser.add_argument("--seeds", type=int, default=10, help="evaluation seeds per cell")
-    parser.add_argument("--tuning-seeds", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=24, help="evaluation seeds per cell")
+    parser.add_argument("--tuning-seeds", type=int, default=4,
+                        help="tuning seeds per configuration (the F-test across candidates needs at least 2)")
     parser.add_argument("--updates", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.3, help="Adam learning rate of the tabular policy")
     parser.add_argument("--variance-seeds", type=int, default=MIN_VARIANCE_SEEDS,
