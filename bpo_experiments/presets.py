@@ -432,8 +432,8 @@ PRESETS: dict[str, Preset] = {
             reference_precision=0.25,
             # compute_to_threshold: halfway from the warm start to these
             target_success={"webshop": 0.6, "alfworld": 0.5},
-            recorded_results={"webshop": "docs/results/compare-cpu/results.json",
-                              "alfworld": "docs/results/compare-cpu-alfworld/results.json"},
+            recorded_results={"webshop": "docs/results/compare-cpu-default/results.json",
+                              "alfworld": "docs/results/compare-cpu-default/results.json"},
         )),
         trainer=_trainer(updates=20, learning_rate=1e-3),
         policy="scorer",
