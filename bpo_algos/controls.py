@@ -113,6 +113,16 @@ class Frozen(Algorithm):
                 seed: int | None = None, tree_indices: Iterable[int] | None = None, finish: bool = True) -> Batch:
         """``inner``'s batch with every advantage zero (:meth:`Algorithm.collect`)."""
         batch = self.inner.collect(policy, env_fns, tasks, budget, seed=seed, tree_indices=tree_indices, finish=False)
+        return self._as_own(batch, finish)
+
+    def collect_together(self, policy: Policy, pools: Sequence[EnvPool], tasks: Sequence[Any], budget: Any = None, *,
+                         finish: bool = True) -> list[Batch]:
+        """``inner``'s batches with every advantage zero (:meth:`Algorithm.collect_together`)."""
+        return [self._as_own(batch, finish) for batch in self.inner.collect_together(policy, pools, tasks, budget, finish=False)]
+
+    def _as_own(self, batch: Batch, finish: bool) -> Batch:
+        """``inner``'s unfinished ``batch`` as this control's: every advantage zero, labelled
+        with this control's name, ended (``finish``) as :meth:`end_batch` ends it."""
         _zero_advantages(batch.trees)
         batch.algorithm = self.name
         for tree in batch.trees:
@@ -120,19 +130,6 @@ class Frozen(Algorithm):
         if finish:
             self.end_batch(batch)
         return batch
-
-    def collect_together(self, policy: Policy, pools: Sequence[EnvPool], tasks: Sequence[Any], budget: Any = None, *,
-                         finish: bool = True) -> list[Batch]:
-        """``inner``'s batches with every advantage zero (:meth:`Algorithm.collect_together`)."""
-        batches = self.inner.collect_together(policy, pools, tasks, budget, finish=False)
-        for batch in batches:
-            _zero_advantages(batch.trees)
-            batch.algorithm = self.name
-            for tree in batch.trees:
-                tree.algorithm = self.name
-            if finish:
-                self.end_batch(batch)
-        return batches
 
     def end_batch(self, batch: Batch) -> None:
         self.inner.end_batch(batch)
