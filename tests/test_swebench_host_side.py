@@ -89,6 +89,33 @@ def test_sparse_files_count_at_their_apparent_size(env):
     still_works(env)
 
 
+@DOCKER
+def test_the_writable_layer_is_found_without_the_storage_drivers_record():
+    # the containerd image store (Docker's default for new installs from 29.0) records no
+    # overlay folders: the quota then reads the container's root mount, as its init sees it
+    from types import SimpleNamespace
+
+    from bpo_envs.swebench.docker_backend import _layers
+
+    env = _make("docker")
+    try:
+        env.reset(options={"task_id": TASK})
+        box = env.unwrapped._backend.container
+        box.reload()
+        recorded = _layers(box)
+        assert recorded[0] and recorded[1]  # overlay2 here: its record
+        unrecorded = SimpleNamespace(id=box.id, attrs={"GraphDriver": {"Name": "overlayfs", "Data": None},
+                                                       "State": box.attrs["State"]})
+        upper, lowers = _layers(unrecorded)
+        assert upper == recorded[0]  # the image layers by overlay2's short links to the same folders
+        assert [os.path.realpath(d) for d in lowers] == [os.path.realpath(d) for d in recorded[1]]
+        # the broken case: a process whose root is no overlay (this test's own) gives no layer
+        host = SimpleNamespace(id="host", attrs={"GraphDriver": {}, "State": {"Pid": os.getpid()}})
+        assert _layers(host) == (None, [])
+    finally:
+        env.close()
+
+
 @NO_BWRAP
 @pytest.mark.slow
 def test_what_git_cannot_record_within_the_deadline_is_undone_or_kept_whole():

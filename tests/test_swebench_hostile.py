@@ -113,6 +113,31 @@ def test_killing_the_container_from_inside_says_it_was_started_again():
         env.close()
 
 
+@DOCKER
+def test_a_container_that_stops_after_the_command_returned_is_started_again():
+    # `kill 1` sends the container's init a SIGTERM: the command may return before the container
+    # stops, so the next command finds it stopped (seen on a busy host). Here the same signal is
+    # sent from inside the container right after a command, and the stop waited for. The init
+    # ending by itself since the agent's last command is the agent's doing: an observation.
+    env = _make("docker")
+    try:
+        env.reset(options={"task_id": TASK})
+        step(env, "echo kept > kept.txt")
+        box = env.unwrapped._backend.container
+        box.exec_run(["bash", "-c", "kill 1"])
+        deadline = time.monotonic() + 20
+        while box.status == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            box.reload()
+        assert box.status != "running", "kill 1 did not stop the container"
+        obs, info = step(env, "cat kept.txt")
+        assert "kept" in obs and not info["timed_out"], obs
+        assert "the previous command killed every process of the sandbox" in obs, obs
+        still_works(env)
+    finally:
+        env.close()
+
+
 # ---- what the agent did not cause --------------------------------------------------------------
 @DOCKER
 def test_a_container_killed_from_outside_between_steps_raises_naming_it():

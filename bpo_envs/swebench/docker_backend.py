@@ -71,7 +71,7 @@ import uuid
 import weakref
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,9 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "
 """The capabilities a container keeps (all others are dropped)."""
 KILLED_RC = 199
 """The wrapper's exit code for a command killed by SIGKILL (reported as 137)."""
+RUNTIME_REFUSED = "cannot exec in a "
+"""What the container runtime answers (exit code 126) to an exec it could not start in a
+container that is stopping ("... stopped state", "... deleted state")."""
 HOST_GRACE_S = 3.0
 """Seconds past a command's timeout after which the host kills it (its own ``timeout`` inside
 the container may be frozen or killed by the agent)."""
@@ -160,6 +163,11 @@ class SnapshotTimeoutError(SnapshotError):
 class SandboxLostError(RuntimeError):
     """The env's container is gone (the daemon restarted, or the container died): the state since
     the last snapshot is lost. The rollout engine rebuilds the path from its nearest snapshot."""
+
+
+class _NotStartedError(SandboxLostError):
+    """The container was no longer running when a command was to start: the daemon refused to
+    create or start its exec, so nothing of the command ran."""
 
 
 def _tar(files: dict[str, bytes]) -> bytes:
@@ -211,6 +219,33 @@ class DockerState:
 _image_finalizers: dict[str, weakref.finalize] = {}
 _pending_images: set[tuple[Any, str]] = set()  # removals that failed (a container still used it)
 _pending_lock = threading.Lock()
+
+
+def _layers(box: Any) -> tuple[str | None, list[str]]:
+    """The host folders of ``box``'s overlay filesystem: its writable layer (None when the host
+    cannot see one) and its image layers. From the storage driver's record (overlay2's
+    ``GraphDriver.Data``), else from the overlay mount of the container's root, as its init sees
+    it (``/proc/<pid>/mountinfo``: the containerd image store's overlayfs snapshotter records
+    no folders). Under vfs there is no writable layer apart from the image's copy: None."""
+    data = (box.attrs.get("GraphDriver") or {}).get("Data") or {}
+    upper, lower = data.get("UpperDir"), data.get("LowerDir") or ""
+    if not upper:
+        if not (box.attrs.get("State") or {}).get("Pid"):
+            docker_call(box.reload)  # recorded when it was created, before it ran
+        pid = (box.attrs.get("State") or {}).get("Pid")
+        try:
+            with open(f"/proc/{int(pid)}/mountinfo") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 4 and fields[4] == "/" and " - overlay " in line:
+                        options = dict(o.split("=", 1) for o in line.rsplit(" ", 1)[1].split(",") if "=" in o)
+                        upper, lower = options.get("upperdir"), options.get("lowerdir", "")
+                        break
+        except (OSError, TypeError, ValueError):
+            pass
+    if upper and not os.path.isdir(upper):
+        upper = None
+    return upper, [d for d in lower.split(":") if d]
 
 
 def _remove_image(client: Any, name: str) -> None:
@@ -289,6 +324,8 @@ class DockerBackend:
         self._late_commits: list[threading.Thread] = []  # snapshots answered past their deadline
         self._image: str | None = None  # the image self.container was started from
         self._fresh = False  # nothing ran in self.container yet
+        self._layer_dirs: dict[str, tuple[str | None, list[str]]] = {}  # container id: _layers
+        self._last_command: tuple[str, float] | None = None  # (container id, time.time()) of the agent's last command
 
     # ---- images ----------------------------------------------------------------------
     def _has_image(self, name: str) -> bool:
@@ -416,6 +453,8 @@ class DockerBackend:
 
     def _replace(self, image: str) -> None:
         old, self.container = self.container, None
+        if old is not None:
+            self._layer_dirs.pop(old.id, None)
         self.container = self._take(image)
         self._image, self._fresh = image, True
         self._warm_up(image)
@@ -448,20 +487,57 @@ class DockerBackend:
         self._removals = [t for t in self._removals if t.is_alive()]
 
     def _upper_dir(self, box: Any) -> Path | None:
-        """The host folder of ``box``'s writable layer (overlay2), or None."""
-        data = (box.attrs.get("GraphDriver") or {}).get("Data") or {}
-        upper = data.get("UpperDir")
-        if upper and os.path.isdir(upper):
+        """The host folder of ``box``'s writable layer, or None (the quota is then not enforced:
+        logged once). Read from :meth:`_layers` once per container (a restart keeps it)."""
+        if box.id not in self._layer_dirs:
+            self._layer_dirs[box.id] = _layers(box)
+        upper = self._layer_dirs[box.id][0]
+        if upper is not None:
             return Path(upper)
         if not DockerBackend._warned_quota:
             DockerBackend._warned_quota = True
-            log.warning("docker storage driver %r: the disk quota is not enforced",
+            log.warning("docker storage driver %r: the host cannot see the containers' writable "
+                        "layer; the disk quota is not enforced",
                         (box.attrs.get("GraphDriver") or {}).get("Name"))
         return None
 
     def _exec(self, box: Any, script: str, timeout: float, cap: int, agent: bool = True) -> CommandResult:
+        """:meth:`_exec_once`; when ``box`` had stopped before the command could start, and by
+        itself since the agent's previous command began (that command ended the container's
+        init, which stops the container a moment after the command returns: ``kill 1`` sends
+        init a SIGTERM), it is started again on its filesystem and the command run there, with a
+        note saying so. A container stopped by anything else raises as :meth:`_exec_once` does."""
+        previous = self._last_command
+        try:
+            return self._exec_once(box, script, timeout, cap, agent)
+        except _NotStartedError:
+            cause = self._ended_by_itself_since(box, previous)
+            if cause is None:
+                raise
+        self._start_again(box, cause)
+        # once only: a command that prints the runtime's refusal and stops the container again is
+        # answered with what it printed
+        result = self._exec_once(box, script, timeout, cap, agent, refused_is_lost=False)
+        if not agent:  # the host's own command (a diff, a removal): its output is data
+            return result
+        note = (f"[the previous command killed every process of the sandbox ({cause}); it was started "
+                "again on its filesystem before this one: files are kept, processes are not]")
+        return replace(result, output=_note(note, result.output) if result.output else note)
+
+    def _ended_by_itself_since(self, box: Any, last: tuple[str, float] | None) -> str | None:
+        """The cause, when ``box``'s init ended by itself (no kill from outside) since the agent's
+        command ``last`` (container id, start time) began in it; else None."""
+        if last is None or last[0] != box.id:
+            return None
+        stopped = self._stop_cause(box, last[1], wait=2.0)
+        return stopped[1] if stopped is not None and stopped[0] else None
+
+    def _exec_once(self, box: Any, script: str, timeout: float, cap: int, agent: bool = True,
+                   refused_is_lost: bool = True) -> CommandResult:
         """Run ``script``; ``agent``: in the agent's environment (``BASH_ENV``, ``AGENT_ENV``),
-        with the disk quota watched, and every process it leaves killed afterwards.
+        with the disk quota watched, and every process it leaves killed afterwards. Raises
+        :class:`_NotStartedError` when the container had stopped before the command could start
+        (its exec refused by the daemon or, ``refused_is_lost``, by the runtime).
 
         The host keeps the deadline: a command not ended ``timeout`` + :data:`HOST_GRACE_S`
         seconds after it started (its own ``timeout`` was frozen or killed) has its processes
@@ -470,6 +546,8 @@ class DockerBackend:
         stopped the container itself (``kill -9 -1``, ``kill 1``: the container's init ended)
         is an observation too: the container is started again on its filesystem. A container
         stopped by anything else raises :class:`SandboxLostError` naming the cause seen."""
+        import docker
+
         # only the inner shell reads BASH_ENV (sourcing a conda activation twice costs time)
         bash_env = f"BASH_ENV={BASH_ENV} " if agent else ""
         # head reads a pipe that processes the command leaves behind may hold open: they are
@@ -482,10 +560,15 @@ class DockerBackend:
             f"rc=$?; __bpo_reap $out; exec 3>&-; wait $out; [ $rc = 137 ] && rc={KILLED_RC}; exit $rc"
         )
         api = self.client.api
-        exec_id = self._exec_create(box, ["bash", "-c", wrapped], workdir="/testbed",
-                                    environment=dict(AGENT_ENV) if agent else None)
-        collector = OutputCollector(cap)
         started, since = time.monotonic(), time.time()
+        if agent:
+            self._last_command = (box.id, since)
+        try:
+            exec_id = self._exec_create(box, ["bash", "-c", wrapped], workdir="/testbed",
+                                        environment=dict(AGENT_ENV) if agent else None)
+        except SandboxLostError as exc:
+            raise _NotStartedError(str(exc)) from exc
+        collector = OutputCollector(cap)
         upper = self._upper_dir(box) if agent else None
         over = threading.Event()
         done = threading.Event()
@@ -544,7 +627,17 @@ class DockerBackend:
                 raise failure[0]
             rc = docker_call(api.exec_inspect, exec_id)["ExitCode"]
         except Exception as exc:  # noqa: BLE001 - sorted by _lost
-            raise self._lost(box, exc, since=since) from exc
+            lost = self._lost(box, exc, since=since)
+            # reading a started exec's stream raises no APIError: the daemon refused to start it
+            if failure and isinstance(exc, docker.errors.APIError) and isinstance(lost, SandboxLostError):
+                raise _NotStartedError(str(lost)) from exc
+            raise lost from exc
+        if rc == 126 and refused_is_lost and RUNTIME_REFUSED in text:
+            # the runtime refused the exec in a stopping container: the command did not run (the
+            # same text from a command in a running container is that command's output)
+            ended = self._stop_cause(box, since, wait=2.0)
+            if ended is not None:
+                raise _NotStartedError(self._lost_text(box, ended[1]))
         stopped: tuple[bool, str] | None = None
         if rc is None or (rc == 137 and not over.is_set()):
             # no exit code, or the wrapper itself was killed: the container may have stopped
@@ -607,11 +700,11 @@ class DockerBackend:
                              TRIM_TIMEOUT_S, 1 << 16, agent=False)
         return doomed, not removal.timed_out
 
-    @staticmethod
-    def _new_ancestor(box: Any, path: str) -> str:
+    def _new_ancestor(self, box: Any, path: str) -> str:
         """The shallowest folder on ``path`` that none of ``box``'s image layers has."""
-        data = (box.attrs.get("GraphDriver") or {}).get("Data") or {}
-        lowers = [d for d in (data.get("LowerDir") or "").split(":") if d]
+        if box.id not in self._layer_dirs:
+            self._layer_dirs[box.id] = _layers(box)
+        lowers = self._layer_dirs[box.id][1]
         parts = path.split("/")
         for i in range(1, len(parts) + 1):
             prefix = "/".join(parts[:i])

@@ -25,21 +25,37 @@ docker_part() {
   apt_install docker.io debootstrap || return 1
   if ! docker info >/dev/null 2>&1; then
     echo "swebench setup: starting dockerd"
-    nohup dockerd --storage-driver=overlay2 >/var/log/bpo-dockerd.log 2>&1 &
-    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-    if ! docker info >/dev/null 2>&1; then
-      # overlay2 on overlay (nested) can fail: retry with vfs
-      pkill -F /var/run/docker.pid 2>/dev/null; sleep 2
-      nohup dockerd --storage-driver=vfs >/var/log/bpo-dockerd.log 2>&1 &
-      for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-    fi
-    docker info >/dev/null 2>&1 || { tail -5 /var/log/bpo-dockerd.log >&2; return 1; }
+    # overlay2 first: the disk quota reads a container's writable layer, which vfs does not keep
+    # apart. overlay2 refuses a data root on overlayfs (a machine that is itself a container):
+    # then its data goes on a tmpfs, and vfs (the quota not enforced) only when that fails too.
+    start_dockerd --storage-driver=overlay2 \
+      || { mkdir -p /var/lib/bpo-docker && { mountpoint -q /var/lib/bpo-docker \
+             || mount -t tmpfs -o size=50% tmpfs /var/lib/bpo-docker; } \
+           && start_dockerd --storage-driver=overlay2 --data-root=/var/lib/bpo-docker; } \
+      || start_dockerd --storage-driver=vfs \
+      || { tail -5 /var/log/bpo-dockerd.log >&2; return 1; }
   fi
+  echo "swebench setup: docker storage driver $(docker info -f '{{.Driver}}' 2>/dev/null)"
   if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then build_base || return 1; fi
   local py="${VENV:-.venv}/bin/python"
   [ -x "$py" ] || py=python3
   "$py" -m bpo_envs.swebench.images >/dev/null \
     || echo "swebench setup: could not build the official-layout test image" >&2
+}
+
+# start dockerd with "$@"; true once it answers, false when it exits or does not answer in 3 min
+# (a slow start on a busy machine is waited for, not taken for an unsupported driver)
+start_dockerd() {
+  local pid
+  nohup dockerd "$@" >/var/log/bpo-dockerd.log 2>&1 &
+  pid=$!
+  for _ in $(seq 1 180); do
+    docker info >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "swebench setup: dockerd $* exited: $(tail -1 /var/log/bpo-dockerd.log)" >&2; return 1; }
+    sleep 1
+  done
+  kill "$pid" 2>/dev/null; sleep 2
+  return 1
 }
 
 build_base() {
