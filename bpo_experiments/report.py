@@ -390,6 +390,14 @@ PLOTS_WITHOUT_DATA = "plots_without_data"
 """``results.json`` key: ``{plot file: why it was not drawn}`` (:func:`plots`)."""
 
 
+def probed_envs(results: dict[str, Any]) -> list[str]:
+    """The envs where some run probed its gradient (a finite SNR): the gradient plots draw these
+    only (an env with ``grad_seeds`` 0 would be an empty panel)."""
+    return [env for env, er in results["per_env"].items()
+            if any(v is not None and np.isfinite(v) for r in er["algorithms"].values()
+                   for v in ((r.get("gradient_initial") or {}).get("snr_per_seed") or []))]
+
+
 def empty_plots(results: dict[str, Any]) -> dict[str, str]:
     """``{plot file: why}`` of the plots that would have no data: the gradient plots when no
     run probed its gradient (``grad_seeds`` 0, or an FSDP preset)."""
@@ -413,6 +421,9 @@ def _figure_lines(results: dict[str, Any], name: str, alt: str) -> list[str]:
     why = empty_plots(results).get(name)
     if why:
         return [f"*{alt.capitalize()} ({name}): not drawn, {why}.*", ""]
+    unprobed = [e for e in results["per_env"] if e not in probed_envs(results)]
+    if name in GRADIENT_PLOTS and unprobed:
+        return [f"![{alt}]({name})", "", f"*No gradient probes on {', '.join(unprobed)} (grad_seeds 0 there): not drawn.*", ""]
     return [f"![{alt}]({name})", ""]
 
 
@@ -602,7 +613,13 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     figures = {"success.png": _success_figure, "training_success.png": _training_figure, "final_success.png": _final_figure,
                "gradient_snr.png": _snr_figure, "grad_norm_variance.png": _grad_norm_variance_figure}
     empty = empty_plots(results)
-    return [figure(results, out, envs, algorithms, colours) for name, figure in figures.items() if name not in empty]
+    probed = probed_envs(results)
+    return [figure(results, out, probed if name in GRADIENT_PLOTS else envs, algorithms, colours)
+            for name, figure in figures.items() if name not in empty]
+
+
+GRADIENT_PLOTS = ("gradient_snr.png", "grad_norm_variance.png")
+"""The plots of the gradient probes: drawn for the envs that probed (:func:`probed_envs`)."""
 
 
 def _save(fig: Any, path: Path, **savefig: Any) -> Path:
@@ -707,6 +724,7 @@ def _snr_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms:
         ax = axes[0][j]
         names = [a for a in algorithms if a in er["algorithms"]]
         for offset, (name, marker) in ((-0.15, ("initial", "o")), (0.15, ("mid", "s"))):
+            labelled = False
             for k, a in enumerate(names):
                 probe = er["algorithms"][a].get(f"gradient_{name}")
                 if not probe:
@@ -717,7 +735,8 @@ def _snr_figure(results: dict[str, Any], out: Path, envs: list[str], algorithms:
                             ax.annotate("no gradient\n(zero loss)", (k, 0), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
                         continue
                     ax.errorbar(k + offset, v, yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt=marker, color=colours[a], capsize=3,
-                                label=("warm start" if name == "initial" else "mid-training") if k == 0 else None)
+                                label=None if labelled else ("warm start" if name == "initial" else "mid-training"))
+                    labelled = True
         ax.axhline(0, color="grey", linewidth=0.8)
         ax.set_xticks(range(len(names)), names, rotation=20)
         ax.set(title=f"{env}: gradient SNR ŝ / tr Cov(g) (o warm start, □ mid)", ylabel="SNR per batch [95% bootstrap]")

@@ -104,3 +104,24 @@ def test_the_smoke_report_says_what_it_is_and_skips_plots_without_data(tmp_path)
     assert set(results["plots_without_data"]) == {"gradient_snr.png", "grad_norm_variance.png"}
     assert not (out / "gradient_snr.png").exists() and (out / "success.png").exists()
     assert "(gradient_snr.png): not drawn, no run probed its gradient" in text and "](gradient_snr.png)" not in text
+
+
+def test_the_gradient_plots_draw_only_the_envs_that_probed(tmp_path):
+    # the committed default probes WebShop (its first 3 seeds) and not ALFWorld (grad_seeds 0):
+    # the gradient plots have one panel, and the report says which env has none
+    from pathlib import Path
+
+    import matplotlib.image
+
+    from bpo_experiments import report
+
+    results = json.loads((Path(__file__).parents[1] / "docs/results/compare-cpu-default/results.json").read_text())
+    assert report.probed_envs(results) == ["webshop"]
+    report.plots(results, tmp_path)
+    snr = matplotlib.image.imread(tmp_path / "gradient_snr.png")
+    success = matplotlib.image.imread(tmp_path / "final_success.png")  # both envs, the same panel width
+    assert snr.shape[1] < 0.6 * success.shape[1]
+    assert "No gradient probes on alfworld (grad_seeds 0 there)" in report.markdown(results)
+    # the broken case: with every env probed, no such line
+    del results["per_env"]["alfworld"]
+    assert "No gradient probes" not in report.markdown(results)
