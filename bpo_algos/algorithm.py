@@ -234,6 +234,12 @@ class Algorithm(Topology):
     threshold: float | None = None
     """The decision-entropy threshold the topology branches at now (logged per update); None:
     the algorithm has none."""
+    zero_loss: bool = False
+    """Whether the loss is exactly zero on every batch by construction, and so its gradient
+    (the positive control ``frozen``: every advantage zero and no KL term). Where it is and a
+    step at a zero gradient leaves the weights as they are, a trainer asked to may skip the
+    collection of every update after one it has checked (``Trainer.train``'s
+    ``skip_zero_loss_collection``); every learner: False."""
 
     def __init__(self, options: Options | None = None, *, shared: AlgorithmConfig | None = None, seed: int = 0, **kwargs: Any) -> None:
         if options is not None and not isinstance(options, self.Options):

@@ -5,8 +5,9 @@ either (docs/main-job.md, "Controls"):
 
 * ``frozen`` (positive control): any algorithm's collection (``of=``, default RLOO) with every
   advantage set to zero, so the loss and its gradient are exactly zero and the policy never
-  leaves the warm start (Adam's step on a zero gradient is zero). It costs what ``of`` costs,
-  learner passes included. The instrument must rank it below the comparator.
+  leaves the warm start (Adam's step on a zero gradient is zero). It is charged what ``of``'s
+  budget is; the main job collects its first update only (:attr:`Frozen.zero_loss`, docs/main-job.md,
+  "Scheduling"). The instrument must rank it below the comparator.
 * ``reinforce`` (handicapped learner): RLOO's collection (``group_size`` trajectories per task)
   with REINFORCE's advantage ``A_i = R_i``, no baseline: unbiased, but with the variance the
   baseline removes. A comparison that resolves variance reduction ranks it below RLOO.
@@ -48,7 +49,7 @@ class Frozen(Algorithm):
     state, all advancing as usual) with every advantage set to zero, so the loss is zero.
 
     Every hook the engine or the trainer calls is ``inner``'s; only :meth:`compute_advantages`
-    (and so :meth:`collect`), :attr:`name` and :meth:`config` differ.
+    (and so :meth:`collect`), :attr:`name`, :attr:`zero_loss` and :meth:`config` differ.
     """
 
     name = "frozen"
@@ -82,6 +83,13 @@ class Frozen(Algorithm):
     @property
     def budget_multiple(self) -> float:  # type: ignore[override]
         return self.inner.budget_multiple
+
+    @property
+    def zero_loss(self) -> bool:  # type: ignore[override]
+        """True without a KL term: each step's surrogate ``-min(r A, clip(r) A)`` is 0 at ``A = 0``.
+        With ``kl_coef > 0`` the loss is the KL to the reference, zero only while the policy is
+        the reference (and then only up to the reference's precision): False."""
+        return not self.shared.kl_coef
 
     def wants_entropy(self, path: PathState) -> bool:
         return self.inner.wants_entropy(path)

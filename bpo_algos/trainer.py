@@ -6,7 +6,9 @@ steps on the algorithm's loss, and appends one JSON line to ``out_dir/metrics.js
 rate, mean return, loss, gradient norm (before clipping), entropy, how the trees branched
 (:meth:`~bpo_algos.algorithm.Batch.shape_stats`), the compute meter of the batch and the
 running total. TensorBoard and W&B receive the same scalars when asked for and
-installed.
+installed. An algorithm whose loss is zero by construction (the positive control ``frozen``) may
+skip the collection of every update after a checked first one, its budget reported as spent
+(:meth:`Trainer.train`'s ``skip_zero_loss_collection``).
 
 Scale (the README's GPU section): ``device`` places the policy; ``precision="bf16"`` computes in
 bfloat16 under autocast while the optimizer updates fp32 master weights (an AdamW step of 1e-6
@@ -54,12 +56,18 @@ from bpo_algos.compute import Budget, ComputeMeter, cost_flops
 from bpo_algos.devices import autocast, policy_device, resolve_device, upcast_trainable
 from bpo_algos.losses import gradient_norm
 from bpo_algos.policy.base import Policy
+from bpo_algos.policy.weights import state_digest
 from bpo_algos.rollout import EnvFn, EnvPool, tree_entropies
 from bpo_algos.run_log import RunLog
 from bpo_algos.trainer_config import TrainerConfig
 from bpo_algos.tree import save_trees
 
-__all__ = ["Trainer", "TrainerConfig"]
+__all__ = ["Trainer", "TrainerConfig", "ZERO_STEP_OPTIMIZERS"]
+
+ZERO_STEP_OPTIMIZERS = ("adam", "adamw", "sgd")
+"""Optimizers whose step at a zero gradient, without weight decay and from zero moments (a
+zero-loss run's: its gradient was always zero), is zero: Adam's ``m / (sqrt(v) + eps)`` with
+``m = v = 0``, SGD's ``lr * g``. :meth:`Trainer.skip_refusal` asks for one of them."""
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,8 @@ class Trainer:
         self.last_batch: Batch | None = None
         """The batch of the last update (its advantages written): what measurements of the
         training data read (the main job's mechanism, docs/mechanism.md)."""
+        self._last_collected: ComputeMeter | None = None  # the last collected batch's meter (skipped_step)
+        self._collected_digest: str | None = None  # set by the update train checks
         self._rng = np.random.default_rng(cfg.seed)
         self._task_order: list[int] = []  # task_draw="unseen-first": the walk through the tasks
         self._task_cursor = 0
@@ -149,13 +159,31 @@ class Trainer:
         dp.barrier()
 
     # ---- the loop ------------------------------------------------------------------------
-    def train(self, after_update: Callable[[Trainer], None] | None = None) -> list[dict[str, Any]]:
+    def train(self, after_update: Callable[[Trainer], None] | None = None, *,
+              skip_zero_loss_collection: bool = False) -> list[dict[str, Any]]:
         """Run the remaining updates (all of them, or what a resumed run has left).
 
         ``after_update(trainer)`` is called before the first remaining update and after every
         update (with ``trainer.update`` the number of updates done): the hook for evaluations and
         probes along training. It must leave the policy's parameters and sampling RNG as it found
-        them, so that what it measures does not change the run."""
+        them, so that what it measures does not change the run.
+
+        ``skip_zero_loss_collection``: where :meth:`skip_refusal` finds nothing against it (an
+        algorithm whose loss is zero by construction, :attr:`Algorithm.zero_loss`; an optimizer
+        step that leaves the weights as they are at a zero gradient; a per-update budget), the
+        first update of this call collects and trains as usual and is checked
+        (:meth:`_check_unchanged`): the policy's whole state
+        (:func:`~bpo_algos.policy.weights.state_digest`) the same before it, after its
+        collection and after its step, loss and gradient norm exactly 0. Then every later update
+        collects nothing (:meth:`skipped_step`): the policy, and so every evaluation of it, is
+        what collecting would have left, ``S_{u+1} = S_u``. A step that moved the state raises
+        :class:`RuntimeError` (the algorithm's zero loss is false); a collection that changed
+        it (a tabular policy's new entries), or anything :meth:`skip_refusal` names, leaves
+        every update collecting (logged)."""
+        refusal = self.skip_refusal() if skip_zero_loss_collection else "not asked"
+        if skip_zero_loss_collection and refusal is not None:
+            log.info("%s collects every update: %s", self.algorithm.name, refusal)
+        checked = False
         if after_update is not None:
             after_update(self)
         bar = None
@@ -165,7 +193,16 @@ class Trainer:
             bar = tqdm(total=self.config.updates, initial=self.update, desc=self.algorithm.name)
         try:
             while self.update < self.config.updates:
-                row = self.step()
+                if refusal is None and checked:
+                    row = self.skipped_step()
+                elif refusal is None:
+                    before = state_digest(self.policy)
+                    self._collected_digest = ""  # not None: step records the state its collection left
+                    row = self.step()
+                    refusal = self._check_unchanged(before, row)
+                    checked = True
+                else:
+                    row = self.step()
                 if after_update is not None:
                     after_update(self)
                 if bar is not None:
@@ -177,6 +214,86 @@ class Trainer:
             self.log.close()
         return self.history
 
+    def skip_refusal(self) -> str | None:
+        """Why updates of this run may not skip their collection (``train``'s
+        ``skip_zero_loss_collection``), or None when they may: the algorithm's loss is zero by
+        construction (:attr:`Algorithm.zero_loss`); the optimizer's step at a zero gradient is
+        zero (Adam, AdamW and SGD without weight decay: AdamW's decoupled decay ``theta -= lr
+        wd theta`` moves the weights whatever the gradient); one process; a per-update budget
+        in a metered unit (what a skipped update reports as spent); a policy whose whole state
+        has a digest (:func:`~bpo_algos.policy.weights.state_digest`; not an LLM policy)."""
+        cfg = self.config
+        if not self.algorithm.zero_loss:
+            return f"{self.algorithm.name}'s loss is not zero by construction"
+        if cfg.weight_decay:
+            return f"weight decay {cfg.weight_decay} moves the weights at a zero gradient"
+        if cfg.optimizer not in ZERO_STEP_OPTIMIZERS:
+            return f"optimizer {cfg.optimizer!r} is not known to leave the weights at a zero gradient"
+        if self.world_size > 1:
+            return "data-parallel training (the check is made on one process)"
+        if cfg.budget is None or cfg.budget.unit not in {f.name for f in dataclasses.fields(ComputeMeter)}:
+            return "no per-update budget in a metered unit to report as spent"
+        if state_digest(self.policy) is None:
+            return "the policy's state has no digest (an LLM policy: its evaluation depends on more)"
+        return None
+
+    def _check_unchanged(self, before: str | None, row: dict[str, Any]) -> str | None:
+        """After the update a skipping run checks: None when the skip may go on (the state
+        ``before`` the update, the one its collection left and the one after its step are the
+        same, loss and gradient norm 0), a refusal when the collection itself changed the state
+        (a tabular policy adds entries as it meets states: a run that skips would end in
+        another state), RuntimeError when the step did (the algorithm's zero loss is false).
+        The collected batch's trees are saved now when trees are saved (the last a skipping run
+        collects)."""
+        collected, self._collected_digest = self._collected_digest, None
+        if collected != before:
+            log.info("%s collects every update: its collection changed the policy's state", self.algorithm.name)
+            return "the collection changes the policy's state"
+        after = state_digest(self.policy)
+        if after != collected or row["loss"] != 0.0 or row["grad_norm"] != 0.0:
+            raise RuntimeError(
+                f"{self.algorithm.name} declares a zero loss (Algorithm.zero_loss) but update {self.update} had loss {row['loss']}, "
+                f"gradient norm {row['grad_norm']} and {'moved' if after != collected else 'kept'} the policy: its collection cannot be skipped"
+            )
+        every = self.config.save_trees_every
+        if self.out_dir is not None and every and self.last_batch is not None and not (self.update % every == 0 or self.update == self.config.updates):
+            save_trees(self.last_batch.trees, self.out_dir / "trees" / f"update{self.update:05d}.json.gz")
+        return None
+
+    def skipped_step(self) -> dict[str, Any]:
+        """One update of a zero-loss algorithm without collection (``train``'s
+        ``skip_zero_loss_collection``, after the checked update): the policy and the optimizer
+        are left as they are (a zero-gradient step is zero), no tasks are drawn, no mechanism
+        batch is kept (:attr:`last_batch` None). It reports its budget as spent: the last
+        collected batch's meter ``m`` scaled to the per-update budget ``B`` in its unit ``k``,
+        ``m * B / m_k`` (the budget unit exactly ``B``, known before collecting; every other
+        meter, which only collecting measures, in the proportions of a batch of the same
+        algorithm on the same policy). The row's ``success`` and ``return`` (of a training batch)
+        are NaN and ``"collected"`` is False; loss and gradient norm are 0. Returns the row."""
+        start = time.perf_counter()
+        budget, measured = self.config.budget, self._last_collected
+        spent = measured.get(budget.unit) if measured is not None and budget is not None else 0
+        if budget is None or measured is None or not spent > 0:
+            raise RuntimeError("a skipped update reports the last collected batch's cost scaled to the budget: none was collected")
+        scale = budget.amount / spent
+        compute = ComputeMeter(**{f.name: getattr(measured, f.name) * scale for f in dataclasses.fields(ComputeMeter)})
+        setattr(compute, budget.unit, budget.amount)  # exactly, not up to the scaling's rounding
+        self.update += 1
+        self.last_batch = None
+        self.total_compute.add(compute)
+        nan = float("nan")
+        row: dict[str, Any] = {
+            "update": self.update, "algorithm": self.algorithm.name, "collected": False, "success": nan, "return": nan,
+            "loss": 0.0, "grad_norm": 0.0, "compute": compute.to_dict(), "compute_total": self.total_compute.to_dict(),
+            "seconds": time.perf_counter() - start,
+        }
+        self.history.append(row)
+        self.log.write(row, self.update)
+        cfg = self.config
+        if cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and self.out_dir is not None:
+            self.save_checkpoint(self.out_dir / "checkpoint.pt")
+        return row
+
     def step(self) -> dict[str, Any]:
         """One update: collect -> advantages -> micro-batched update -> log -> checkpoint.
         Returns the logged row."""
@@ -187,6 +304,8 @@ class Trainer:
         with autocast(self.config.precision, self.device):
             batch = self.collect(tasks)  # the algorithm writes the advantages
         self._advance_tasks(batch, len(tasks))
+        if self._collected_digest is not None:  # train's check: the state the collection left
+            self._collected_digest = state_digest(self.policy)
         self.policy.train()
         losses, norms = [], []
         # ALGO LOGIC: ``epochs`` optimizer steps on the batch (Trainer.optimize)
@@ -205,6 +324,7 @@ class Trainer:
         self.update += 1
         self.last_batch = batch
         compute = batch.compute if self.parallel is None else self.parallel.global_compute(batch.compute)
+        self._last_collected = compute.copy()
         self.total_compute.add(compute)
         row = self._row(batch, losses, norms, time.perf_counter() - start)
         if self.parallel is not None:

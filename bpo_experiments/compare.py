@@ -193,6 +193,9 @@ def command_parser() -> argparse.ArgumentParser:
                         "(default: the preset's recorded results, else its recorded pilots, else a short pilot)")
     parser.add_argument("--pilot", action="store_true", help="--plan: size every env by a pilot run now and save the pilots as "
                         "the preset's recorded pilots (what --plan reads where no results are recorded)")
+    parser.add_argument("--collect-frozen", action="store_true", help="every update of the positive control frozen collects "
+                        "(default: after one checked update it collects nothing and reports its budget as spent; its evaluations, "
+                        "budget and final state are the same either way; docs/main-job.md, Scheduling)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -507,7 +510,7 @@ class _Comparison:
         train_tasks = self.splits[config.env][0]
         rebuild = partial(make_policy, config.policy, config.setup, config.seed, train_tasks)
         return (run_one, (self.out, config, init["policy"], init["warm"], init["reference"], train_tasks, eval_tasks,
-                          self.progress and self.workers == 1, rebuild))
+                          self.progress and self.workers == 1, rebuild, not self.args.collect_frozen))
 
     def compare(self, ranks: int) -> dict[str, Any]:
         """The results and the report, from the runs: every algorithm at its tuned options (the

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import io
 import time
 import weakref
@@ -45,7 +44,7 @@ import bpo_envs  # noqa: F401 - registers the ids
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.diagnostics import signal_to_noise, variance_summary
 from bpo_algos.mechanism import measure as measure_mechanism
-from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable
+from bpo_algos.policy.weights import InitialWeights, fresh_copy, reusable, state_digest
 from bpo_algos.rollout import EnvPool
 from bpo_algos.run_log import code_version
 from bpo_algos.trainer import Trainer
@@ -101,22 +100,6 @@ def _save_policy(policy: Any) -> bytes | None:
     buffer = io.BytesIO()
     torch.save(policy, buffer)
     return buffer.getvalue()
-
-
-def state_digest(policy: Any) -> str | None:
-    """SHA-256 of ``policy``'s whole state (every parameter and buffer: names, dtypes, shapes and
-    bytes), or None for a policy whose evaluation depends on more than that (an LLM policy:
-    its engines and caches) or that is not a module. Two states with the same digest are the
-    same policy, so their evaluations on the same episodes are the same (docs/main-job.md,
-    "Scheduling": ``frozen``)."""
-    if reusable(policy) or not isinstance(policy, torch.nn.Module):
-        return None
-    digest = hashlib.sha256()
-    for name, tensor in policy.state_dict().items():
-        value = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
-        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
-    return digest.hexdigest()
 
 
 def _load_policy(data: bytes) -> Any:
@@ -371,6 +354,7 @@ def run_one(
     eval_tasks: list[Any],
     progress: bool = False,
     rebuild: Callable[[], Any] | None = None,
+    skip_zero_loss_collection: bool = True,
 ) -> dict[str, Any]:
     """Train one algorithm from the initial policy and measure it, with the settings of
     ``config`` (:class:`~bpo_experiments.run_config.RunConfig`: written to the run's folder as
@@ -378,7 +362,14 @@ def run_one(
 
     ``config.algorithm`` is the run's label (:func:`base_algorithm`): its folder and its results'
     ``"algorithm"``. The initial policy is ``initial``'s bytes, or (an LLM policy) ``rebuild()``'s,
-    made once per process and restored per run."""
+    made once per process and restored per run.
+
+    ``skip_zero_loss_collection`` (the main job's default): a run of an algorithm with a zero
+    loss (``frozen``) collects and checks its first update and skips the later ones'
+    collection, reporting their budget as spent
+    (:meth:`~bpo_algos.trainer.Trainer.train`; docs/main-job.md, "Scheduling"): its
+    evaluations, budget and final state are those of the run that collects; its training curve
+    has one point and its mechanism only the warm start's batch. No effect on any other run."""
     folder = run_dir(out, config.env, config.algorithm, config.seed)
     done = folder / "run.json"
     saved = read_json_or_redo(done, None)
@@ -401,7 +392,8 @@ def run_one(
     try:
         trainer = with_run_fields(config, out_dir=folder, progress=progress,
                                   wandb_name=f"{config.env}/{config.algorithm}/seed{config.seed}", wandb_config=config.to_json())
-        history = Trainer(algorithm, policy, pool, train_tasks, trainer).train(after_update=measure)
+        history = Trainer(algorithm, policy, pool, train_tasks, trainer).train(after_update=measure,
+                                                                               skip_zero_loss_collection=skip_zero_loss_collection)
     finally:
         pool.close()
         _close(probe_pools)
@@ -448,7 +440,8 @@ def _run_result(config: RunConfig, algorithm: Algorithm, warm: dict[str, Any], m
         "extra_eval": None if extra is None else {
             split: {"warm": warm["extra"][split]["success"], "final": v["success"], "episodes": v["episodes"]} for split, v in extra.items()
         },
-        "curve": [row["success"] for row in history],
+        "curve": [row["success"] for row in history],  # NaN where an update collected nothing
+        "collected_updates": sum(bool(row.get("collected", True)) for row in history),
         "returns": [row["return"] for row in history],
         "compute_per_update": {k: float(np.mean([row["compute"][k] for row in history])) for k in history[0]["compute"]},
         "compute_cumulative": [row["compute_total"][config.budget_unit] for row in history],

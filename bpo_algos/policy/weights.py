@@ -12,6 +12,7 @@ which the next ``sample`` syncs in place.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,19 @@ def reusable(policy: Any) -> bool:
     policies, whose parameters are fixed at construction); any other object (a bare module) is
     copied."""
     return isinstance(policy, Policy) and policy.restored_in_place
+
+
+def state_digest(policy: Any) -> str | None:
+    """SHA-256 of ``policy``'s whole state (every parameter and buffer: names, dtypes, shapes and
+    bytes), or None for a policy whose outputs depend on more than that (an LLM policy restored
+    in place, :func:`reusable`: its engines and caches) or that is not a module. Two states
+    with the same digest are the same policy, so their evaluations on the same episodes are the
+    same (docs/main-job.md, "Scheduling": ``frozen``)."""
+    if reusable(policy) or not isinstance(policy, nn.Module):
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in policy.state_dict().items():
+        value = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{value.dtype}|{tuple(value.shape)}|".encode())
+        digest.update(value.view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return digest.hexdigest()
