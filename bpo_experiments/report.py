@@ -202,8 +202,13 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
         if not tuning:
             continue
         first = next(iter(tuning.values()))
-        rule = ("the highest mean is chosen when the one-way F-test across the candidates tells them apart, else the defaults are kept"
-                if "f_test" in first else "the highest mean is chosen")
+        if "vs_default" in first:
+            rule = ("a candidate replaces the defaults only where its mean is detectably above theirs (t-tests against the "
+                    "defaults on the pooled variance, Holm-adjusted; the highest mean of those), else the defaults are kept")
+        elif "f_test" in first:  # results written before that rule
+            rule = "the highest mean is chosen when the one-way F-test across the candidates tells them apart, else the defaults are kept"
+        else:
+            rule = "the highest mean is chosen"
         lines += [f"**{env}**: {first['criterion']}, tuning seeds {first['seeds']} (disjoint from the evaluation seeds); "
                   f"{rule}, before any evaluation run.", "",
                   "| algorithm | candidate | score (mean over tuning seeds) | per tuning seed | chosen |", "|---|---|---:|---|---|"]

@@ -195,3 +195,65 @@ def one_way_anova(groups: Sequence[Sequence[float]], alpha: float = 0.05, power:
     detectable = (t_quantile(1 - alpha / 2, dof_w) + t_quantile(power, dof_w)) * math.sqrt(msw * (1 / sizes[0] + 1 / sizes[1]))
     out.update({"F": f, "p": p, "msw": msw, "detectable_difference": float(detectable), "distinguishable": bool(p < alpha)})
     return out
+
+
+def against_default(groups: Sequence[Sequence[float]], default: int, alpha: float = 0.05) -> dict[str, Any]:
+    """Each group against group ``default`` (many-to-one comparisons, as Dunnett's), on the
+    one-way ANOVA's pooled within-group variance: ``t_i = (mean_i - mean_d) / sqrt(MSW (1/n_i +
+    1/n_d))`` on ``N - k`` degrees of freedom, two-sided ``p_i``, Holm-adjusted over the ``k - 1``
+    comparisons (``p_holm``). ``better``: the indices whose ``p_holm < alpha`` with a mean above
+    the default's. The F-test answers whether *any* groups differ (one clearly bad candidate is
+    enough); this answers whether any beats the default. With nothing testable (no replicate
+    within a group, or no spread within and equal means) ``p`` is None and nothing is better."""
+    data = [np.asarray(g, dtype=float) for g in groups]
+    test = one_way_anova(groups, alpha=alpha)
+    msw, dof = test.get("msw"), test["dof"][1]
+    means = [float(g.mean()) for g in data]
+    rows: list[dict[str, Any]] = []
+    for i, g in enumerate(data):
+        if i == default:
+            continue
+        diff = means[i] - means[default]
+        if msw is None:
+            p = None
+        elif msw == 0:
+            p = 0.0 if diff != 0 else 1.0
+        else:
+            t = diff / math.sqrt(msw * (1 / len(g) + 1 / len(data[default])))
+            p = float(min(1.0, 2.0 * (1.0 - t_cdf(abs(t), dof))))
+        rows.append({"index": i, "diff": diff, "p": p})
+    for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
+        row["p_holm"] = adjusted
+        row["better"] = bool(adjusted is not None and adjusted < alpha and row["diff"] > 0)
+    return {"test": "many-to-one t-tests on the pooled variance, Holm-adjusted", "default": default,
+            "dof": dof, "alpha": alpha, "comparisons": rows, "better": [r["index"] for r in rows if r["better"]]}
+
+
+def choose_candidate(groups: Sequence[Sequence[float]], default: int | None, alpha: float = 0.05) -> dict[str, Any]:
+    """A tuning's decision from each candidate's scores over the tuning seeds (``groups``), the
+    main job's and the regime map's (docs/main-job.md, "Tuning"):
+
+    * ``f_test``: :func:`one_way_anova` across the candidates (with the smallest difference of
+      two candidates it detects: the power the tuning had);
+    * where the defaults are a candidate (``default``, an index): ``vs_default``
+      (:func:`against_default`); ``chosen`` is the highest mean among the candidates that beat
+      the defaults detectably, else ``default`` (``kept_default``). Switching on the F-test
+      instead picks the highest of near-equal leaders whenever one candidate is clearly worse,
+      a different one on every run;
+    * where they are not (``default`` None): the F-test decides; ``chosen`` is the highest mean
+      when it rejects, else None (the caller keeps its defaults).
+
+    ``best``: the highest mean either way (the first on a tie); ``distinguishable``: whether the
+    tuning told a candidate apart from what it keeps."""
+    means = [float(np.mean(g)) for g in groups]
+    best = int(np.argmax(means))
+    test = one_way_anova(groups, alpha=alpha)
+    if default is None:
+        told = bool(test["distinguishable"])
+        return {"f_test": test, "vs_default": None, "best": best, "chosen": best if told else None,
+                "kept_default": not told, "distinguishable": told}
+    versus = against_default(groups, default, alpha)
+    told = bool(versus["better"])
+    chosen = max(versus["better"], key=lambda i: means[i]) if told else default
+    return {"f_test": test, "vs_default": versus, "best": best, "chosen": chosen, "kept_default": not told,
+            "distinguishable": told}

@@ -12,12 +12,13 @@ fixed grid of its shape options (docs/main-job.md, "Tuning"):
 * the criterion, fixed before the run, is the AUC of its evaluated success (the comparison's
   primary metric's formula, :func:`~bpo_experiments.stats.curve_metrics`) on *held-out
   training tasks*: tasks of the training env after the training tasks, never an evaluation
-  task (:func:`tuning_tasks` checks it). The candidate with the highest mean over the tuning
-  seeds is chosen (the first on a tie) *when the tuning can tell the candidates apart*: the
-  one-way F-test across the candidates (seeds as replicates) rejects their sharing one mean at
-  ``TuningConfig.alpha``. Otherwise the defaults (the preset's options of that kind) are kept,
-  and the record says so, with the smallest candidate difference this tuning could have
-  detected (:func:`decide`);
+  task (:func:`tuning_tasks` checks it). A candidate replaces the defaults (the preset's
+  options of that kind) only *where the tuning tells it apart from them*: its mean over the
+  tuning seeds is above theirs at ``TuningConfig.alpha`` (a t-test on the candidates' pooled
+  within-candidate variance, Holm-adjusted over the candidates); of those, the highest mean is
+  chosen. Otherwise the defaults are kept, and the record says so, with the one-way F-test
+  across the candidates and the smallest candidate difference this tuning could have detected
+  (:func:`decide`);
 * the controls take their algorithm's choice (``frozen`` and ``rloo-2x`` collect as the tuned
   RLOO); the treatment and the comparator are also run at their defaults on the evaluation
   seeds, a secondary row beside the tuned headline.
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from bpo_algos.algorithm import Options
-from bpo_experiments.significance import one_way_anova
+from bpo_experiments.significance import choose_candidate
 
 CRITERIA = ("auc",)
 """The tuning criteria: ``auc`` of evaluated success on held-out training tasks."""
@@ -210,32 +211,48 @@ def default_candidate(base: Options, grid: Sequence[dict[str, Any]]) -> dict[str
 
 def decide(scores_per_seed: Sequence[Sequence[float]], grid: Sequence[dict[str, Any]], base: Options,
            alpha: float = 0.05) -> dict[str, Any]:
-    """The tuning's choice and the power behind it (``per_env[env]["tuning"][kind]``):
+    """The tuning's choice and the power behind it (``per_env[env]["tuning"][kind]``), by
+    :func:`~bpo_experiments.significance.choose_candidate`:
 
-    * ``f_test``: :func:`~bpo_experiments.significance.one_way_anova` of the candidates' scores (one
-      group per candidate, its tuning seeds the replicates): ``F``, ``dof``, ``p``, their
-      ``spread`` (the best mean minus the worst) and ``detectable_difference`` (the smallest
-      difference of two candidates' means it detects with 80% power);
-    * ``distinguishable``: ``p < alpha``. Then ``chosen`` is the candidate with the highest mean
-      (:func:`choose`); otherwise ``kept_defaults`` is True and ``chosen`` is ``base``: the grid's
-      candidate equal to it (``chosen_index``), else ``base`` written as a candidate
+    * ``f_test``: the one-way F-test across the candidates (one group per candidate, its tuning
+      seeds the replicates): ``F``, ``dof``, ``p``, their ``spread`` (the best mean minus the
+      worst) and ``detectable_difference`` (the smallest difference of two candidates' means it
+      detects with 80% power);
+    * ``vs_default``: where the defaults (``base``) are a candidate of the grid, every candidate
+      against them (t-tests on the pooled within-candidate variance, Holm-adjusted);
+      ``distinguishable``: some candidate beats them detectably. Then ``chosen`` is the highest
+      mean of those; otherwise ``kept_defaults`` is True and ``chosen`` is the defaults: the
+      grid's candidate equal to them (``chosen_index``). Where the defaults are not a candidate,
+      the F-test decides (the highest mean when it rejects), else ``base`` written as a candidate
       (:func:`default_candidate`; ``chosen_index`` None);
     * ``best_index``: the highest mean either way; ``decision``: the sentence the report prints.
     """
     best, means = choose(scores_per_seed)
-    test = one_way_anova(scores_per_seed, alpha=alpha)
-    out: dict[str, Any] = {"scores": means, "best_index": best, "f_test": test, "distinguishable": test["distinguishable"],
-                           "detectable_difference": test["detectable_difference"]}
-    if test["distinguishable"]:
-        return {**out, "chosen": grid[best], "chosen_index": best, "kept_defaults": False,
-                "decision": f"the candidates differ (F-test p {test['p']:.3g} < {alpha}): the highest mean is chosen"}
     defaults = default_candidate(base, grid)
     index = next((i for i, c in enumerate(grid) if default_candidate(replace(base, **c), grid) == defaults), None)
+    decision = choose_candidate(scores_per_seed, index, alpha)
+    test, versus = decision["f_test"], decision["vs_default"]
+    out: dict[str, Any] = {"scores": means, "best_index": best, "f_test": test, "vs_default": versus,
+                           "distinguishable": decision["distinguishable"], "detectable_difference": test["detectable_difference"]}
+    if not decision["kept_default"]:
+        chosen = decision["chosen"]
+        if versus is not None:
+            row = next(r for r in versus["comparisons"] if r["index"] == chosen)
+            why = (f"a candidate beats the defaults detectably (+{row['diff']:.3g}, Holm-adjusted p "
+                   f"{row['p_holm']:.3g} < {alpha}): the highest mean of those is chosen")
+        else:
+            why = f"the candidates differ (F-test p {test['p']:.3g} < {alpha}): the highest mean is chosen"
+        return {**out, "chosen": grid[chosen], "chosen_index": chosen, "kept_defaults": False, "decision": why}
     if index is not None:
         defaults = dict(grid[index])  # the defaults as the grid writes them
     if test["p"] is None:
         why = (f"no test across the candidates is possible ({test['dof'][1]} degrees of freedom within them: "
                "give at least 2 tuning seeds)")
+    elif versus is not None:
+        tested = [r["p_holm"] for r in versus["comparisons"] if r["p_holm"] is not None]
+        why = (f"the candidates could not be told apart from the defaults (no candidate above them at Holm-adjusted "
+               f"p < {alpha}; the smallest {min(tested):.3g}; F-test across all p {test['p']:.3g}, their spread "
+               f"{test['spread']:.3g}, the smallest difference this tuning could detect {test['detectable_difference']:.3g})")
     else:
         why = (f"the candidates could not be told apart (F-test p {test['p']:.3g} >= {alpha}; their spread "
                f"{test['spread']:.3g}, the smallest difference this tuning could detect {test['detectable_difference']:.3g})")
