@@ -1,0 +1,136 @@
+"""ALFWorld's cache of derived texts (bpo_envs/alfworld/derived.py): the same episodes, text for
+text, with the cache off, on and filled; a key without the state is caught."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from alfworld_support import private_cache
+
+pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
+pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
+
+import gymnasium as gym  # noqa: E402
+
+import bpo_envs  # noqa: E402
+from bpo_envs.alfworld.derived import DERIVED, DerivedTexts, game_identity  # noqa: E402
+from bpo_envs.alfworld.engine import AlfredEngine  # noqa: E402
+
+TASKS = ("pick_and_place_simple/0001", "look_at_obj_in_light/0001")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    with private_cache(tmp_path_factory, "alfworld-derived-cache"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def envs() -> list[gym.Env]:
+    made = [gym.make("BPO-ALFWorld-v0", games_per_type=2, expert="handcoded") for _ in range(2)]
+    yield made
+    for env in made:
+        env.close()
+
+
+def _seen(env: gym.Env, out: Any) -> tuple[Any, Any]:
+    # what the agent sees, and textworld's own list of the state's commands in its order
+    return out, list(env.unwrapped._engine.game_state()["_valid_commands"])
+
+
+def _choose(rng: random.Random, admissible: list[str], i: int) -> str:
+    # "inventory" every third step and "take" where it can: texts that the same command derives
+    # differently in different states (the key must tell them apart)
+    if i % 3 == 2 and "inventory" in admissible:
+        return "inventory"
+    takes = [a for a in admissible if a.startswith("take ")]
+    return rng.choice(takes or admissible)
+
+
+def play(env: gym.Env, seed: int = 0, steps: int = 14) -> list[Any]:
+    """Random admissible walks on every task of :data:`TASKS`, with a native snapshot restored
+    mid-episode (a second walk from it) and a portable one (a re-rooted game): every reset and
+    step result (observation, reward, flags, info with the admissible list) and textworld's list
+    of commands."""
+    rng = random.Random(seed)
+    seen: list[Any] = []
+    for task in TASKS:
+        obs, info = env.reset(options={"task_id": task})
+        seen.append(_seen(env, (obs, info)))
+        snap = portable = None
+        for i in range(steps):
+            out = env.step(_choose(rng, info["admissible_actions"], i))
+            seen.append(_seen(env, out))
+            info = out[4]
+            if i == steps // 3:
+                snap = bpo_envs.snapshot(env)
+            if i == steps // 2:
+                portable = bpo_envs.snapshot(env).portable()
+            if out[2] or out[3]:
+                break
+        for saved in (snap, portable):
+            if saved is None:
+                continue
+            bpo_envs.restore(env, saved)
+            info = env.unwrapped._info(env.unwrapped.task_id)
+            for i in range(steps // 2):
+                out = env.step(_choose(rng, info["admissible_actions"], i))
+                seen.append(_seen(env, out))
+                info = out[4]
+                if out[2] or out[3]:
+                    break
+    return seen
+
+
+def test_cached_texts_equal_textworlds_derivations(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
+    DERIVED.clear()
+    monkeypatch.setattr(DERIVED, "enabled", False)
+    reference = play(envs[0])
+    assert DERIVED.hits == DERIVED.misses == 0 and len(DERIVED) == 0
+    monkeypatch.setattr(DERIVED, "enabled", True)
+    cold = play(envs[0])
+    misses = DERIVED.misses
+    assert misses > 0
+    warm = play(envs[1])  # another engine of the process: every state met before
+    assert DERIVED.misses == misses, "the second pass derived text the first had kept"
+    assert DERIVED.hits > misses
+    assert cold == reference
+    assert warm == reference
+    # another walk (other states) still equals textworld's own derivations
+    other = play(envs[1], seed=1)
+    monkeypatch.setattr(DERIVED, "enabled", False)
+    assert play(envs[0], seed=1) == other
+
+
+def test_a_key_without_the_state_is_caught(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broken case the equality check must catch: a key that omits the state's facts (the
+    game only) gives one state's texts for another's."""
+    DERIVED.clear()
+    monkeypatch.setattr(DERIVED, "enabled", False)
+    reference = play(envs[0], seed=2)
+    monkeypatch.setattr(DERIVED, "enabled", True)
+
+    def game_only(self: AlfredEngine) -> tuple[str, frozenset]:
+        return game_identity(self._pddl_env), frozenset()
+
+    monkeypatch.setattr(AlfredEngine, "_state_key", game_only)
+    assert play(envs[0], seed=2) != reference
+    DERIVED.clear()
+
+
+def test_the_cache_is_bounded(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = DerivedTexts(max_texts=40)
+    for i in range(100):
+        cache.put(("state", i), f"text {i}")
+        assert len(cache) <= 40
+    assert cache.get(("state", 99)) == "text 99" and cache.get(("state", 0)) is None
+    DERIVED.clear()
+    monkeypatch.setattr(DERIVED, "max_texts", 40)
+    monkeypatch.setattr(DERIVED, "enabled", False)
+    reference = play(envs[0], seed=3)
+    monkeypatch.setattr(DERIVED, "enabled", True)
+    assert play(envs[0], seed=3) == reference  # texts dropped mid-episode are derived again
+    assert len(DERIVED) == 40
+    DERIVED.clear()
