@@ -134,3 +134,22 @@ def test_the_cache_is_bounded(envs: list[gym.Env], monkeypatch: pytest.MonkeyPat
     assert play(envs[0], seed=3) == reference  # texts dropped mid-episode are derived again
     assert len(DERIVED) == 40
     DERIVED.clear()
+
+
+def test_chained_facts_are_textworlds_facts_in_its_order(envs: list[gym.Env]) -> None:
+    """``engine_patches``' ``State.facts`` (chained in C) lists what textworld's generator lists,
+    in its order; the broken case: the same facts in another order is told apart."""
+    from textworld.logic import State
+
+    from bpo_envs.alfworld._upstream import _chained_facts
+
+    env = envs[0]
+    env.reset(options={"task_id": TASKS[0]})
+    rng = random.Random(4)
+    info = env.unwrapped._info(TASKS[0])
+    for i in range(6):
+        info = env.step(_choose(rng, info["admissible_actions"], i))[4]
+    state = env.unwrapped._engine._pddl_env._pddl_state
+    textworld_order = list(State.__dict__["facts"].fget(state))  # outside an engine block: textworld's own generator
+    assert list(_chained_facts(state)) == textworld_order
+    assert list(reversed(list(_chained_facts(state)))) != textworld_order

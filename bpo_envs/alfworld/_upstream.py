@@ -9,8 +9,10 @@
   derivation context on every step (≈40-70 ms a step). :func:`engine_patches` swaps in, for the
   duration of a block, a translation that keeps ``sys.argv`` and is memoised per (domain,
   problem) text, a memoised parse of the game's grammar file, memoised template/query parses
-  and shallow context copies. The derived text is the same (the derivation only reads the
-  copied contexts); only the time changes.
+  shallow context copies, and a state's ``facts`` chained in C instead of a Python generator
+  (the same facts in the same order; ``_gather_infos`` lists them once per applicable action).
+  The derived text is the same (the derivation only reads the copied contexts); only the time
+  changes.
 * The first load of a game in a process still translates its problem and parses its grammar
   (≈0.2-0.5 s). :func:`load_translation` / :func:`save_translation` keep both on disk, in a
   file beside the game (:func:`translation_path`), so a new process reads them instead.
@@ -22,6 +24,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import pickle
@@ -399,6 +402,13 @@ def _pddl_state_factory(original: Any) -> Any:
     return make
 
 
+def _chained_facts(self: Any) -> Iterator[Any]:
+    """``State.facts``: the facts of every signature's set, in the order textworld's generator
+    yields them, iterated in C (``_gather_infos`` lists them once per applicable action)."""
+    return itertools.chain.from_iterable(self._facts.values())
+
+
+_CHAINED_FACTS = property(_chained_facts)
 _saved: dict[str, Any] = {}
 _ENGINE_LOCK = threading.RLock()
 """Held for every engine block: textworld parses with module-level TatSu parsers and grammar
@@ -421,6 +431,7 @@ def _patched() -> Iterator[None]:
     fd = upstream()["fast_downward"]
     import textworld.envs.pddl.logic as pddl_logic
     import textworld.envs.pddl.textgen as textgen
+    import textworld.logic as textworld_logic
 
     with _LOCK:
         if _patch_depth == 0:
@@ -434,10 +445,12 @@ def _patched() -> Iterator[None]:
                 _saved["__fast_logic__"] = _cached_logic_parse(pddl_logic._parse_and_convert)
                 _saved["__state__"] = pddl_logic.PddlState
                 _saved["__fast_state__"] = _pddl_state_factory(pddl_logic.PddlState)
+                _saved["__facts__"] = textworld_logic.State.__dict__["facts"]
             for name, value in _saved["__fast__"].items():
                 setattr(textgen, name, value)
             pddl_logic._parse_and_convert = _saved["__fast_logic__"]
             pddl_logic.PddlState = _saved["__fast_state__"]
+            textworld_logic.State.facts = _CHAINED_FACTS
         _patch_depth += 1
     try:
         yield
@@ -450,6 +463,7 @@ def _patched() -> Iterator[None]:
                     setattr(textgen, name, _saved[name])
                 pddl_logic._parse_and_convert = _saved["__logic__"]
                 pddl_logic.PddlState = _saved["__state__"]
+                textworld_logic.State.facts = _saved["__facts__"]
                 _REUSE.state = None
 
 
