@@ -16,7 +16,11 @@ The small job: ``bpo-compare --envs ENV --algorithms rloo bpo --treatment bpo --
 --updates 4 --eval-every 4 --positive-control none --calibration-control none --jobs 1`` (plus
 ``--job-args``' extra flags per env; ``--alfworld-default``: ALFWorld's job is instead the CPU
 default's initial job with its behaviour cloning and a short RLOO run, :data:`ALFWORLD_DEFAULT_JOB`,
-each job with its own empty expert-demo cache unless ``--demos-cache`` names one folder for all).
+each job with its own empty expert-demo cache unless ``--demos-cache`` names one folder for all;
+``--alfworld-run``: the initial job and the default's full RLOO and frozen runs, :data:`ALFWORLD_RUN_JOB`).
+``--py-spy BINARY`` samples every plain run with py-spy (all threads: an env stepped on a pool
+thread is on-CPU there, which cProfile, main thread only, does not see) and adds the shares of
+the on-CPU samples by part (:data:`SPY_PARTS`).
 Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
 the cloning and the evaluations; the runs, and in them their evaluations) and every run's
 results, so that before and after can be compared result for result. Counted in the job's own process: *env steps*, every
@@ -284,6 +288,51 @@ def shares(profile: Path) -> dict[str, Any]:
     }
 
 
+SPY_PARTS = {
+    # (function name or None for any, a part of its file's path): a sample is in the part when a frame of its stack matches
+    "initial job": [("initial_job", "bpo_experiments/runner.py")],
+    "runs": [("run_one", "bpo_experiments/runner.py")],
+    "evaluation": [("evaluate_episodes", "bpo_experiments/evaluation.py")],
+    "expert demos": [("_expert_demos", "bpo_experiments/build.py")],
+    "behaviour cloning": [("behaviour_cloning", "bpo_algos/policy/sft.py")],
+    "env (bpo_envs)": [(None, "bpo_envs/")],
+    "ALFWorld reset (ALFWorldEnv._reset_task)": [("_reset_task", "bpo_envs/alfworld/env.py")],
+    "ALFWorld game loads (AlfredEngine.load)": [("load", "bpo_envs/alfworld/engine.py")],
+    "ALFWorld translations read from disk (load_translation)": [("load_translation", "bpo_envs/alfworld/_upstream.py")],
+    "ALFWorld step (ALFWorldEnv._step)": [("_step", "bpo_envs/alfworld/env.py")],
+    "ALFWorld admissible commands (PddlEnv._gather_infos)": [("_gather_infos", "textworld/envs/pddl/pddl.py")],
+    "ALFWorld grammar derivations (textgen derive)": [("derive", "textworld/envs/pddl/textgen/")],
+    "ALFWorld handcoded expert": [(None, "bpo_envs/alfworld/expert.py"), (None, "alfworld/agents/expert/")],
+    "policy (bpo_algos/policy)": [(None, "bpo_algos/policy/")],
+    "backward": [("backward", "torch/_tensor.py"), ("backward", "torch/autograd/__init__.py")],
+    "optimizer step": [("step", "torch/optim/")],
+}
+"""The parts :func:`spy_shares` reports (they nest and overlap: the env inside evaluation inside a run)."""
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """``(function, file)`` of a py-spy raw frame, ``"function (file:line)"``."""
+    name, _, rest = frame.partition(" (")
+    return name, rest.rpartition(":")[0].replace(os.sep, "/")
+
+
+def spy_shares(raw: Path) -> dict[str, Any]:
+    """Shares of the on-CPU samples of a py-spy ``--format raw`` profile (every thread; py-spy
+    leaves idle threads out) whose stack holds a frame of each of :data:`SPY_PARTS`."""
+    total = 0
+    counts = dict.fromkeys(SPY_PARTS, 0)
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        frames = [_frame(f) for f in stack.split(";")]
+        total += int(n)
+        for part, matches in SPY_PARTS.items():
+            if any((name is None or f[0] == name) and where in f[1] for name, where in matches for f in frames):
+                counts[part] += int(n)
+    return {"samples": total, "share": {k: v / total for k, v in counts.items()} if total else {}}
+
+
 def _top(profile: Path, path: Path, header: str) -> None:
     with path.open("w") as f:
         f.write(header + "\n\n")
@@ -294,7 +343,7 @@ def _top(profile: Path, path: Path, header: str) -> None:
 
 # ---- the parent --------------------------------------------------------------------------------
 def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: Path, alfworld_default: bool | str = False,
-         demos_cache: Path | None = None) -> dict[str, Any]:
+         demos_cache: Path | None = None, spy: tuple[str, Path] | None = None) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"bench-main-job-{env}-", dir=scratch))
     result_path = out.with_suffix(".json")
     if alfworld_default and env == "alfworld":
@@ -303,6 +352,8 @@ def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: 
         job = [*SMALL_JOB, *JOB_ARGS.get(env, [])]
     argv = ["--envs", env, *job, *extra, "--out", str(out / "job")]
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(argv), str(result_path), str(profile or "")]
+    if spy is not None:  # sampled by py-spy (every thread, 25 a second, without stopping the process)
+        command = [spy[0], "record", "--nonblocking", "--rate", "25", "--format", "raw", "-o", str(spy[1]), "--", *command]
     environ = {**os.environ, "PYTHONPATH": str(code)}
     if demos_cache is not None:  # the expert demos' file cache (a checkout without one ignores it)
         environ["BPO_DEMOS_CACHE"] = str(demos_cache)
@@ -323,7 +374,8 @@ def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: 
     for warm in sorted((out / "job" / "runs").glob("*/_initial/seed*/initial.json")):
         saved = json.loads(warm.read_text())
         initial[str(warm.parent.relative_to(out / "job" / "runs"))] = {k: saved.get(k) for k in ("success", "wins", "extra")}
-    return {"process_wall_seconds": wall, **child, "uptime_before": before, "uptime_after": _uptime(), "runs": runs, "initial": initial,
+    spied = {"py_spy": {"file": spy[1].name, **spy_shares(spy[1])}} if spy is not None else {}
+    return {"process_wall_seconds": wall, **child, **spied, "uptime_before": before, "uptime_after": _uptime(), "runs": runs, "initial": initial,
             "decisions_per_second": child["decisions"] / child["job_seconds"],
             "decisions_per_cpu_second": child["decisions"] / child["cpu_seconds"],
             "env_steps_per_second": child["env_steps"] / child["job_seconds"],
@@ -349,6 +401,8 @@ def main() -> None:
                         "(ALFWORLD_DEFAULT_JOB) instead of the small job without cloning")
     parser.add_argument("--alfworld-run", action="store_true",
                         help="ALFWorld's job is the CPU default's initial job and its full RLOO and frozen runs (ALFWORLD_RUN_JOB)")
+    parser.add_argument("--py-spy", metavar="PY_SPY", help="sample each plain run with this py-spy binary (every thread; "
+                        "cProfile sees the main thread only): spy-LABEL-ENV-ROUND.txt beside results.json and shares in it")
     parser.add_argument("--demos-cache", help="the expert demos' file cache of every job (default: a new empty folder per job, so "
                         "each collects its demos; a folder kept across jobs measures the jobs after the first with them on disk)")
     args = parser.parse_args()
@@ -372,7 +426,8 @@ def main() -> None:
         for env in args.envs:
             for code, label in zip(codes, labels, strict=True):
                 row = {"round": r, "env": env, "label": label, "code": str(code), "commit": _git(code)}
-                row["plain"] = _one(code, env, extra, None, scratch, alfworld_job, demos())
+                spy = (args.py_spy, out / f"spy-{label}-{env}-{r}.txt") if args.py_spy else None
+                row["plain"] = _one(code, env, extra, None, scratch, alfworld_job, demos(), spy)
                 print(f"{label} {env} plain: {row['plain']['job_seconds']:.1f} s ({row['plain']['uptime_before']})", flush=True)
                 if not args.no_profile:
                     profile = scratch / f"{label}-{env}-{r}.prof"
