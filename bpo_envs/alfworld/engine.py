@@ -169,7 +169,7 @@ class AlfredEngine:
             identity = game_identity(env)
             self._game_ref = (identity, DERIVED.reference(identity, facts))
         identity, reference = self._game_ref
-        return identity, facts ^ reference
+        return identity, frozenset(iter(facts ^ reference))  # a new table sized for the few facts that differ
 
     def _sync(self) -> None:
         self._admissible = tuple(self._pddl_env.state["admissible_commands"])
