@@ -289,7 +289,8 @@ def shares(profile: Path) -> dict[str, Any]:
 
 
 SPY_PARTS = {
-    # (function name or None for any, a part of its file's path): a sample is in the part when a frame of its stack matches
+    # (function name or None for any, a part of its file's path): a sample is in the part when a frame of its stack matches;
+    # the phases (initial job, runs, evaluation) hold the main thread's samples only: a pool thread's stack starts at its own loop
     "initial job": [("initial_job", "bpo_experiments/runner.py")],
     "runs": [("run_one", "bpo_experiments/runner.py")],
     "evaluation": [("evaluate_episodes", "bpo_experiments/evaluation.py")],
@@ -311,7 +312,7 @@ SPY_PARTS = {
 
 
 def _frame(frame: str) -> tuple[str, str]:
-    """``(function, file)`` of a py-spy raw frame, ``"function (file:line)"``."""
+    """``(function, file)`` of a py-spy raw frame, ``"Class.function (file:line)"`` (the function's qualified name)."""
     name, _, rest = frame.partition(" (")
     return name, rest.rpartition(":")[0].replace(os.sep, "/")
 
@@ -328,7 +329,7 @@ def spy_shares(raw: Path) -> dict[str, Any]:
         frames = [_frame(f) for f in stack.split(";")]
         total += int(n)
         for part, matches in SPY_PARTS.items():
-            if any((name is None or f[0] == name) and where in f[1] for name, where in matches for f in frames):
+            if any((name is None or f[0] == name or f[0].endswith("." + name)) and where in f[1] for name, where in matches for f in frames):
                 counts[part] += int(n)
     return {"samples": total, "share": {k: v / total for k, v in counts.items()} if total else {}}
 

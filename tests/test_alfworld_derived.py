@@ -27,6 +27,12 @@ def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _every_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the walks go deeper than the cached depth: cache every state they meet
+    monkeypatch.setattr(DERIVED, "depth", 1000)
+
+
 @pytest.fixture(scope="module")
 def envs() -> list[gym.Env]:
     made = [gym.make("BPO-ALFWorld-v0", games_per_type=2, expert="handcoded") for _ in range(2)]
@@ -156,3 +162,18 @@ def test_chained_facts_are_textworlds_facts_in_its_order(envs: list[gym.Env]) ->
     textworld_order = list(State.__dict__["facts"].fget(state))  # outside an engine block: textworld's own generator
     assert list(_chained_facts(state)) == textworld_order
     assert list(reversed(list(_chained_facts(state)))) != textworld_order
+
+
+def test_only_states_near_the_reset_are_kept(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DERIVED.depth`` 0: the reset's texts are kept, a step's are not; the broken case, a step
+    at depth 1 with depth 1 allowed, keeps more."""
+    env = envs[0]
+    for depth, grows in ((0, False), (1, True)):
+        DERIVED.clear()
+        monkeypatch.setattr(DERIVED, "depth", depth)
+        _, info = env.reset(options={"task_id": TASKS[0]})
+        at_reset = len(DERIVED)
+        assert at_reset > 0
+        env.step(info["admissible_actions"][0])
+        assert (len(DERIVED) > at_reset) is grows
+    DERIVED.clear()

@@ -326,6 +326,8 @@ def _clone(obj: Any) -> Any:
 
 
 _TEXTGEN_SYMBOL: list[Any] = [type(None)]
+_FLAGS: dict[tuple[str, bool], bool] = {}
+_EVAL_CODE: dict[str, Any] = {}
 _PARSES: dict[tuple[Any, ...], Any] = {}
 _QUERIES: dict[str, Any] = {}
 
@@ -362,7 +364,33 @@ def _fast_textgen(textgen: Any) -> dict[str, Any]:
     def deepcopy(obj: Any, memo: Any = None) -> Any:
         return _clone(obj)
 
+    original_check_flag = textgen.check_flag
+
+    def check_flag(flag: str, default: bool = False) -> bool:
+        # read once per engine block (the derivation asks at every symbol it pops)
+        key = (flag, default)
+        value = _FLAGS.get(key)
+        if value is None:
+            value = _FLAGS[key] = original_check_flag(flag, default)
+        return value
+
+    terminal = textgen.TerminalSymbol
+
+    def eval_derive(self: Any, context: Any = None) -> Any:
+        # EvalSymbol.derive: ``eval`` of the expression in the method's own scope (``self``,
+        # ``context``, then the variables, as its ``locals().update``) and textgen's globals,
+        # with the expression compiled once instead of at every call
+        context = context or self.context
+        scope = {"self": self, "context": context}
+        scope.update(context["variables"])
+        code = _EVAL_CODE.get(self.expression)
+        if code is None:
+            code = _EVAL_CODE[self.expression] = compile(self.expression, "<string>", "eval", dont_inherit=True)
+        return [terminal(eval(code, textgen.__dict__, scope))]  # noqa: S307 - textworld's own grammar expression, as upstream
+
+    _saved["__fast_eval__"] = eval_derive
     return {
+        "check_flag": check_flag,
         "_parse_and_convert": parse_and_convert,
         "Rule": RuleShim,
         "copy_context": copy_context,
@@ -439,7 +467,8 @@ def _patched() -> Iterator[None]:
             fd.pddl2sas = _cached_pddl2sas
             if not _saved:
                 _TEXTGEN_SYMBOL[0] = textgen.Symbol
-                _saved.update({name: getattr(textgen, name) for name in ("_parse_and_convert", "Rule", "copy_context", "deepcopy")})
+                _saved.update({name: getattr(textgen, name) for name in ("check_flag", "_parse_and_convert", "Rule", "copy_context", "deepcopy")})
+                _saved["__eval__"] = textgen.EvalSymbol.__dict__["derive"]
                 _saved["__fast__"] = _fast_textgen(textgen)
                 _saved["__logic__"] = pddl_logic._parse_and_convert
                 _saved["__fast_logic__"] = _cached_logic_parse(pddl_logic._parse_and_convert)
@@ -451,6 +480,8 @@ def _patched() -> Iterator[None]:
             pddl_logic._parse_and_convert = _saved["__fast_logic__"]
             pddl_logic.PddlState = _saved["__fast_state__"]
             textworld_logic.State.facts = _CHAINED_FACTS
+            textgen.EvalSymbol.derive = _saved["__fast_eval__"]
+            _FLAGS.clear()
         _patch_depth += 1
     try:
         yield
@@ -464,6 +495,7 @@ def _patched() -> Iterator[None]:
                 pddl_logic._parse_and_convert = _saved["__logic__"]
                 pddl_logic.PddlState = _saved["__state__"]
                 textworld_logic.State.facts = _saved["__facts__"]
+                textgen.EvalSymbol.derive = _saved["__eval__"]
                 _REUSE.state = None
 
 

@@ -42,6 +42,12 @@ from typing import Any
 
 DERIVED_TEXTS_KEPT = int(os.environ.get("BPO_ALFWORLD_DERIVED_TEXTS", 2**18))
 """How many derived texts the process keeps ($BPO_ALFWORLD_DERIVED_TEXTS; 0 turns the cache off)."""
+CACHED_DEPTH = int(os.environ.get("BPO_ALFWORLD_DERIVED_DEPTH", 4))
+"""The deepest state (moves since its reset) whose texts are cached ($BPO_ALFWORLD_DERIVED_DEPTH):
+the states near a reset are met again (every evaluation point plays the same games from the same
+seeds, a group's episodes start alike); deeper ones seldom are (a full ALFWorld run with every
+state cached found 15% of its derivations kept, and its keys cost 7% of its CPU samples:
+docs/main-job.md, "ALFWorld's runs")."""
 GAMES_KEPT = 4096
 """How many games' reference fact sets the process keeps (about 10 KiB a game)."""
 
@@ -88,6 +94,7 @@ class DerivedTexts:
     def __init__(self, max_texts: int = DERIVED_TEXTS_KEPT) -> None:
         self.max_texts = max_texts
         self.enabled = max_texts > 0
+        self.depth = CACHED_DEPTH
         self._states: OrderedDict[StateKey, dict[tuple[str, ...], str]] = OrderedDict()
         self._count = 0
         self._references: OrderedDict[str, frozenset] = OrderedDict()

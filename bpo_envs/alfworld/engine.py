@@ -117,7 +117,7 @@ class AlfredEngine:
         with engine_patches():
             self.env.load(game)
             reuse_loaded_state(self._pddl_env._pddl_state)
-            with self._derivations():
+            with self._derivations(0):
                 state = self.env.reset()
         if store:
             save_translation(game_path, game)
@@ -133,7 +133,7 @@ class AlfredEngine:
             raise RuntimeError("no game loaded")
         if self._rooted:
             return self.load(self._game, str(self.problem_key), self._game_path)
-        with engine_patches(), self._derivations():
+        with engine_patches(), self._derivations(0):
             state = self.env.reset()
         self._new_epoch()
         return state.feedback
@@ -149,10 +149,14 @@ class AlfredEngine:
         self._sync()
 
     @contextlib.contextmanager
-    def _derivations(self) -> Iterator[None]:
+    def _derivations(self, depth: int) -> Iterator[None]:
         """Within the block (one reset after its load, or one step: the state is the same for
         every derivation after the reset's new state or the step's command), the game's grammar
-        answers from the process's cache of derived texts (:mod:`.derived`)."""
+        answers from the process's cache of derived texts (:mod:`.derived`) when the block's state
+        is ``depth`` <= ``DERIVED.depth`` moves from its reset (deeper states are seldom met twice)."""
+        if depth > DERIVED.depth:
+            yield
+            return
         env = self._pddl_env
         grammar = env._logic.grammar
         grammar.derive = StateDerivations(grammar.derive, lambda: env._pddl_state, self._state_key)
@@ -192,7 +196,8 @@ class AlfredEngine:
         anything else is answered with the engine's "Nothing happens." and changes nothing)."""
         if command not in self._admissible_set:
             return NOTHING_HAPPENS
-        with engine_patches(), self._derivations():
+        # the step's new state is at depth moves + 1 (textworld counts the moves since the reset)
+        with engine_patches(), self._derivations(self._pddl_env._moves + 1):
             state, _, _ = self.env.step(command)
         self._sync()
         return state.feedback
@@ -270,7 +275,7 @@ class AlfredEngine:
             names = dict(state.names)
             for key, info in self._pddl_env._entity_infos.items():
                 info.name = names.get(key, info.name)
-            with self._derivations():
+            with self._derivations(0):
                 self._pddl_env.reset()
         self._game, self._game_path = game, game_path
         self._rooted = True
