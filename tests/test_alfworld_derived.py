@@ -177,3 +177,36 @@ def test_only_states_near_the_reset_are_kept(envs: list[gym.Env], monkeypatch: p
         env.step(info["admissible_actions"][0])
         assert (len(DERIVED) > at_reset) is grows
     DERIVED.clear()
+
+
+def test_engine_patches_derive_textworlds_own_texts(envs: list[gym.Env]) -> None:
+    """Inside an engine block (flags read once, expressions compiled once, facts chained, parses
+    memoised) the grammar derives what textworld's unpatched code derives outside one: the intro
+    and every applicable action's command text of a state some steps in. The broken case: another
+    state's texts differ (the comparison can fail)."""
+    from bpo_envs.alfworld._upstream import engine_patches
+
+    env = envs[0]
+    _, info = env.reset(options={"task_id": TASKS[1]})
+    rng = random.Random(5)
+    for i in range(5):
+        info = env.step(_choose(rng, info["admissible_actions"], i))[4]
+    pddl_env = env.unwrapped._engine._pddl_env
+
+    def texts() -> list[str]:
+        state, infos = pddl_env._pddl_state, pddl_env._entity_infos
+        out = [pddl_env._logic.grammar.derive("#intro#", {"state": state, "facts": list(state.facts), "variables": {},
+                                                          "mapping": {}, "entity_infos": infos})]
+        for action in state.all_applicable_actions():
+            context = {"state": state, "facts": list(state.facts), "mapping": action.mapping, "entity_infos": infos,
+                       "variables": {ph.name: infos[var.name] for ph, var in action.mapping.items()}}
+            out.append(pddl_env._logic.grammar.derive(pddl_env._logic.actions[action.name].template, context))
+        return out
+
+    textworld_own = texts()
+    with engine_patches():
+        patched = texts()
+    assert patched == textworld_own
+    env.step(next(a for a in info["admissible_actions"] if a.startswith("go to ")))  # another place: another state
+    with engine_patches():
+        assert texts() != textworld_own
