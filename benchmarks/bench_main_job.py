@@ -16,7 +16,11 @@ The small job: ``bpo-compare --envs ENV --algorithms rloo bpo --treatment bpo --
 --updates 4 --eval-every 4 --positive-control none --calibration-control none --jobs 1`` (plus
 ``--job-args``' extra flags per env; ``--alfworld-default``: ALFWorld's job is instead the CPU
 default's initial job with its behaviour cloning and a short RLOO run, :data:`ALFWORLD_DEFAULT_JOB`,
-each job with its own empty expert-demo cache unless ``--demos-cache`` names one folder for all).
+each job with its own empty expert-demo cache unless ``--demos-cache`` names one folder for all;
+``--alfworld-run``: the initial job and the default's full RLOO and frozen runs, :data:`ALFWORLD_RUN_JOB`).
+``--py-spy BINARY`` samples every plain run with py-spy (all threads: an env stepped on a pool
+thread is on-CPU there, which cProfile, main thread only, does not see) and adds the shares of
+the on-CPU samples by part (:data:`SPY_PARTS`).
 Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
 the cloning and the evaluations; the runs, and in them their evaluations) and every run's
 results, so that before and after can be compared result for result. Counted in the job's own process: *env steps*, every
@@ -59,6 +63,12 @@ demos of 1,000 games, 10 cloning epochs, the warm start on 140 valid_seen + 134 
 games), one RLOO run of 2 updates evaluated after update 2 (140 games) and at its end (134), and
 ``frozen`` (2 updates of collection; its evaluations are the warm start's) as the comparator the command
 line asks for."""
+ALFWORLD_RUN_JOB = ["--algorithms", "rloo", "frozen", "--treatment", "rloo", "--comparator", "frozen", "--seeds", "0", "--no-tune",
+                    "--positive-control", "none", "--calibration-control", "none", "--jobs", "1", "--no-progress"]
+"""``--alfworld-run``: the CPU default's ALFWorld runs as they are (12 updates of 800 env steps,
+evaluated on the 140 valid_seen games at updates 0, 2, ..., 12 and on the 134 valid_unseen games at
+the end): one RLOO run and one ``frozen`` run after the initial job (``--job-args "--config
+FILE"`` changes the setting, e.g. fewer training games for a cheaper warm start)."""
 JOB_ARGS = {
     # ALFWorld's initial policy without behaviour cloning (its expert trajectories on 1,000
     # games take longer than the whole job): the runs, probes and evaluations are the default's
@@ -156,6 +166,10 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
         profiler.dump_stats(str(profile_path))
     result = {"wall_seconds": time.perf_counter() - started, "job_seconds": job_seconds, "cpu_seconds": time.process_time(),
               "env_steps": next(counts["env_steps"]), "decisions": counts["decisions"], "cpu_seconds_by_phase": cpu}
+    derived = sys.modules.get("bpo_envs.alfworld.derived")  # ALFWorld's cache of derived texts, where the code has one
+    if derived is not None:
+        cache = derived.DERIVED
+        result["alfworld_derived_texts"] = {"hits": cache.hits, "misses": cache.misses, "kept": len(cache), "bound": cache.max_texts}
     result_path.write_text(json.dumps(result))
 
 
@@ -250,13 +264,74 @@ def shares(profile: Path) -> dict[str, Any]:
     engine = _self_time(raw, lambda f: _in(f, *ENGINE))
     components = {"env": env, "policy forward": policy, "backward": backward, "engine bookkeeping": engine}
     components["other"] = total - sum(components.values())
+    # inside ALFWorld's env (cumulative seconds; they nest: the derivations are inside resets and steps)
+    alfworld = {
+        "env reset (ALFWorldEnv._reset_task)": _cum(raw, "bpo_envs/alfworld/env.py", "_reset_task"),
+        "env step (ALFWorldEnv._step)": _cum(raw, "bpo_envs/alfworld/env.py", "_step"),
+        "game loads (AlfredEngine.load)": _cum(raw, "bpo_envs/alfworld/engine.py", "load"),
+        "translations read from disk (load_translation)": _cum(raw, "bpo_envs/alfworld/_upstream.py", "load_translation"),
+        "admissible commands (PddlEnv._gather_infos)": _cum(raw, "textworld/envs/pddl/pddl.py", "_gather_infos"),
+        "grammar derivations (ContextSensitiveGrammar.derive)": max(
+            [v[3] for f, v in raw.items() if "textworld/envs/pddl/textgen/__init__.py" in _where(f) and f[2] == "derive"], default=0.0),
+        "derivations asked of the cache (StateDerivations)": _cum(raw, "bpo_envs/alfworld/derived.py", "__call__"),
+        "handcoded expert (HandcodedExpert)": sum(v[3] for f, v in raw.items() if "bpo_envs/alfworld/expert.py" in _where(f)
+                                                  and f[2] in ("update", "__init__", "from_state")),
+    }
     return {
         "profiled_seconds": total,
         "phases_seconds": phases,
         "phases_share": {k: v / total for k, v in phases.items()},
         "components_seconds": components,
         "components_share": {k: v / total for k, v in components.items()},
+        "alfworld_seconds": {k: v for k, v in alfworld.items() if v},
+        "alfworld_share": {k: v / total for k, v in alfworld.items() if v},
     }
+
+
+SPY_PARTS = {
+    # (function name or None for any, a part of its file's path): a sample is in the part when a frame of its stack matches;
+    # the phases (initial job, runs, evaluation) hold the main thread's samples only: a pool thread's stack starts at its own loop
+    "initial job": [("initial_job", "bpo_experiments/runner.py")],
+    "runs": [("run_one", "bpo_experiments/runner.py")],
+    "evaluation": [("evaluate_episodes", "bpo_experiments/evaluation.py")],
+    "expert demos": [("_expert_demos", "bpo_experiments/build.py")],
+    "behaviour cloning": [("behaviour_cloning", "bpo_algos/policy/sft.py")],
+    "env (bpo_envs)": [(None, "bpo_envs/")],
+    "ALFWorld reset (ALFWorldEnv._reset_task)": [("_reset_task", "bpo_envs/alfworld/env.py")],
+    "ALFWorld game loads (AlfredEngine.load)": [("load", "bpo_envs/alfworld/engine.py")],
+    "ALFWorld translations read from disk (load_translation)": [("load_translation", "bpo_envs/alfworld/_upstream.py")],
+    "ALFWorld step (ALFWorldEnv._step)": [("_step", "bpo_envs/alfworld/env.py")],
+    "ALFWorld admissible commands (PddlEnv._gather_infos)": [("_gather_infos", "textworld/envs/pddl/pddl.py")],
+    "ALFWorld grammar derivations (textgen derive)": [("derive", "textworld/envs/pddl/textgen/")],
+    "ALFWorld handcoded expert": [(None, "bpo_envs/alfworld/expert.py"), (None, "alfworld/agents/expert/")],
+    "policy (bpo_algos/policy)": [(None, "bpo_algos/policy/")],
+    "backward": [("backward", "torch/_tensor.py"), ("backward", "torch/autograd/__init__.py")],
+    "optimizer step": [("step", "torch/optim/")],
+}
+"""The parts :func:`spy_shares` reports (they nest and overlap: the env inside evaluation inside a run)."""
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """``(function, file)`` of a py-spy raw frame, ``"Class.function (file:line)"`` (the function's qualified name)."""
+    name, _, rest = frame.partition(" (")
+    return name, rest.rpartition(":")[0].replace(os.sep, "/")
+
+
+def spy_shares(raw: Path) -> dict[str, Any]:
+    """Shares of the on-CPU samples of a py-spy ``--format raw`` profile (every thread; py-spy
+    leaves idle threads out) whose stack holds a frame of each of :data:`SPY_PARTS`."""
+    total = 0
+    counts = dict.fromkeys(SPY_PARTS, 0)
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        frames = [_frame(f) for f in stack.split(";")]
+        total += int(n)
+        for part, matches in SPY_PARTS.items():
+            if any((name is None or f[0] == name or f[0].endswith("." + name)) and where in f[1] for name, where in matches for f in frames):
+                counts[part] += int(n)
+    return {"samples": total, "share": {k: v / total for k, v in counts.items()} if total else {}}
 
 
 def _top(profile: Path, path: Path, header: str) -> None:
@@ -268,13 +343,18 @@ def _top(profile: Path, path: Path, header: str) -> None:
 
 
 # ---- the parent --------------------------------------------------------------------------------
-def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: Path, alfworld_default: bool = False,
-         demos_cache: Path | None = None) -> dict[str, Any]:
+def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: Path, alfworld_default: bool | str = False,
+         demos_cache: Path | None = None, spy: tuple[str, Path] | None = None) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"bench-main-job-{env}-", dir=scratch))
     result_path = out.with_suffix(".json")
-    job = ALFWORLD_DEFAULT_JOB if alfworld_default and env == "alfworld" else [*SMALL_JOB, *JOB_ARGS.get(env, [])]
+    if alfworld_default and env == "alfworld":
+        job = ALFWORLD_RUN_JOB if alfworld_default == "run" else ALFWORLD_DEFAULT_JOB
+    else:
+        job = [*SMALL_JOB, *JOB_ARGS.get(env, [])]
     argv = ["--envs", env, *job, *extra, "--out", str(out / "job")]
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(argv), str(result_path), str(profile or "")]
+    if spy is not None:  # sampled by py-spy (every thread, 25 a second, without stopping the process)
+        command = [spy[0], "record", "--nonblocking", "--rate", "25", "--format", "raw", "-o", str(spy[1]), "--", *command]
     environ = {**os.environ, "PYTHONPATH": str(code)}
     if demos_cache is not None:  # the expert demos' file cache (a checkout without one ignores it)
         environ["BPO_DEMOS_CACHE"] = str(demos_cache)
@@ -295,7 +375,8 @@ def _one(code: Path, env: str, extra: list[str], profile: Path | None, scratch: 
     for warm in sorted((out / "job" / "runs").glob("*/_initial/seed*/initial.json")):
         saved = json.loads(warm.read_text())
         initial[str(warm.parent.relative_to(out / "job" / "runs"))] = {k: saved.get(k) for k in ("success", "wins", "extra")}
-    return {"process_wall_seconds": wall, **child, "uptime_before": before, "uptime_after": _uptime(), "runs": runs, "initial": initial,
+    spied = {"py_spy": {"file": spy[1].name, **spy_shares(spy[1])}} if spy is not None else {}
+    return {"process_wall_seconds": wall, **child, **spied, "uptime_before": before, "uptime_after": _uptime(), "runs": runs, "initial": initial,
             "decisions_per_second": child["decisions"] / child["job_seconds"],
             "decisions_per_cpu_second": child["decisions"] / child["cpu_seconds"],
             "env_steps_per_second": child["env_steps"] / child["job_seconds"],
@@ -319,9 +400,14 @@ def main() -> None:
     parser.add_argument("--alfworld-default", action="store_true",
                         help="ALFWorld's job is the CPU default's initial job (demos, 10 cloning epochs, warm start) and one short RLOO run "
                         "(ALFWORLD_DEFAULT_JOB) instead of the small job without cloning")
+    parser.add_argument("--alfworld-run", action="store_true",
+                        help="ALFWorld's job is the CPU default's initial job and its full RLOO and frozen runs (ALFWORLD_RUN_JOB)")
+    parser.add_argument("--py-spy", metavar="PY_SPY", help="sample each plain run with this py-spy binary (every thread; "
+                        "cProfile sees the main thread only): spy-LABEL-ENV-ROUND.txt beside results.json and shares in it")
     parser.add_argument("--demos-cache", help="the expert demos' file cache of every job (default: a new empty folder per job, so "
                         "each collects its demos; a folder kept across jobs measures the jobs after the first with them on disk)")
     args = parser.parse_args()
+    alfworld_job: bool | str = "run" if args.alfworld_run else args.alfworld_default
     codes = [Path(c).resolve() for c in (args.code or [Path(__file__).resolve().parents[1]])]
     labels = args.labels or [_git(c) for c in codes]
     if len(labels) != len(codes):
@@ -336,16 +422,17 @@ def main() -> None:
         return Path(args.demos_cache) if args.demos_cache else Path(tempfile.mkdtemp(prefix="demos-", dir=scratch))
     if args.warm_up:
         for env in args.envs:
-            _one(codes[0], env, extra, None, scratch, args.alfworld_default, demos())
+            _one(codes[0], env, extra, None, scratch, alfworld_job, demos())
     for r in range(args.rounds):
         for env in args.envs:
             for code, label in zip(codes, labels, strict=True):
                 row = {"round": r, "env": env, "label": label, "code": str(code), "commit": _git(code)}
-                row["plain"] = _one(code, env, extra, None, scratch, args.alfworld_default, demos())
+                spy = (args.py_spy, out / f"spy-{label}-{env}-{r}.txt") if args.py_spy else None
+                row["plain"] = _one(code, env, extra, None, scratch, alfworld_job, demos(), spy)
                 print(f"{label} {env} plain: {row['plain']['job_seconds']:.1f} s ({row['plain']['uptime_before']})", flush=True)
                 if not args.no_profile:
                     profile = scratch / f"{label}-{env}-{r}.prof"
-                    row["profiled"] = _one(code, env, extra, profile, scratch, args.alfworld_default, demos())
+                    row["profiled"] = _one(code, env, extra, profile, scratch, alfworld_job, demos())
                     row["profiled"].update(shares(profile))
                     _top(profile, out / f"profile-{label}-{env}.txt",
                          f"cProfile of the small {env} job on {label} ({code}, {row['commit']}), round {r}; {row['profiled']['uptime_before']}")
@@ -364,6 +451,7 @@ def main() -> None:
                 summary[env][f"{name} speed-up {last} over {first}"] = {"per_round": ratios, "mean": sum(ratios) / len(ratios)}
     result = {"small_job": ["bpo-compare", "--envs", "ENV", *SMALL_JOB], "job_args": {**JOB_ARGS, "all": extra}, "warm_up": args.warm_up,
               "alfworld_default_job": ["bpo-compare", "--envs", "alfworld", *ALFWORLD_DEFAULT_JOB] if args.alfworld_default else None,
+              "alfworld_run_job": ["bpo-compare", "--envs", "alfworld", *ALFWORLD_RUN_JOB] if args.alfworld_run else None,
               "demos_cache": args.demos_cache or "a new empty folder per job",
               "cpu_count": os.cpu_count(), "rows": rows, "summary": summary}
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -9,8 +9,10 @@
   derivation context on every step (≈40-70 ms a step). :func:`engine_patches` swaps in, for the
   duration of a block, a translation that keeps ``sys.argv`` and is memoised per (domain,
   problem) text, a memoised parse of the game's grammar file, memoised template/query parses
-  and shallow context copies. The derived text is the same (the derivation only reads the
-  copied contexts); only the time changes.
+  shallow context copies, and a state's ``facts`` chained in C instead of a Python generator
+  (the same facts in the same order; ``_gather_infos`` lists them once per applicable action).
+  The derived text is the same (the derivation only reads the copied contexts); only the time
+  changes.
 * The first load of a game in a process still translates its problem and parses its grammar
   (≈0.2-0.5 s). :func:`load_translation` / :func:`save_translation` keep both on disk, in a
   file beside the game (:func:`translation_path`), so a new process reads them instead.
@@ -22,6 +24,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import pickle
@@ -323,6 +326,8 @@ def _clone(obj: Any) -> Any:
 
 
 _TEXTGEN_SYMBOL: list[Any] = [type(None)]
+_FLAGS: dict[tuple[str, bool], bool] = {}
+_EVAL_CODE: dict[str, Any] = {}
 _PARSES: dict[tuple[Any, ...], Any] = {}
 _QUERIES: dict[str, Any] = {}
 
@@ -359,7 +364,33 @@ def _fast_textgen(textgen: Any) -> dict[str, Any]:
     def deepcopy(obj: Any, memo: Any = None) -> Any:
         return _clone(obj)
 
+    original_check_flag = textgen.check_flag
+
+    def check_flag(flag: str, default: bool = False) -> bool:
+        # read once per engine block (the derivation asks at every symbol it pops)
+        key = (flag, default)
+        value = _FLAGS.get(key)
+        if value is None:
+            value = _FLAGS[key] = original_check_flag(flag, default)
+        return value
+
+    terminal = textgen.TerminalSymbol
+
+    def eval_derive(self: Any, context: Any = None) -> Any:
+        # EvalSymbol.derive: ``eval`` of the expression in the method's own scope (``self``,
+        # ``context``, then the variables, as its ``locals().update``) and textgen's globals,
+        # with the expression compiled once instead of at every call
+        context = context or self.context
+        scope = {"self": self, "context": context}
+        scope.update(context["variables"])
+        code = _EVAL_CODE.get(self.expression)
+        if code is None:
+            code = _EVAL_CODE[self.expression] = compile(self.expression, "<string>", "eval", dont_inherit=True)
+        return [terminal(eval(code, textgen.__dict__, scope))]  # noqa: S307 - textworld's own grammar expression, as upstream
+
+    _saved["__fast_eval__"] = eval_derive
     return {
+        "check_flag": check_flag,
         "_parse_and_convert": parse_and_convert,
         "Rule": RuleShim,
         "copy_context": copy_context,
@@ -399,6 +430,13 @@ def _pddl_state_factory(original: Any) -> Any:
     return make
 
 
+def _chained_facts(self: Any) -> Iterator[Any]:
+    """``State.facts``: the facts of every signature's set, in the order textworld's generator
+    yields them, iterated in C (``_gather_infos`` lists them once per applicable action)."""
+    return itertools.chain.from_iterable(self._facts.values())
+
+
+_CHAINED_FACTS = property(_chained_facts)
 _saved: dict[str, Any] = {}
 _ENGINE_LOCK = threading.RLock()
 """Held for every engine block: textworld parses with module-level TatSu parsers and grammar
@@ -421,6 +459,7 @@ def _patched() -> Iterator[None]:
     fd = upstream()["fast_downward"]
     import textworld.envs.pddl.logic as pddl_logic
     import textworld.envs.pddl.textgen as textgen
+    import textworld.logic as textworld_logic
 
     with _LOCK:
         if _patch_depth == 0:
@@ -428,16 +467,21 @@ def _patched() -> Iterator[None]:
             fd.pddl2sas = _cached_pddl2sas
             if not _saved:
                 _TEXTGEN_SYMBOL[0] = textgen.Symbol
-                _saved.update({name: getattr(textgen, name) for name in ("_parse_and_convert", "Rule", "copy_context", "deepcopy")})
+                _saved.update({name: getattr(textgen, name) for name in ("check_flag", "_parse_and_convert", "Rule", "copy_context", "deepcopy")})
+                _saved["__eval__"] = textgen.EvalSymbol.__dict__["derive"]
                 _saved["__fast__"] = _fast_textgen(textgen)
                 _saved["__logic__"] = pddl_logic._parse_and_convert
                 _saved["__fast_logic__"] = _cached_logic_parse(pddl_logic._parse_and_convert)
                 _saved["__state__"] = pddl_logic.PddlState
                 _saved["__fast_state__"] = _pddl_state_factory(pddl_logic.PddlState)
+                _saved["__facts__"] = textworld_logic.State.__dict__["facts"]
             for name, value in _saved["__fast__"].items():
                 setattr(textgen, name, value)
             pddl_logic._parse_and_convert = _saved["__fast_logic__"]
             pddl_logic.PddlState = _saved["__fast_state__"]
+            textworld_logic.State.facts = _CHAINED_FACTS
+            textgen.EvalSymbol.derive = _saved["__fast_eval__"]
+            _FLAGS.clear()
         _patch_depth += 1
     try:
         yield
@@ -450,6 +494,8 @@ def _patched() -> Iterator[None]:
                     setattr(textgen, name, _saved[name])
                 pddl_logic._parse_and_convert = _saved["__logic__"]
                 pddl_logic.PddlState = _saved["__state__"]
+                textworld_logic.State.facts = _saved["__facts__"]
+                textgen.EvalSymbol.derive = _saved["__eval__"]
                 _REUSE.state = None
 
 

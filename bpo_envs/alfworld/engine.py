@@ -15,8 +15,10 @@ Two kinds of saved state:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from bpo_envs.alfworld._upstream import (
     save_translation,
     upstream,
 )
+from bpo_envs.alfworld.derived import DERIVED, StateDerivations, game_identity
 
 NOTHING_HAPPENS = "Nothing happens."
 _EPOCHS = itertools.count(1)
@@ -101,6 +104,7 @@ class AlfredEngine:
         self.names: tuple[tuple[str, str], ...] = ()
         self._admissible: tuple[str, ...] = ()
         self._admissible_set: frozenset[str] = frozenset()
+        self._game_ref: tuple[str, frozenset] | None = None  # the loaded game's identity and reference facts
 
     # ---- loading ---------------------------------------------------------------------------
     def load(self, game: dict[str, Any], problem_key: str, game_path: Path | None = None) -> str:
@@ -109,10 +113,12 @@ class AlfredEngine:
         The game's translation is read from disk where one is stored (beside ``game_path``, see
         :func:`~bpo_envs.alfworld._upstream.load_translation`) and stored after a first load."""
         store = not has_translation(game) and not load_translation(game_path, game)
+        self._game_ref = None
         with engine_patches():
             self.env.load(game)
             reuse_loaded_state(self._pddl_env._pddl_state)
-            state = self.env.reset()
+            with self._derivations(0):
+                state = self.env.reset()
         if store:
             save_translation(game_path, game)
         self._game, self._game_path = game, game_path
@@ -127,7 +133,7 @@ class AlfredEngine:
             raise RuntimeError("no game loaded")
         if self._rooted:
             return self.load(self._game, str(self.problem_key), self._game_path)
-        with engine_patches():
+        with engine_patches(), self._derivations(0):
             state = self.env.reset()
         self._new_epoch()
         return state.feedback
@@ -141,6 +147,33 @@ class AlfredEngine:
     def _new_epoch(self) -> None:
         self.epoch = next(_EPOCHS)
         self._sync()
+
+    @contextlib.contextmanager
+    def _derivations(self, depth: int) -> Iterator[None]:
+        """Within the block (one reset after its load, or one step: the state is the same for
+        every derivation after the reset's new state or the step's command), the game's grammar
+        answers from the process's cache of derived texts (:mod:`.derived`) when the block's state
+        is ``depth`` <= ``DERIVED.depth`` moves from its reset (deeper states are seldom met twice)."""
+        if depth > DERIVED.depth:
+            yield
+            return
+        env = self._pddl_env
+        grammar = env._logic.grammar
+        grammar.derive = StateDerivations(grammar.derive, lambda: env._pddl_state, self._state_key)
+        try:
+            yield
+        finally:
+            del grammar.derive
+
+    def _state_key(self) -> tuple[str, frozenset]:
+        """``(game identity, the state's facts ^ the game's reference facts)``."""
+        env = self._pddl_env
+        facts = frozenset(env._pddl_state.facts)
+        if self._game_ref is None:  # the first derivation since a load
+            identity = game_identity(env)
+            self._game_ref = (identity, DERIVED.reference(identity, facts))
+        identity, reference = self._game_ref
+        return identity, frozenset(iter(facts ^ reference))  # a new table sized for the few facts that differ
 
     def _sync(self) -> None:
         self._admissible = tuple(self._pddl_env.state["admissible_commands"])
@@ -163,7 +196,8 @@ class AlfredEngine:
         anything else is answered with the engine's "Nothing happens." and changes nothing)."""
         if command not in self._admissible_set:
             return NOTHING_HAPPENS
-        with engine_patches():
+        # the step's new state is at depth moves + 1 (textworld counts the moves since the reset)
+        with engine_patches(), self._derivations(self._pddl_env._moves + 1):
             state, _, _ = self.env.step(command)
         self._sync()
         return state.feedback
@@ -235,12 +269,14 @@ class AlfredEngine:
         """Load ``game`` re-rooted at ``state`` (see the module docstring)."""
         problem = rerooted_problem(game["pddl_problem"], state.facts)
         rooted = dict(game, pddl_problem=problem)
+        self._game_ref = None
         with engine_patches():
             self._pddl_env.load(rooted)
             names = dict(state.names)
             for key, info in self._pddl_env._entity_infos.items():
                 info.name = names.get(key, info.name)
-            self._pddl_env.reset()
+            with self._derivations(0):
+                self._pddl_env.reset()
         self._game, self._game_path = game, game_path
         self._rooted = True
         self.problem_key = problem_key
