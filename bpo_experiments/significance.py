@@ -197,16 +197,18 @@ def one_way_anova(groups: Sequence[Sequence[float]], alpha: float = 0.05, power:
     return out
 
 
-def against_default(groups: Sequence[Sequence[float]], default: int, alpha: float = 0.05) -> dict[str, Any]:
+def against_default(groups: Sequence[Sequence[float]], default: int, alpha: float = 0.05,
+                    anova: dict[str, Any] | None = None) -> dict[str, Any]:
     """Each group against group ``default`` (many-to-one comparisons, as Dunnett's), on the
     one-way ANOVA's pooled within-group variance: ``t_i = (mean_i - mean_d) / sqrt(MSW (1/n_i +
     1/n_d))`` on ``N - k`` degrees of freedom, two-sided ``p_i``, Holm-adjusted over the ``k - 1``
     comparisons (``p_holm``). ``better``: the indices whose ``p_holm < alpha`` with a mean above
     the default's. The F-test answers whether *any* groups differ (one clearly bad candidate is
     enough); this answers whether any beats the default. With nothing testable (no replicate
-    within a group, or no spread within and equal means) ``p`` is None and nothing is better."""
+    within a group, or no spread within and equal means) ``p`` is None and nothing is better.
+    ``anova``: :func:`one_way_anova` of ``groups`` when the caller has it already."""
     data = [np.asarray(g, dtype=float) for g in groups]
-    test = one_way_anova(groups, alpha=alpha)
+    test = anova if anova is not None else one_way_anova(groups, alpha=alpha)
     msw, dof = test.get("msw"), test["dof"][1]
     means = [float(g.mean()) for g in data]
     rows: list[dict[str, Any]] = []
@@ -252,7 +254,7 @@ def choose_candidate(groups: Sequence[Sequence[float]], default: int | None, alp
         told = bool(test["distinguishable"])
         return {"f_test": test, "vs_default": None, "best": best, "chosen": best if told else None,
                 "kept_default": not told, "distinguishable": told}
-    versus = against_default(groups, default, alpha)
+    versus = against_default(groups, default, alpha, anova=test)
     told = bool(versus["better"])
     chosen = max(versus["better"], key=lambda i: means[i]) if told else default
     return {"f_test": test, "vs_default": versus, "best": best, "chosen": chosen, "kept_default": not told,
