@@ -506,18 +506,22 @@ class DockerBackend:
         itself since the agent's previous command began (that command ended the container's
         init, which stops the container a moment after the command returns: ``kill 1`` sends
         init a SIGTERM), it is started again on its filesystem and the command run there, with a
-        note saying so. A container stopped by anything else raises as :meth:`_exec_once` does."""
+        note saying so. A container stopped by anything else raises :class:`SandboxLostError`."""
         previous = self._last_command
         try:
             return self._exec_once(box, script, timeout, cap, agent)
-        except _NotStartedError:
+        except _NotStartedError as exc:
             cause = self._ended_by_itself_since(box, previous)
             if cause is None:
-                raise
+                # the engine's recovery sees the public error, as from every other loss
+                raise SandboxLostError(str(exc)) from exc
         self._start_again(box, cause)
         # once only: a command that prints the runtime's refusal and stops the container again is
         # answered with what it printed
-        result = self._exec_once(box, script, timeout, cap, agent, refused_is_lost=False)
+        try:
+            result = self._exec_once(box, script, timeout, cap, agent, refused_is_lost=False)
+        except _NotStartedError as exc:
+            raise SandboxLostError(str(exc)) from exc
         if not agent:  # the host's own command (a diff, a removal): its output is data
             return result
         note = (f"[the previous command killed every process of the sandbox ({cause}); it was started "
