@@ -81,6 +81,25 @@ def test_the_replicate_runs_share_no_seed_and_the_predictor_reads_no_measured_ba
         assert not set(seeds.tuning) & set(seeds.evaluation)
 
 
+def test_a_later_seed_block_is_a_map_on_fresh_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--seed-block 2 --replicate`` runs blocks 2 and 3: no seed of either earlier run (blocks 0
+    and 1), of any kind. The broken case, a block ignored, would rerun blocks 0 and 1."""
+    blocks: list[int] = []
+    real = regime.map_seeds
+    monkeypatch.setattr(regime, "map_seeds", lambda args, run: blocks.append(run) or real(args, run))
+    monkeypatch.setattr(regime, "run_cell", lambda cell, args, configs, seeds: {"name": cell.name, "seconds": 0.0})
+    monkeypatch.setattr(regime, "write", lambda *args: {"seconds": 0.0})
+    monkeypatch.setattr(regime, "markdown", lambda results: "")
+    regime.main(["--cells", "base", "--replicate", "--seed-block", "2", "--out", str(tmp_path)])
+    assert blocks == [2, 3]
+    args = regime.argparse.Namespace(seeds=24, tuning_seeds=8, variance_seeds=5, predictor_seeds=2)
+    earlier = [regime.map_seeds(args, b) for b in (0, 1)]
+    for block in (2, 3):
+        fresh = regime.map_seeds(args, block)
+        for kind in ("evaluation", "tuning", "variance", "predictor"):
+            assert not set(getattr(fresh, kind)) & {s for e in earlier for s in getattr(e, kind)}, (block, kind)
+
+
 def test_the_prediction_is_made_out_of_sample() -> None:
     """The predicted ratio depends only on the predictor seeds' batches: other variance seeds
     change the measured ratio and leave the prediction as it was (an in-sample predictor, fed
