@@ -64,7 +64,14 @@ from bpo_algos.rollout import EnvPool
 from bpo_envs.console import ends_on_ctrl_c
 from bpo_envs.files import atomic_write
 from bpo_envs.tree_mdp import TreeMDPEnv
-from bpo_experiments.significance import choose_candidate, holm, mean_ci, paired_p_value
+from bpo_experiments.significance import (
+    choose_candidate,
+    holm,
+    mean_ci,
+    paired_p_value,
+    power,
+    welch_p_value,
+)
 from bpo_experiments.stats import paired_difference
 from bpo_experiments.streams import PROBE, TRAINING, TUNING, stream_seed
 
@@ -441,13 +448,15 @@ def replication(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``regime.json["replication"]`` from two runs of the map (each ``{"seeds", "cells"}``, Holm
     already applied): per cell the two verdicts at matched env steps; ``agreement`` = the share
     of the cells run in both whose verdicts are the same; ``opposite`` = the cells called a win
-    in one run and a loss in the other."""
+    in one run and a loss in the other; and what the two runs' estimates say beside their
+    verdicts (:func:`replication_estimates`)."""
     if len(runs) != 2:
         raise ValueError(f"a replication compares two runs, got {len(runs)}")
     first, second = ({name: c["matched"]["env_steps"]["verdict"] for name, c in r["cells"].items()} for r in runs)
     common = [name for name in first if name in second]
     verdicts = {name: [first[name], second[name]] for name in common}
     return {
+        **replication_estimates(runs, common),
         "runs": [{"seeds": r["seeds"],
                   "verdicts": {name: {k: c["matched"]["env_steps"].get(k) for k in ("verdict", "diff", "diff_ci95", "p", "p_holm")}
                                for name, c in r["cells"].items()},
@@ -456,6 +465,55 @@ def replication(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "agreement": float(np.mean([a == b for a, b in verdicts.values()])) if verdicts else None,
         "opposite": [name for name, (a, b) in verdicts.items() if {a, b} == {"win", "loss"}],
         "alpha": ALPHA,
+    }
+
+
+def replication_estimates(runs: Sequence[dict[str, Any]], names: Sequence[str], alpha: float = ALPHA) -> dict[str, Any]:
+    """Whether two runs' *estimates* replicate, where a verdict compares a p-value with a line:
+    at a cell whose difference sits near the runs' detectable effect, two runs that agree on the
+    estimate flip between tie and loss about half the time.
+
+    * ``consistency``: per cell, Welch's test of run 1's per-seed differences against run 2's
+      (matched env steps; the two runs share no seed), Holm-adjusted over the cells;
+      ``consistent`` = the share of cells where the runs' differences do not differ detectably.
+    * ``pooled``: per cell whose two runs compared the same configurations (``same_comparators``),
+      the paired difference over both runs' seeds with its 95% interval, ``p``, ``p_holm`` (over
+      those cells) and ``verdict``: the map's most powerful reading, read beside ``consistency``.
+    * ``expected_agreement``: the verdict agreement two runs of this size would reach if each
+      cell's pooled difference and spread were the truth, ``mean_c [P_c^2 + (1 - P_c)^2]`` with
+      ``P_c`` the power of one run's paired t-test at Bonferroni's level ``alpha / m`` (Holm's
+      per-cell level lies between ``alpha / m`` and ``alpha``): the agreement the runs' power
+      allows, against which the observed ``agreement`` is read."""
+    # a cell counts where both runs recorded its per-seed differences (a summary without them, as
+    # in a hand-made map, gives only the verdicts' agreement)
+    names = [n for n in names if all(len(run["cells"][n]["matched"]["env_steps"].get("diff_per_seed") or []) > 1 for run in runs)]
+    per_seed = [{name: run["cells"][name]["matched"]["env_steps"]["diff_per_seed"] for name in names} for run in runs]
+    consistency = {name: {"p": welch_p_value(per_seed[0][name], per_seed[1][name])} for name in names}
+    for row, p in zip(consistency.values(), holm([r["p"] for r in consistency.values()]), strict=True):
+        row["p_holm"] = p
+        row["consistent"] = p is None or p >= alpha
+    pairs = [[run["cells"][name].get("tuning", {}).get("chosen") for run in runs] for name in names]
+    same = [name for name, (a, b) in zip(names, pairs, strict=True) if a == b]
+    pooled = {}
+    for name in same:
+        both = [*per_seed[0][name], *per_seed[1][name]]
+        pooled[name] = {k: v for k, v in paired_difference(both).items() if k != "diff_per_seed"}
+        pooled[name]["p"] = paired_p_value(both)
+    for row, p in zip(pooled.values(), holm([r["p"] for r in pooled.values()]), strict=True):
+        row["p_holm"] = p
+        row["verdict"] = verdict(row, alpha)
+    level = alpha / max(1, len(names))
+    n_run = min((len(per_seed[0][n]) for n in names), default=0)
+    chance = [power(row["diff"], row["sd"], n_run, level) for row in pooled.values()]
+    agree = [p * p + (1 - p) * (1 - p) for p in chance if np.isfinite(p)]
+    return {
+        "consistency": consistency,
+        "consistent": float(np.mean([r["consistent"] for r in consistency.values()])) if names else None,
+        "same_comparators": same,
+        "pooled": pooled,
+        "pooled_verdicts": {name: row["verdict"] for name, row in pooled.items()},
+        "expected_agreement": float(np.mean(agree)) if agree else None,
+        "expected_agreement_level": level,
     }
 
 
@@ -514,6 +572,10 @@ def figure(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -563,6 +625,19 @@ def markdown(results: dict[str, Any]) -> str:
         rhos = ", ".join(_num(run["predictor"].get("rho")) for run in rep["runs"])
         lines += ["", f"Agreement {_num(rep['agreement'])}; opposite verdicts: {', '.join(rep['opposite']) or 'none'}; "
                   f"predictor Spearman per run: {rhos}."]
+        if "consistency" in rep:
+            pooled = rep["pooled"]
+            lines += ["", f"Estimates: the two runs' differences agree (Welch, Holm over the cells) in "
+                      f"{_num(rep['consistent'])} of the cells; verdict agreement expected at this power if the pooled "
+                      f"differences were the truth: {_num(rep['expected_agreement'])}. Pooled over both runs' seeds "
+                      f"(cells whose runs compared the same pair, Holm over them):", "",
+                      "| cell | run 1 − run 2: p (Holm) | pooled diff [95% CI] | n | p (Holm) | verdict |",
+                      "|---|---|---|---|---|---|"]
+            for name, c in rep["consistency"].items():
+                row = pooled.get(name)
+                both = (f"{row['diff']:+.4f} [{row['diff'] - row['diff_ci95']:+.4f}, {row['diff'] + row['diff_ci95']:+.4f}] | "
+                        f"{row['n']} | {_p(row['p'])} ({_p(row['p_holm'])}) | {row['verdict']}") if row else "different pairs | | |"
+                lines.append(f"| {name} | {_p(c['p'])} ({_p(c['p_holm'])}) | {both} |")
     return "\n".join(lines) + "\n"
 
 
@@ -573,6 +648,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--replicate", action="store_true",
                         help="run the whole map twice on disjoint seeds and record whether its verdicts replicate")
     parser.add_argument("--cells", nargs="+", help="only these cells, in this order")
+    parser.add_argument("--render", action="store_true",
+                        help="only re-write --out's regime.json, regime.md and regime.png from the runs its regime.json "
+                             "holds, under this version's summary (nothing trains)")
     parser.add_argument("--seed-block", type=int, default=0,
                         help="the first block of seeds of every kind (the map runs block B, its replication B + 1): "
                              "a block no earlier map used gives a map on fresh seeds")
@@ -587,6 +665,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--predictor-seeds", type=int, default=2, help="seeds of the batches the predictor reads (disjoint)")
     parser.add_argument("--variance-batches", type=int, default=12, help="gradient batches per configuration and seed at the prior")
     args = parser.parse_args(argv)
+    if args.render:
+        results = render(Path(args.out))
+        print(markdown(results))
+        return results
     configs: Sequence[str] = list(CONFIGS)
     if args.quick:
         args.seeds, args.tuning_seeds, args.updates, args.variance_batches, args.predictor_seeds = 3, 1, 4, 3, 1
@@ -631,16 +713,41 @@ def write(args: argparse.Namespace, configs: Sequence[str], runs: list[dict[str,
     """``regime.json``, ``regime.md`` and ``regime.png`` of the cells so far: the first run's map
     (``cells``, ``predictor``), Holm's adjustment over each run's cells, and with two runs the
     ``replication`` (``pending``: the cells not yet run, recorded in the JSON)."""
+    results = summarize(vars(args), configs, runs, pending)
+    results["seconds"] = time.perf_counter() - start
+    results["load_average"] = list(os.getloadavg())
+    results["cpu_count"] = os.cpu_count()
+    return save(results, out)
+
+
+def summarize(args: dict[str, Any], configs: Sequence[str], runs: list[dict[str, Any]], pending: Sequence[str]) -> dict[str, Any]:
+    """The map's results from its runs' cells: Holm over each run's cells, the first run's map
+    (``cells``, ``predictor``) and with two runs the ``replication``."""
     for run in runs:
         adjust(run["cells"])
-    results: dict[str, Any] = {"args": vars(args), "configs": list(configs), "seeds": runs[0]["seeds"], "cells": runs[0]["cells"]}
+    results: dict[str, Any] = {"args": args, "configs": list(configs), "seeds": runs[0]["seeds"], "cells": runs[0]["cells"]}
     results["pending_cells"] = list(pending)
     results["predictor"] = predictor_summary(results["cells"])
     if len(runs) == 2:
         results["replication"] = {**replication(runs), "second_run_cells": runs[1]["cells"]}
-    results["seconds"] = time.perf_counter() - start
-    results["load_average"] = list(os.getloadavg())
-    results["cpu_count"] = os.cpu_count()
+    return results
+
+
+def render(out: Path) -> dict[str, Any]:
+    """Re-write ``out``'s ``regime.json``, ``regime.md`` and ``regime.png`` from the runs its
+    ``regime.json`` holds, under this version's summary (nothing trains; the cells' own
+    measurements, seeds, arguments, time and load are kept)."""
+    old = json.loads((out / "regime.json").read_text())
+    runs = [{"seeds": old["seeds"], "cells": old["cells"]}]
+    if "replication" in old:
+        runs.append({"seeds": old["replication"]["runs"][1]["seeds"], "cells": old["replication"]["second_run_cells"]})
+    results = summarize(old["args"], old["configs"], runs, old.get("pending_cells", []))
+    results.update({k: old[k] for k in ("seconds", "load_average", "cpu_count") if k in old})
+    return save(results, out)
+
+
+def save(results: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``regime.json``, ``regime.md`` and ``regime.png`` of ``results`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "regime.json", json.dumps(results, indent=1, default=float))
     atomic_write(out / "regime.md", markdown(results))

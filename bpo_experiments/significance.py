@@ -136,6 +136,23 @@ def paired_p_value(diffs: Sequence[float]) -> float | None:
     return float(min(1.0, 2.0 * (1.0 - t_cdf(abs(t), n - 1))))
 
 
+def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p-value of Welch's test of ``mean(a) = mean(b)`` (independent samples, unequal
+    variances): ``t = (mean a - mean b) / se`` with ``se^2 = s_a^2 / n_a + s_b^2 / n_b``, against
+    Student's t with the Welch-Satterthwaite degrees of freedom
+    ``se^4 / ((s_a^2 / n_a)^2 / (n_a - 1) + (s_b^2 / n_b)^2 / (n_b - 1))`` (None for fewer than
+    2 values on a side; with no spread, 0 when the means differ, else 1)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) < 2 or len(y) < 2:
+        return None
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    gap = float(x.mean() - y.mean())
+    if va + vb == 0:
+        return 0.0 if gap != 0 else 1.0
+    dof = (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
+    return float(min(1.0, 2.0 * (1.0 - t_cdf(abs(gap) / math.sqrt(va + vb), dof))))
+
+
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
     """Holm's step-down adjustment of a family of ``m`` p-values (None: no test, left None and not
     counted in ``m``): sorted ascending ``p_(1) <= ... <= p_(m)``, the adjusted

@@ -161,6 +161,85 @@ def test_verdicts_are_taken_after_holm_and_the_replication_counts_agreement_and_
         regime.replication([first])
 
 
+def test_welch_against_a_hand_computed_case_and_its_error_rate() -> None:
+    """Welch's p by hand: means 3 and 7, se^2 = 2.5/5 + 14/6, t = -2.376 on 6.97 dof: p 0.0494.
+    Seeded error rate, 4,000 nulls with unequal sizes (6, 30) and spreads (3, 1): Welch rejects
+    at 5% within 3 SE; the broken case, Student's pooled-variance test, rejects about 4 times as
+    often there (the small noisy sample's variance is diluted by the large one's)."""
+    assert significance.welch_p_value([1, 2, 3, 4, 5], [2, 4, 6, 8, 10, 12]) == pytest.approx(0.0494, abs=5e-4)
+    assert significance.welch_p_value([1.0], [1.0, 2.0]) is None
+    rng = np.random.default_rng(7)
+    trials = [(rng.normal(0, 3, 6), rng.normal(0, 1, 30)) for _ in range(4000)]
+    welch = np.mean([significance.welch_p_value(a, b) < 0.05 for a, b in trials])
+
+    def pooled_p(a: np.ndarray, b: np.ndarray) -> float:
+        dof = len(a) + len(b) - 2
+        s2 = ((len(a) - 1) * a.var(ddof=1) + (len(b) - 1) * b.var(ddof=1)) / dof
+        t = (a.mean() - b.mean()) / np.sqrt(s2 * (1 / len(a) + 1 / len(b)))
+        return 2 * (1 - significance.t_cdf(abs(t), dof))
+
+    student = np.mean([pooled_p(a, b) < 0.05 for a, b in trials])
+    se = np.sqrt(0.05 * 0.95 / len(trials))
+    assert abs(welch - 0.05) < 3 * se and student > 0.05 + 10 * se, (welch, student)
+
+
+def _run(per_cell: dict[str, np.ndarray], evaluation: list[int], bpo: str = "bpo-2x4-q0.95") -> dict:
+    cells = {}
+    for name, d in per_cell.items():
+        row = {"diff": float(d.mean()), "diff_ci95": 0.0, "diff_per_seed": d.tolist(), "p": significance.paired_p_value(d)}
+        cells[name] = {"matched": {"env_steps": dict(row), "flops": dict(row)}, "variance": {"shapes": {}},
+                       "tuning": {"chosen": {"bpo": bpo, "independent": "rloo-4"}}}
+    run = {"seeds": {"evaluation": evaluation}, "cells": cells}
+    regime.adjust(run["cells"])
+    return run
+
+
+def test_the_replication_compares_the_runs_estimates_and_pools_them() -> None:
+    """Two runs drawn from the same differences: the estimates agree in every cell and the pooled
+    48 seeds see the effect at the edge of one run's power; the broken case, a second run whose
+    cell moved by 0.02, is flagged inconsistent. The expected agreement is near 1 where one run
+    always (or never) detects, and near 1/2 where it detects half the time."""
+    rng = np.random.default_rng(3)
+    truth = {"clear": -0.02, "edge": -0.006, "null": 0.0, "moved": -0.005}
+    runs = [_run({c: rng.normal(m + (0.02 if (c == "moved" and r == 1) else 0.0), 0.01, 24) for c, m in truth.items()},
+                 list(range(24 * r, 24 * r + 24))) for r in (0, 1)]
+    rep = regime.replication(runs)
+    assert {c: row["consistent"] for c, row in rep["consistency"].items()} == {"clear": True, "edge": True, "null": True, "moved": False}
+    assert rep["consistent"] == pytest.approx(0.75) and rep["same_comparators"] == list(truth)
+    pooled = rep["pooled"]
+    assert pooled["clear"]["n"] == 48 and pooled["clear"]["verdict"] == "loss" and pooled["null"]["verdict"] == "tie"
+    assert pooled["clear"]["diff"] == pytest.approx(np.mean([*runs[0]["cells"]["clear"]["matched"]["env_steps"]["diff_per_seed"],
+                                                               *runs[1]["cells"]["clear"]["matched"]["env_steps"]["diff_per_seed"]]))
+    # expected agreement, per cell, from the power of one 24-seed run at 0.05 / m
+    level = 0.05 / 4
+    one = {c: significance.power(pooled[c]["diff"], pooled[c]["sd"], 24, level) for c in truth}
+    assert rep["expected_agreement"] == pytest.approx(np.mean([p * p + (1 - p) ** 2 for p in one.values()]))
+    assert one["clear"] > 0.99 and 0.2 < one["edge"] < 0.8 and one["null"] < 0.2
+    # a cell whose runs compared different configurations is not pooled
+    runs[1]["cells"]["edge"]["tuning"]["chosen"]["bpo"] = "bpo-2x4-q0.8"
+    rep = regime.replication(runs)
+    assert "edge" not in rep["pooled"] and "edge" in rep["consistency"]
+
+
+def test_the_committed_map_renders_to_itself(tmp_path: Path) -> None:
+    """``bpo-regime --render`` on a copy of the committed map (docs/results/regime/) re-derives
+    every verdict, p_holm, the replication and its estimates from the runs' cells: the same JSON.
+    The broken case, a run's per-seed differences edited, moves the pooled estimate."""
+    import shutil
+
+    committed = ROOT / "docs" / "results" / "regime"
+    shutil.copy(committed / "regime.json", tmp_path / "regime.json")
+    results = regime.main(["--render", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "regime.json").read_text()) == json.loads((committed / "regime.json").read_text())
+    assert "Pooled over both runs' seeds" in (tmp_path / "regime.md").read_text()
+    edited = json.loads((tmp_path / "regime.json").read_text())
+    row = edited["cells"]["base"]["matched"]["env_steps"]
+    row["diff_per_seed"] = [d - 0.01 for d in row["diff_per_seed"]]
+    (tmp_path / "regime.json").write_text(json.dumps(edited))
+    moved = regime.render(tmp_path)["replication"]["pooled"]["base"]["diff"]
+    assert moved == pytest.approx(results["replication"]["pooled"]["base"]["diff"] - 0.005)
+
+
 @pytest.mark.slow
 def test_regime_quick_command(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bpo_experiments.regime", "--quick", "--replicate", "--out", str(tmp_path)],
