@@ -331,7 +331,7 @@ def choose_config(scores_per_seed: dict[str, Sequence[float]], default: str, alp
     recorded (``f_test``). Where ``default`` is not a candidate (a ``--quick`` grid), the
     highest mean is taken. Switching on the F-test alone took
     the highest of near-equal leaders (RLOO-4, GRPO-4, RLOO-2) whenever RLOO-8 was clearly worse:
-    a different comparator in each run of the map (docs/regime.md, "Replication")."""
+    a different comparator in each run of the map (docs/regime.md, "Method")."""
     names = list(scores_per_seed)
     decision = choose_candidate([scores_per_seed[n] for n in names], names.index(default) if default in names else None, alpha)
     best = names[decision["best"]]
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, default=24, help="evaluation seeds per cell")
     parser.add_argument("--tuning-seeds", type=int, default=8,
                         help="tuning seeds per configuration (at least 2 for any test; at 4 the BPO shapes 0.01 apart "
-                             "were told apart in one run of two: docs/regime.md, \"Replication\")")
+                             "were told apart in one run of two: docs/regime.md, \"Method\")")
     parser.add_argument("--updates", type=int, default=8)
     parser.add_argument("--lr", type=float, default=0.3, help="Adam learning rate of the tabular policy")
     parser.add_argument("--variance-seeds", type=int, default=MIN_VARIANCE_SEEDS,
