@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--render", action="store_true",
                         help="only re-write --out's regime.json, regime.md and regime.png from the runs its regime.json "
                              "holds, under this version's summary (nothing trains)")
-    parser.add_argument("--seed-block", type=int, default=0,
+    parser.add_argument("--seed-block", dest="first_block", type=int, default=0,
                         help="the first block of seeds of every kind (the map runs block B, its replication B + 1): "
                              "a block no earlier map used gives a map on fresh seeds")
     parser.add_argument("--seeds", type=int, default=24, help="evaluation seeds per cell")
@@ -694,7 +694,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return f"run {run + 1}: {name}" if args.replicate else name
 
     for run in range(total):
-        seeds = map_seeds(args, args.seed_block + run)
+        seeds = map_seeds(args, args.first_block + run)
         runs.append({"seeds": asdict(seeds), "cells": {}})
         for cell in grid:
             runs[run]["cells"][cell.name] = run_cell(cell, args, configs, seeds)
