@@ -81,7 +81,10 @@ def test_ctrl_c_of_bpo_compare_with_worker_processes_prints_one_line(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-c", "from bpo_experiments.compare import cli; cli()", "--smoke", "--envs", "treemdp",
                              "--no-tune", "--jobs", "2", "--no-progress", "--out", str(out)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as from a terminal: a shell's background job (a CI script started with &) inherits SIGINT
+                            # ignored, and Python then installs no KeyboardInterrupt handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 90
     while not list(out.glob("runs/treemdp/_initial/seed*/initial.json")) and time.monotonic() < deadline:
         time.sleep(0.5)  # the worker processes have started and finished a job
