@@ -33,12 +33,15 @@ Spearman rank correlation with the measured ratios has a bootstrap interval. ``-
 runs the whole map a second time on disjoint seeds (every kind: tuning, evaluation, variance,
 predictor; :func:`map_seeds`) and records in ``regime.json["replication"]`` both runs' seeds and
 verdicts, the share of cells whose verdicts agree and the cells called a win in one run and a
-loss in the other (docs/regime.md, "Method"). Writes ``regime.json``, ``regime.md`` and
-``regime.png`` to ``--out``::
+loss in the other, and beside them whether the runs' estimates agree, the estimates pooled over
+both runs and the agreement the runs' power allows (:func:`replication_estimates`;
+docs/regime.md, "Method"). Writes ``regime.json``, ``regime.md`` and ``regime.png`` to
+``--out``::
 
     bpo-regime --quick --out /tmp/regime                       # about 35 s of CPU
     bpo-regime --quick --replicate --out /tmp/regime           # the same twice: about 65 s
-    nice -n 5 bpo-regime --replicate --out docs/results/regime  # the full map, twice
+    nice -n 5 bpo-regime --replicate --seed-block 2 --out docs/results/regime  # the full map, twice, on seeds blocks 2-3
+    bpo-regime --render --out docs/results/regime              # its summary again from regime.json
 """
 
 from __future__ import annotations
