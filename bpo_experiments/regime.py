@@ -368,8 +368,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, configs: Sequence[str], seeds
             runs = {c: [train(cell, c, s, budget, args.updates, args.lr, pool) for s in seeds.evaluation] for c in (independent, branching)}
             diffs = [b["auc"] - i["auc"] for b, i in zip(runs[branching], runs[independent], strict=True)]
             matched[unit] = {
-                **paired_difference(diffs),
-                "p": paired_p_value(diffs),
+                **paired_test(diffs),
                 "seeds": list(seeds.evaluation),
                 "budget": budget.amount,
                 "auc": {c: float(np.mean([r["auc"] for r in rs])) for c, rs in runs.items()},
@@ -436,14 +435,25 @@ def verdict(row: dict[str, Any], alpha: float = ALPHA) -> str:
     return "win" if row["diff"] > 0 else "loss"
 
 
+def paired_test(diffs: Sequence[float]) -> dict[str, Any]:
+    """A row of per-seed differences: :func:`~bpo_experiments.stats.paired_difference` and the
+    paired t-test's ``p``."""
+    return {**paired_difference(diffs), "p": paired_p_value(diffs)}
+
+
+def holm_verdicts(rows: Sequence[dict[str, Any]], alpha: float = ALPHA) -> None:
+    """One family of tests: every row (with ``p`` and ``diff``) gains its Holm-adjusted
+    ``p_holm`` and its :func:`verdict`."""
+    for row, p in zip(rows, holm([r.get("p") for r in rows]), strict=True):
+        row["p_holm"] = p
+        row["verdict"] = verdict(row, alpha)
+
+
 def adjust(cells: dict[str, Any]) -> dict[str, str]:
     """Holm's adjustment over the map's cells (one family per compute unit): every cell's
     ``matched[unit]`` gains ``p_holm`` and ``verdict``; returns the verdicts at matched env steps."""
     for unit in ("env_steps", "flops"):
-        rows = [c["matched"][unit] for c in cells.values() if unit in c.get("matched", {})]
-        for row, p in zip(rows, holm([r.get("p") for r in rows]), strict=True):
-            row["p_holm"] = p
-            row["verdict"] = verdict(row)
+        holm_verdicts([c["matched"][unit] for c in cells.values() if unit in c.get("matched", {})])
     return {name: c["matched"]["env_steps"]["verdict"] for name, c in cells.items()}
 
 
@@ -499,12 +509,9 @@ def replication_estimates(runs: Sequence[dict[str, Any]], names: Sequence[str], 
     same = [name for name, (a, b) in zip(names, pairs, strict=True) if a == b]
     pooled = {}
     for name in same:
-        both = [*per_seed[0][name], *per_seed[1][name]]
-        pooled[name] = {k: v for k, v in paired_difference(both).items() if k != "diff_per_seed"}
-        pooled[name]["p"] = paired_p_value(both)
-    for row, p in zip(pooled.values(), holm([r["p"] for r in pooled.values()]), strict=True):
-        row["p_holm"] = p
-        row["verdict"] = verdict(row, alpha)
+        row = paired_test([*per_seed[0][name], *per_seed[1][name]])
+        pooled[name] = {k: v for k, v in row.items() if k != "diff_per_seed"}  # both runs' lists are in their cells
+    holm_verdicts(list(pooled.values()), alpha)
     level = alpha / max(1, len(names))
     n_run = min((len(per_seed[0][n]) for n in names), default=0)
     chance = [power(row["diff"], row["sd"], n_run, level) for row in pooled.values()]
@@ -611,8 +618,8 @@ def markdown(results: dict[str, Any]) -> str:
         p, p_holm = steps.get("p"), steps.get("p_holm")
         lines.append(
             f"| {name} | {c['bpo']}{kept.get('bpo', '')} vs {c['independent']}{kept.get('independent', '')} | {fmt['env_steps']} "
-            f"| {'-' if p is None else f'{p:.3g}'} ({'-' if p_holm is None else f'{p_holm:.3g}'}) | {steps.get('verdict', '-')} "
-            f"| {fmt['flops']} | {'-' if eta is None else f'{eta:.2f}'} | {m.get('fork_cost_ratio') or float('nan'):.2f} | {_ratio(shape)} |"
+            f"| {_p(p)} ({_p(p_holm)}) | {steps.get('verdict', '-')} "
+            f"| {fmt['flops']} | {_num(eta)} | {m.get('fork_cost_ratio') or float('nan'):.2f} | {_ratio(shape)} |"
         )
     s = results["predictor"]
     ci = s.get("ci95")
