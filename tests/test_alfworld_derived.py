@@ -1,5 +1,7 @@
 """ALFWorld's cache of derived texts (bpo_envs/alfworld/derived.py): the same episodes, text for
-text, with the cache off, on and filled; a key without the state is caught."""
+text, with the cache off, on and filled, and with only the texts that read no more than a game's
+static facts kept (at every depth); a key without the state, and a reader that takes a changing
+predicate for a static one, are caught."""
 
 from __future__ import annotations
 
@@ -15,7 +17,14 @@ pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
 import gymnasium as gym  # noqa: E402
 
 import bpo_envs  # noqa: E402
-from bpo_envs.alfworld.derived import DERIVED, DerivedTexts, game_identity  # noqa: E402
+from bpo_envs.alfworld.derived import (  # noqa: E402
+    DERIVED,
+    DerivedTexts,
+    StateReader,
+    _Reader,
+    _Reads,
+    game_identity,
+)
 from bpo_envs.alfworld.engine import AlfredEngine  # noqa: E402
 
 TASKS = ("pick_and_place_simple/0001", "look_at_obj_in_light/0001")
@@ -131,10 +140,14 @@ def test_the_cache_is_bounded(envs: list[gym.Env], monkeypatch: pytest.MonkeyPat
     for i in range(100):
         state = (f"game {i % 7}", frozenset({i}))
         for j in range(3):
-            cache.put(cache.texts(state), (f"start {j}",), f"text {i} {j}")
+            cache.put(state, (f"start {j}",), f"text {i} {j}")
         assert len(cache) <= 40
     assert cache.get(cache.texts(("game 1", frozenset({99}))), ("start 2",)) == "text 99 2"
     assert cache.get(cache.texts(("game 0", frozenset({0}))), ("start 0",)) is None
+    held = cache.texts(("game 5", None))
+    for j in range(41):  # one key over the bound alone is dropped too
+        cache.put(("game 5", None), (f"start {j}",), "text")
+    assert len(cache) <= 40 and held.get(("start 0",)) == "text"  # a dropped dict still answers what it holds
     DERIVED.clear()
     monkeypatch.setattr(DERIVED, "max_texts", 40)
     monkeypatch.setattr(DERIVED, "enabled", False)
@@ -165,18 +178,94 @@ def test_chained_facts_are_textworlds_facts_in_its_order(envs: list[gym.Env]) ->
 
 
 def test_only_states_near_the_reset_are_kept(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
-    """``DERIVED.depth`` 0: the reset's texts are kept, a step's are not; the broken case, a step
-    at depth 1 with depth 1 allowed, keeps more."""
+    """``DERIVED.depth`` 0: the reset's state texts are kept, a step's are not (its game texts
+    are); the broken case, a step at depth 1 with depth 1 allowed, keeps more state texts."""
     env = envs[0]
+
+    def state_texts() -> int:
+        return len(DERIVED) - DERIVED.game_texts
+
     for depth, grows in ((0, False), (1, True)):
         DERIVED.clear()
         monkeypatch.setattr(DERIVED, "depth", depth)
         _, info = env.reset(options={"task_id": TASKS[0]})
-        at_reset = len(DERIVED)
-        assert at_reset > 0
-        env.step(info["admissible_actions"][0])
-        assert (len(DERIVED) > at_reset) is grows
+        at_reset, games_at_reset = state_texts(), DERIVED.game_texts
+        assert at_reset > 0 and games_at_reset > 0
+        env.step(next(a for a in info["admissible_actions"] if a.startswith("go to ")))  # new places: new commands
+        assert (state_texts() > at_reset) is grows
+        assert DERIVED.game_texts > games_at_reset
     DERIVED.clear()
+
+
+def test_game_texts_equal_textworlds_derivations_at_every_depth(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the reset's state texts kept (``depth`` 0), every step's game texts: the same
+    episodes as textworld's own derivations, in the engine that kept them and in another; most
+    of a walk's derivations are then answered by game texts (the commands)."""
+    monkeypatch.setattr(DERIVED, "depth", 0)
+    DERIVED.clear()
+    monkeypatch.setattr(DERIVED, "enabled", False)
+    reference = play(envs[0], seed=6)
+    monkeypatch.setattr(DERIVED, "enabled", True)
+    assert play(envs[0], seed=6) == reference
+    misses = DERIVED.misses
+    assert play(envs[1], seed=6) == reference
+    assert DERIVED.game_hits > 0 and DERIVED.game_texts > 0
+    assert DERIVED.misses - misses < DERIVED.game_hits  # the repeat derives only state texts
+    DERIVED.clear()
+
+
+def test_a_changing_predicate_taken_for_static_is_caught(envs: list[gym.Env], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broken case the equality check must catch: every predicate taken for static (what a
+    receptacle holds, the inventory) keeps one state's feedback as the game's text."""
+    monkeypatch.setattr(DERIVED, "depth", 0)
+    DERIVED.clear()
+    monkeypatch.setattr(DERIVED, "enabled", False)
+    reference = play(envs[0], seed=7)
+    monkeypatch.setattr(DERIVED, "enabled", True)
+
+    def everything(self: AlfredEngine) -> frozenset[str]:
+        names = {p.name.lower() for p in self._pddl_env._pddl_state.task.predicates}
+        return frozenset(names | {"not_" + n for n in names})
+
+    monkeypatch.setattr(AlfredEngine, "_static", everything)
+    assert play(envs[0], seed=7) != reference
+    DERIVED.clear()
+
+
+def test_the_reader_counts_every_read_but_static_facts(envs: list[gym.Env]) -> None:
+    """:class:`StateReader` answers what the state answers; a query of static predicates only
+    (``receptacleatlocation``) is not a read of the state, a query of a changing one
+    (``inreceptacle``), the variables by type, another attribute and any use of the facts are."""
+    from textworld.logic import Rule
+
+    from bpo_envs.alfworld.derived import static_predicates
+
+    env = envs[0]
+    env.reset(options={"task_id": TASKS[0]})
+    state = env.unwrapped._engine._pddl_env._pddl_state
+    static = static_predicates(state.task)
+    assert {"receptacleatlocation", "not_receptacleatlocation", "openable"} <= static
+    assert not {"inreceptacle", "not_inreceptacle", "atlocation", "holds", "opened"} & static
+    assert not {axiom.name for axiom in state.task.axioms} & static
+
+    def read(query: str) -> tuple[list[Any], bool]:
+        reads = _Reads()
+        rule = Rule.parse_conjunctive_query(query)
+        found = list(StateReader(state, reads, static).all_assignments(rule, {}))
+        assert found == list(state.all_assignments(rule, {}))
+        return found, reads.state
+
+    found, was_read = read("receptacleatlocation(r:receptacle, l:location)")
+    assert found and not was_read
+    found, was_read = read("inreceptacle(o:object, r:receptacle)")
+    assert found and was_read
+    for use in (lambda r, f: r.variables_of_type("receptacle"), lambda r, f: r.facts, lambda r, f: len(f),
+                lambda r, f: list(f), lambda r, f: f[0], lambda r, f: bool(f)):
+        reads = _Reads()
+        use(StateReader(state, reads, static), _Reader(list(state.facts), reads))
+        assert reads.state
+    reads = _Reads()
+    assert StateReader(state, reads, static)._logic is state._logic and not reads.state
 
 
 def test_engine_patches_derive_textworlds_own_texts(envs: list[gym.Env]) -> None:

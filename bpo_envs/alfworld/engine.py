@@ -31,7 +31,7 @@ from bpo_envs.alfworld._upstream import (
     save_translation,
     upstream,
 )
-from bpo_envs.alfworld.derived import DERIVED, StateDerivations, game_identity
+from bpo_envs.alfworld.derived import DERIVED, StateDerivations, game_identity, static_predicates
 
 NOTHING_HAPPENS = "Nothing happens."
 _EPOCHS = itertools.count(1)
@@ -104,7 +104,7 @@ class AlfredEngine:
         self.names: tuple[tuple[str, str], ...] = ()
         self._admissible: tuple[str, ...] = ()
         self._admissible_set: frozenset[str] = frozenset()
-        self._game_ref: tuple[str, frozenset] | None = None  # the loaded game's identity and reference facts
+        self._game_ref: tuple[str, frozenset, frozenset[str]] | None = None  # the loaded game's identity, reference facts, static predicates
 
     # ---- loading ---------------------------------------------------------------------------
     def load(self, game: dict[str, Any], problem_key: str, game_path: Path | None = None) -> str:
@@ -152,27 +152,39 @@ class AlfredEngine:
     def _derivations(self, depth: int) -> Iterator[None]:
         """Within the block (one reset after its load, or one step: the state is the same for
         every derivation after the reset's new state or the step's command), the game's grammar
-        answers from the process's cache of derived texts (:mod:`.derived`) when the block's state
-        is ``depth`` <= ``DERIVED.depth`` moves from its reset (deeper states are seldom met twice)."""
-        if depth > DERIVED.depth:
-            yield
-            return
+        answers from the process's cache of derived texts (:mod:`.derived`): from the game's texts
+        at any depth, from the state's when the block's state is ``depth`` <= ``DERIVED.depth``
+        moves from its reset (deeper states are seldom met twice)."""
         env = self._pddl_env
         grammar = env._logic.grammar
-        grammar.derive = StateDerivations(grammar.derive, lambda: env._pddl_state, self._state_key)
+        grammar.derive = StateDerivations(
+            grammar.derive, lambda: env._pddl_state, self._game_key, self._static, self._state_key, depth <= DERIVED.depth
+        )
         try:
             yield
         finally:
             del grammar.derive
 
+    def _game_key(self) -> str:
+        """The loaded game's identity (:func:`~.derived.game_identity`, taken at the first
+        derivation since a load, with the game's reference facts and static predicates)."""
+        if self._game_ref is None:
+            env = self._pddl_env
+            identity = game_identity(env)
+            reference = DERIVED.reference(identity, frozenset(env._pddl_state.facts))
+            self._game_ref = (identity, reference, static_predicates(env._pddl_state.task))
+        return self._game_ref[0]
+
+    def _static(self) -> frozenset[str]:
+        """The loaded game's static predicates (:func:`~.derived.static_predicates`)."""
+        self._game_key()
+        return self._game_ref[2]
+
     def _state_key(self) -> tuple[str, frozenset]:
         """``(game identity, the state's facts ^ the game's reference facts)``."""
-        env = self._pddl_env
-        facts = frozenset(env._pddl_state.facts)
-        if self._game_ref is None:  # the first derivation since a load
-            identity = game_identity(env)
-            self._game_ref = (identity, DERIVED.reference(identity, facts))
-        identity, reference = self._game_ref
+        identity = self._game_key()
+        reference = self._game_ref[1]
+        facts = frozenset(self._pddl_env._pddl_state.facts)
         return identity, frozenset(iter(facts ^ reference))  # a new table sized for the few facts that differ
 
     def _sync(self) -> None:
