@@ -170,6 +170,8 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
     if derived is not None:
         cache = derived.DERIVED
         result["alfworld_derived_texts"] = {"hits": cache.hits, "misses": cache.misses, "kept": len(cache), "bound": cache.max_texts}
+        if hasattr(cache, "game_hits"):  # the code keeps game texts (keyed without the state)
+            result["alfworld_derived_texts"].update(game_hits=cache.game_hits, game_texts_kept=cache.game_texts)
     result_path.write_text(json.dumps(result))
 
 
