@@ -66,6 +66,42 @@ def categorical_draws(p: np.ndarray, n: int, rng: np.random.Generator) -> np.nda
     return cdf.searchsorted(rng.random(n), side="right")
 
 
+def categorical_rows(probs: np.ndarray, sizes: np.ndarray, n: int, rngs: Sequence[np.random.Generator]) -> list[list[int]]:
+    """For each row ``i`` of the unnormalised probabilities ``probs`` (float64, the rows of
+    ``sizes[i]`` entries concatenated), ``n`` i.i.d. indices into the row drawn from ``rngs[i]``:
+    the very draws (and generator states after them), row after row, of
+    ``categorical_draws(row / row.sum(), n, rngs[i])``, with the cumulative sums, their
+    normalisation and the inversion done for all rows at once.
+
+    The rows go into a zero-padded matrix: a cumulative sum along a row is the row's own
+    (sequential, and the padding comes after it), the padding normalises to exactly 1 (``x / x``),
+    which no uniform draw in ``[0, 1)`` reaches, and for a non-decreasing row
+    ``searchsorted(u, side="right")`` is the number of entries ``<= u``. Each row's sum is taken
+    on its own slice, as before (numpy's pairwise sum depends on the length it adds)."""
+    m = len(sizes)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    # the per-row sums as categorical_draws' callers took them: the pairwise sum of the row alone
+    sums = np.array([probs[a:b].sum() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)])
+    width = int(sizes.max())
+    p = np.zeros((m, width))
+    p[np.arange(width) < sizes[:, None]] = probs
+    p /= sums[:, None]
+    valid = (np.isfinite(p) & (p >= 0)).all(axis=1)
+    cdf = p.cumsum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # the rows that are not distributions are not read
+        cdf /= cdf[np.arange(m), sizes - 1][:, None]
+    draws = np.empty((m, n))
+    picks: list[list[int] | None] = [None] * m
+    for i, (rng, ok) in enumerate(zip(rngs, valid.tolist(), strict=True)):
+        if ok:
+            draws[i] = rng.random(n)
+        else:  # not a distribution: rng.choice says what is wrong with it
+            picks[i] = rng.choice(int(sizes[i]), size=n, p=p[i, : sizes[i]]).tolist()
+    counted = (cdf[:, None, :] <= draws[:, :, None]).sum(axis=2).tolist()
+    return [row if row is not None else drawn for row, drawn in zip(picks, counted, strict=True)]
+
+
 def chosen(step: StepLike) -> int:
     """The index of ``step``'s action in its context's admissible list, checked against the
     action's text (the two travel together from the sample to the loss)."""
@@ -183,19 +219,22 @@ class ChoicePolicy(TablePolicy, nn.Module):
             return []
         if rngs is not None and len(rngs) != len(contexts):
             raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
+        all_logp = self._log_probs_no_grad(contexts)
+        sizes = np.fromiter(map(len, all_logp), dtype=np.int64, count=len(all_logp))
         # float32 -> float64 is exact: numpy's cast gives the values torch's .double() gives
-        all_logp = [lp.numpy().astype(np.float64) for lp in self._log_probs_no_grad(contexts)]
+        flat = torch.cat(all_logp).numpy().astype(np.float64)
+        picks = categorical_rows(np.exp(flat), sizes, n, [self._rng] * len(contexts) if rngs is None else rngs)
+        logps = flat.tolist()
         out: list[list[Action]] = []
-        for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
-            actions = self._admissible(context)
-            probs = np.exp(logp)
-            rng = self._rng if rngs is None else rngs[i]
-            picks = categorical_draws(probs / probs.sum(), n, rng)
+        start = 0
+        for context, size, row in zip(contexts, sizes.tolist(), picks, strict=True):
+            actions = context.admissible_actions
             prompt = (context_key(context.observation),)
-            out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt, index=int(i)) for i in picks])
-            self.meter.gen_tokens += n
-            # the forward pass behind the softmax: the context and every candidate, as a scoring pass
-            self.meter.prefill_tokens += 1 + len(actions)
+            out.append([Action(actions[j], (j,), (logps[start + j],), None, prompt, index=j) for j in row])
+            start += size
+        self.meter.gen_tokens += n * len(contexts)
+        # the forward pass behind each softmax: the context and every candidate, as a scoring pass
+        self.meter.prefill_tokens += len(contexts) + int(sizes.sum())
         self.meter.policy_calls += 1
         return out
 

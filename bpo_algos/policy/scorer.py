@@ -194,18 +194,12 @@ class TextScorerPolicy(ChoicePolicy):
                 return hit[1]
         actions = c.admissible_actions or ()
         task = c.initial_observation or c.observation
-        recent = [turn.action for turn in c.history[len(c.history) - self.history :]] if self.history else []
-        found = self._candidates(task, c.observation, actions)
-        taken = np.zeros(len(actions))
-        for action in recent:  # the repeat feature: ``action in recent``
-            taken[found.positions.get(action, [])] = 1.0
-        columns = [found.features, taken[:, None]]
+        recent = tuple(turn.action for turn in c.history[len(c.history) - self.history :]) if self.history else ()
         if self.memory:
-            columns.append(np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1))
-        # float64 features rounded once to float32, as a tensor built from Python floats would be
-        # (elementwise: rounding each context's block is rounding the whole batch's)
-        inputs = _Inputs((self._ids(task), self._ids(c.observation), self._ids("\n".join(recent))), found.pair_ids, found.pair_lengths,
-                         np.concatenate(columns, axis=1).astype(np.float32), len(actions))
+            memory = np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1)
+            inputs = _derive_inputs(task, c.observation, actions, recent, self.max_chars, self.mention_chars, self.buckets, memory)
+        else:  # a pure function of these texts: shared by every context that has them (and by a context scored again)
+            inputs = _plain_inputs(task, c.observation, actions, recent, self.max_chars, self.mention_chars, self.buckets)
         if kept is not None:
             kept[id(c)] = (c, inputs)
         return inputs
@@ -268,6 +262,33 @@ class _Candidates:
     observation, the share of its mention's words in the task."""
     positions: dict[str, list[int]]
     """Where each action text stands in the admissible list (for the repeat feature)."""
+
+
+def _derive_inputs(task: str, observation: str, actions: tuple[str, ...], recent: tuple[str, ...], max_chars: int, mention_chars: int,
+                   buckets: int, memory: np.ndarray | None = None) -> _Inputs:
+    """A context's :class:`_Inputs` from its task, observation, admissible list and last actions
+    (``memory``: its memory features, ``[n_actions, k]`` float64, or None)."""
+    found = _candidates(task, observation, actions, max_chars, mention_chars, buckets)
+    taken = np.zeros(len(actions))
+    for action in recent:  # the repeat feature: ``action in recent``
+        taken[found.positions.get(action, [])] = 1.0
+    columns = [found.features, taken[:, None]]
+    if memory is not None:
+        columns.append(memory)
+    # float64 features rounded once to float32, as a tensor built from Python floats would be
+    # (elementwise: rounding each context's block is rounding the whole batch's)
+    features = np.concatenate(columns, axis=1).astype(np.float32)
+    features.setflags(write=False)  # read-only, as the arrays it is built beside
+    return _Inputs((_bag_ids(task, max_chars, buckets), _bag_ids(observation, max_chars, buckets), _bag_ids("\n".join(recent), max_chars, buckets)),
+                   found.pair_ids, found.pair_lengths, features, len(actions))
+
+
+@lru_cache(maxsize=1 << 15)
+def _plain_inputs(task: str, observation: str, actions: tuple[str, ...], recent: tuple[str, ...], max_chars: int, mention_chars: int,
+                  buckets: int) -> _Inputs:
+    # the contexts of a batch share their first pages, and the learner and the probes score
+    # again the very contexts the samples were drawn at: one derivation serves them all
+    return _derive_inputs(task, observation, actions, recent, max_chars, mention_chars, buckets)
 
 
 @lru_cache(maxsize=1 << 16)
