@@ -317,6 +317,12 @@ def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.
     return signal, counts @ diag / total - signal
 
 
+def _padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` zero-padded on its last dimension to ``width`` entries (``x`` itself when it has
+    them: no copy of a ``[n, P]`` matrix to pad it by nothing)."""
+    return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
 def signal_to_noise(
     samples: GradientSamples | torch.Tensor,
     reference: GradientSamples | torch.Tensor | tuple[torch.Tensor, float] | None = None,
@@ -382,8 +388,8 @@ def signal_to_noise(
             ref_mean = rows.mean(dim=0)
             ref_signal = float(_pair_moments((rows @ rows.T).numpy(), np.ones((1, rows.shape[0])))[0][0])
         width = max(ref_mean.numel(), g.shape[1])
-        r = torch.nn.functional.pad(ref_mean, (0, width - ref_mean.numel())).numpy()
-        along = torch.nn.functional.pad(g, (0, width - g.shape[1])).numpy() @ r  # g_i . ref_mean
+        r = _padded(ref_mean, width).numpy()
+        along = _padded(g, width).numpy() @ r  # g_i . ref_mean
 
         def cosine(c: np.ndarray) -> np.ndarray:
             own = _pair_moments(gram, c)[0]

@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -79,18 +80,19 @@ def categorical_rows(probs: np.ndarray, sizes: np.ndarray, n: int, rngs: Sequenc
     ``searchsorted(u, side="right")`` is the number of entries ``<= u``. Each row's sum is taken
     on its own slice, as before (numpy's pairwise sum depends on the length it adds)."""
     m = len(sizes)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
+    ends = list(accumulate(sizes.tolist()))
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    if m < FEW_ROWS:  # the matrix's fixed cost is more than a few rows' loop
+        return [categorical_draws((row := probs[a:b]) / row.sum(), n, rng).tolist() for (a, b), rng in zip(bounds, rngs, strict=True)]
     # the per-row sums as categorical_draws' callers took them: the pairwise sum of the row alone
-    sums = np.array([probs[a:b].sum() for a, b in zip(starts.tolist(), ends.tolist(), strict=True)])
+    sums = np.array([probs[a:b].sum() for a, b in bounds])
     width = int(sizes.max())
     p = np.zeros((m, width))
     p[np.arange(width) < sizes[:, None]] = probs
     p /= sums[:, None]
     valid = (np.isfinite(p) & (p >= 0)).all(axis=1)
     cdf = p.cumsum(axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):  # the rows that are not distributions are not read
-        cdf /= cdf[np.arange(m), sizes - 1][:, None]
+    cdf /= np.where(valid, cdf[np.arange(m), sizes - 1], 1.0)[:, None]  # the rows that are not distributions are not read
     draws = np.empty((m, n))
     picks: list[list[int] | None] = [None] * m
     for i, (rng, ok) in enumerate(zip(rngs, valid.tolist(), strict=True)):
@@ -100,6 +102,10 @@ def categorical_rows(probs: np.ndarray, sizes: np.ndarray, n: int, rngs: Sequenc
             picks[i] = rng.choice(int(sizes[i]), size=n, p=p[i, : sizes[i]]).tolist()
     counted = (cdf[:, None, :] <= draws[:, :, None]).sum(axis=2).tolist()
     return [row if row is not None else drawn for row, drawn in zip(picks, counted, strict=True)]
+
+
+FEW_ROWS = 5
+"""Below this many rows :func:`categorical_rows` loops over them (the same draws either way)."""
 
 
 def chosen(step: StepLike) -> int:
@@ -147,7 +153,14 @@ class ChoicePolicy(TablePolicy, nn.Module):
         contexts = [as_context(c) for c in contexts]
         for context in contexts:
             self._admissible(context)
-        return [torch.log_softmax(s / self.temperature, dim=-1) for s in self.scores(contexts)]
+        return [torch.log_softmax(s, dim=-1) for s in self._tempered(self.scores(contexts))]
+
+    def _tempered(self, scores: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``scores / temperature``; at temperature 1 the scores themselves (``x / 1`` is ``x``
+        exactly, and so is its gradient: one division per context less)."""
+        if self.temperature == 1.0:
+            return scores
+        return [s / self.temperature for s in scores]
 
     @contextmanager
     def shared_pass(self, contexts: Sequence[Context]) -> Iterator[None]:
@@ -189,7 +202,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
         for context in contexts:
             self._admissible(context)
         with torch.no_grad():
-            return [torch.log_softmax(s / self.temperature, dim=-1) for s in self._scores_no_grad(contexts)]
+            return [torch.log_softmax(s, dim=-1) for s in self._tempered(self._scores_no_grad(contexts))]
 
     def action_distribution(self, context: Any) -> dict[str, float]:
         """``{action: probability}`` at one context (for inspection)."""

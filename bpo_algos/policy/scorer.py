@@ -37,7 +37,7 @@ import zlib
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -211,15 +211,14 @@ class TextScorerPolicy(ChoicePolicy):
         if not contexts:
             return []
         inputs = [self._inputs(c) for c in contexts]
-        state_bags = [bag for x in inputs for bag in x.state_bags]
         sizes = [x.n_actions for x in inputs]
-        state_lengths = np.fromiter((len(b) for b in state_bags), dtype=np.int64, count=len(state_bags))
-        lengths = np.concatenate([state_lengths, *(x.pair_lengths for x in inputs)])
+        # every context's three state bags, then every context's candidate bags
+        lengths = np.concatenate([*(x.state_lengths for x in inputs), *(x.pair_lengths for x in inputs)])
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        ids = np.concatenate([*state_bags, *(x.pair_ids for x in inputs)])
+        ids = np.concatenate([*(x.state_ids for x in inputs), *(x.pair_ids for x in inputs)])
         embedded = self.embedding(torch.from_numpy(ids), torch.from_numpy(offsets))
-        n_states = len(state_bags)
+        n_states = 3 * len(inputs)
         states = embedded[:n_states].view(len(contexts), 3, -1)
         n_actions = sum(sizes)
         pairs = embedded[n_states:].view(n_actions, 2, -1)
@@ -246,6 +245,14 @@ class _Inputs:
     features: np.ndarray
     """``[n_actions, n_features]`` float32: the word-overlap, repeat and memory features."""
     n_actions: int
+    state_ids: np.ndarray = field(init=False, repr=False)
+    """The three state bags concatenated."""
+    state_lengths: np.ndarray = field(init=False, repr=False)
+    """Their lengths (int64)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_ids", np.concatenate(self.state_bags))
+        object.__setattr__(self, "state_lengths", np.array([len(b) for b in self.state_bags], dtype=np.int64))
 
 
 @dataclass(frozen=True)
