@@ -69,7 +69,13 @@ class Batch:
         return torch.tensor([e.advantage for e in self.steps], dtype=torch.float32)
 
     def old_logprobs(self) -> torch.Tensor:
-        return pad_token_rows([torch.tensor(e.action.logprobs, dtype=torch.float32) for e in self.steps])
+        """``[n_steps, max_len]`` float32 sampling log-probs, zero-padded (:func:`pad_token_rows`)."""
+        rows = [e.action.logprobs for e in self.steps]
+        if rows and all(len(r) == len(rows[0]) for r in rows):
+            # rows of one length (a choice policy's: one token each) in one conversion: the same
+            # float32 values as a tensor per row, stacked
+            return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(rows[0]))
+        return pad_token_rows([torch.tensor(r, dtype=torch.float32) for r in rows])
 
     def mask(self) -> torch.Tensor:
         return action_mask(self.steps)

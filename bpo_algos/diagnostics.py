@@ -25,6 +25,7 @@ fresh randomness. From those samples:
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -317,6 +318,35 @@ def _pair_moments(gram: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.
     return signal, counts @ diag / total - signal
 
 
+_GRAMS: dict[int, tuple[weakref.ref[torch.Tensor], int, np.ndarray]] = {}
+_KEPT_GRAMS = 8
+
+
+def gram_matrix(rows: torch.Tensor, double: torch.Tensor | None = None) -> np.ndarray:
+    """``G[i, j] = g_i . g_j`` of the rows of ``rows`` (``[n, P]``, any float dtype), in float64:
+    ``g @ g.T`` with ``g = rows.double()`` (``double``: that matrix, when the caller has it).
+
+    Remembered for the last few row tensors, by identity and in-place version (a changed or
+    freed tensor is computed afresh): a probe's rows are read by its signal-to-noise ratio and
+    again to size the next probe, and a reference pool's by its ratio and its error, each time
+    an ``[n, P]`` conversion to float64 and an ``n x n x P`` product. Returns a copy."""
+    hit = _GRAMS.get(id(rows))
+    if hit is not None and hit[0]() is rows and hit[1] == rows._version:
+        return hit[2].copy()
+    g = rows.detach().double().cpu() if double is None else double
+    gram = (g @ g.T).numpy()
+    while len(_GRAMS) >= _KEPT_GRAMS:
+        del _GRAMS[next(iter(_GRAMS))]
+    _GRAMS[id(rows)] = (weakref.ref(rows), rows._version, gram)
+    return gram.copy()
+
+
+def _padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` zero-padded on its last dimension to ``width`` entries (``x`` itself when it has
+    them: no copy of a ``[n, P]`` matrix to pad it by nothing)."""
+    return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
 def signal_to_noise(
     samples: GradientSamples | torch.Tensor,
     reference: GradientSamples | torch.Tensor | tuple[torch.Tensor, float] | None = None,
@@ -350,11 +380,11 @@ def signal_to_noise(
     bootstrap interval over this estimator's batches (the reference held fixed).
     """
     grads = samples.grads if isinstance(samples, GradientSamples) else samples
-    g = grads.detach().double().cpu()
-    n = g.shape[0]
+    n = grads.shape[0]
     if n < 2:
         raise ValueError(f"signal_to_noise needs at least 2 gradient samples, got {n}")
-    gram = (g @ g.T).numpy()
+    g = grads.detach().double().cpu() if reference is not None else None  # the cosine reads the rows themselves
+    gram = gram_matrix(grads, g)
     ones = np.ones((1, n))
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, n, size=(resamples, n))
@@ -380,10 +410,10 @@ def signal_to_noise(
         else:
             rows = (reference.grads if isinstance(reference, GradientSamples) else reference).detach().double().cpu()
             ref_mean = rows.mean(dim=0)
-            ref_signal = float(_pair_moments((rows @ rows.T).numpy(), np.ones((1, rows.shape[0])))[0][0])
+            ref_signal = float(_pair_moments(gram_matrix(rows, rows), np.ones((1, rows.shape[0])))[0][0])
         width = max(ref_mean.numel(), g.shape[1])
-        r = torch.nn.functional.pad(ref_mean, (0, width - ref_mean.numel())).numpy()
-        along = torch.nn.functional.pad(g, (0, width - g.shape[1])).numpy() @ r  # g_i . ref_mean
+        r = _padded(ref_mean, width).numpy()
+        along = _padded(g, width).numpy() @ r  # g_i . ref_mean
 
         def cosine(c: np.ndarray) -> np.ndarray:
             own = _pair_moments(gram, c)[0]

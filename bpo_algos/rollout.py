@@ -365,22 +365,27 @@ class RolloutEngine:
         the call's time, charged to the trees it served. Prefill and score tokens are shared
         evenly among ``paths``; generated tokens in proportion to ``generated(out)`` (each path's
         sampled tokens), so each tree gets exactly its own when the policy's count agrees."""
-        before = self._policy.meter.copy()
+        # only the four fields a policy call moves are read (not a copy of the whole meter)
+        policy_meter = self._policy.meter
+        before = (policy_meter.policy_calls, policy_meter.prefill_tokens, policy_meter.score_tokens, policy_meter.gen_tokens)
         t0 = time.perf_counter()
         out = fn()
         elapsed = time.perf_counter() - t0
-        delta = self._policy.meter - before
+        policy_meter = self._policy.meter
+        calls, prefill_tokens, score_tokens, gen_tokens = (
+            policy_meter.policy_calls - before[0], policy_meter.prefill_tokens - before[1],
+            policy_meter.score_tokens - before[2], policy_meter.gen_tokens - before[3])
         meter = self._meter
-        meter.policy_calls += delta.policy_calls
-        meter.prefill_tokens += delta.prefill_tokens
-        meter.score_tokens += delta.score_tokens
-        meter.gen_tokens += delta.gen_tokens
-        flops = cost_flops(self._params, prefill_tokens=delta.prefill_tokens, score_tokens=delta.score_tokens)
-        meter.flops += flops + cost_flops(self._params, gen_tokens=delta.gen_tokens)
+        meter.policy_calls += calls
+        meter.prefill_tokens += prefill_tokens
+        meter.score_tokens += score_tokens
+        meter.gen_tokens += gen_tokens
+        flops = cost_flops(self._params, prefill_tokens=prefill_tokens, score_tokens=score_tokens)
+        meter.flops += flops + cost_flops(self._params, gen_tokens=gen_tokens)
         n = max(len(paths), 1)
-        prefill, prefill_rest = divmod(delta.prefill_tokens, n)
-        score, score_rest = divmod(delta.score_tokens, n)
-        gen = _shares(delta.gen_tokens, generated(out) if generated is not None else [1] * len(paths))
+        prefill, prefill_rest = divmod(prefill_tokens, n)
+        score, score_rest = divmod(score_tokens, n)
+        gen = _shares(gen_tokens, generated(out) if generated is not None else [1] * len(paths))
         seen: set[int] = set()
         for i, path in enumerate(paths):
             tc = path.build.tree.compute
@@ -494,7 +499,6 @@ class RolloutEngine:
     def _record(self, path: PathState, action: Action, result: StepResult) -> bool:
         """Add the step's edge to the tree; True when the path's episode ended."""
         obs, reward, terminated, truncated, info = result
-        self._charge(path.build, env_steps=1)
         # ALGO LOGIC: the step's edge in the tree (reward, termination; what advantages read)
         node = path.node
         child = Node(
@@ -506,7 +510,8 @@ class RolloutEngine:
         child.parent = edge
         path.build.add_child(node, edge, path.key)
         # end ALGO LOGIC
-        self._charge(path.build, train_tokens=int(self._policy.train_tokens(edge)))
+        # the env step and the tokens the learner will spend on it, in one charge (each field once)
+        self._charge(path.build, env_steps=1, train_tokens=int(self._policy.train_tokens(edge)))
         path.node = child
         path.is_root = False
         if terminated or truncated:

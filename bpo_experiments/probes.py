@@ -16,7 +16,7 @@ import torch
 
 from bpo_algos.algorithm import Algorithm
 from bpo_algos.compute import Budget
-from bpo_algos.diagnostics import GradientSamples, gradient_samples, signal_to_noise
+from bpo_algos.diagnostics import GradientSamples, gradient_samples, gram_matrix, signal_to_noise
 from bpo_algos.rollout import EnvPool
 
 if TYPE_CHECKING:
@@ -68,11 +68,10 @@ def snr_relative_error(rows: torch.Tensor) -> float:
     batch gradients): ``sqrt((m - 1) / m * sum_i (snr_(i) - mean_i snr_(i))^2) / snr``, each
     leave-one-out ``snr_(i)`` from the Gram matrix; ``inf`` when the ratio (or a leave-one-out
     one) is not positive and finite, since then nothing can be predicted."""
-    g = rows.detach().double().cpu()
-    m = g.shape[0]
+    m = rows.shape[0]
     if m < 3:
         return float("inf")
-    gram = (g @ g.T).numpy()
+    gram = gram_matrix(rows)
     signal, trace = _moments(gram)
     if not (signal > 0 and trace > 0):
         return float("inf")
@@ -109,10 +108,9 @@ def reference_batches_for(rows: torch.Tensor, target: float, most: int, least: i
     ``tr Cov(mean) / ||E g||^2 = 1 / (n snr) <= target^2``, so ``n = ceil(1 / (target^2 snr))``,
     ``snr`` measured on ``rows`` (independent batches of the same estimator), within
     ``[least, most]`` (``most`` when the measured ratio is not positive)."""
-    g = rows.detach().double().cpu()
-    if g.shape[0] < 2:
+    if rows.shape[0] < 2:
         return most
-    signal, trace = _moments((g @ g.T).numpy())
+    signal, trace = _moments(gram_matrix(rows))
     if not (signal > 0 and trace > 0):
         return most
     return int(min(most, max(least, math.ceil(trace / (target**2 * signal)))))

@@ -71,3 +71,21 @@ def test_moments_handle_growing_parameters_as_zero_padding():
         full[i, : len(r)] = r
     torch.testing.assert_close(m.mean(), full.mean(0))
     assert m.trace_var() == pytest.approx(float(((full - full.mean(0)) ** 2).sum(1).sum() / 3))
+
+
+def test_gram_matrix_is_remembered_only_for_the_same_unchanged_rows():
+    """The Gram matrix equals ``g @ g.T`` of the float64 rows on a first and a repeated call; an
+    in-place change of the rows is computed afresh; a caller changing its copy changes nothing
+    remembered."""
+    from bpo_algos.diagnostics import gram_matrix
+
+    rows = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0))
+    fresh = (rows.double() @ rows.double().T).numpy()
+    first = gram_matrix(rows)
+    assert np.array_equal(first, fresh)
+    first[0, 0] = -1.0
+    assert np.array_equal(gram_matrix(rows), fresh)  # remembered, and not the caller's copy
+    rows[0] *= 2.0  # in place: the version changes
+    changed = gram_matrix(rows)
+    assert np.array_equal(changed, (rows.double() @ rows.double().T).numpy())
+    assert not np.array_equal(changed, fresh)  # the broken case a stale memo would give

@@ -166,6 +166,96 @@ def test_categorical_draws_are_rng_choice_draws():
         categorical_draws(np.array([0.5, np.nan]), 1, np.random.default_rng(0))
 
 
+def test_categorical_rows_are_each_rows_categorical_draws():
+    """All rows at once draw what the per-row loop drew (``categorical_draws(row / row.sum())``
+    from each row's generator, row after row), and leave every generator in the same state:
+    rows of 1 to 70 entries, flat to nearly one-hot, unnormalised, one shared generator or one
+    each; a row that is not a distribution still raises rng.choice's error."""
+    from bpo_algos.policy.choice import categorical_draws, categorical_rows
+
+    for t in range(400):
+        r = np.random.default_rng([t, 7])
+        m, n = int(r.integers(1, 30)), int(r.integers(1, 6))
+        sizes = r.integers(1, 71, size=m)
+        probs = np.exp(r.normal(size=int(sizes.sum())) * float(r.choice([0.1, 1.0, 5.0, 40.0])) - 3.0)
+        shared = bool(r.integers(2))
+        rngs_a = [np.random.default_rng([t, 0])] * m if shared else [np.random.default_rng([t, i]) for i in range(m)]
+        rngs_b = [np.random.default_rng([t, 0])] * m if shared else [np.random.default_rng([t, i]) for i in range(m)]
+        before, start = [], 0
+        for size, rng in zip(sizes.tolist(), rngs_a, strict=True):
+            row = probs[start : start + size]
+            before.append(categorical_draws(row / row.sum(), n, rng).tolist())
+            start += size
+        assert categorical_rows(probs, sizes, n, rngs_b) == before
+        assert [a.bit_generator.state for a in rngs_a] == [b.bit_generator.state for b in rngs_b]
+    # the comparison can fail: the rows' generators swapped draw otherwise
+    probs, sizes = np.ones(40), np.array([20, 20])
+    rows = categorical_rows(probs, sizes, 8, [np.random.default_rng(1), np.random.default_rng(2)])
+    assert rows != categorical_rows(probs, sizes, 8, [np.random.default_rng(2), np.random.default_rng(1)])
+    assert all(0 <= j < 20 for row in rows for j in row)  # never past its row (the padding's cdf is 1)
+    with pytest.raises(ValueError):
+        categorical_rows(np.array([0.5, 0.5, np.nan]), np.array([2, 1]), 1, [np.random.default_rng(0)] * 2)
+
+
+def _sample_as_before(policy: TextScorerPolicy, contexts: list[Context], n: int, rngs: list | None) -> list[list]:
+    """``ChoicePolicy.sample`` as it was before the rows were drawn together (git 6d6f922): a
+    loop over the contexts."""
+    from bpo_algos.policy.base import Action
+    from bpo_algos.policy.choice import categorical_draws, context_key
+
+    out = []
+    for i, (context, lp) in enumerate(zip(contexts, policy._log_probs_no_grad(contexts), strict=True)):
+        logp = lp.numpy().astype(np.float64)
+        probs = np.exp(logp)
+        picks = categorical_draws(probs / probs.sum(), n, policy._rng if rngs is None else rngs[i])
+        prompt = (context_key(context.observation),)
+        out.append([Action(context.admissible_actions[j], (int(j),), (float(logp[j]),), None, prompt, index=int(j)) for j in picks])
+    return out
+
+
+def test_sample_draws_what_the_loop_over_contexts_drew():
+    """The samples, their log-probs and the meter of one ``sample`` over many WebShop contexts
+    equal the loop before, with per-context generators and with the policy's own; another
+    temperature samples otherwise (the comparison can fail)."""
+    contexts = [d.context for d in expert_demos(_webshop, list(range(12)), seed=0) if d.context.admissible_actions]
+    assert len(contexts) > 20
+    for n in (1, 4):
+        a, b = TextScorerPolicy(seed=3, temperature=1.5), TextScorerPolicy(seed=3, temperature=1.5)
+        for _ in range(3):
+            rngs_a = None if n == 4 else [np.random.default_rng([5, i]) for i in range(len(contexts))]
+            rngs_b = None if n == 4 else [np.random.default_rng([5, i]) for i in range(len(contexts))]
+            tokens = a.meter.gen_tokens, a.meter.prefill_tokens
+            assert a.sample(contexts, n, rngs_a) == _sample_as_before(b, contexts, n, rngs_b)
+            assert (a.meter.gen_tokens - tokens[0], a.meter.prefill_tokens - tokens[1]) == (
+                n * len(contexts), sum(1 + len(c.admissible_actions) for c in contexts))
+    hot = TextScorerPolicy(seed=3, temperature=9.0)
+    assert hot.sample(contexts, 4, None) != _sample_as_before(TextScorerPolicy(seed=3, temperature=1.5), contexts, 4, None)
+
+
+def test_plain_scorer_inputs_are_derived_once_and_score_as_before():
+    """Without memory features a context's inputs are a function of its texts, kept across
+    calls and context objects: the scores equal the derivation per context before (git
+    6d6f922), on a first and a second pass; a policy with other ``history`` scores otherwise."""
+    from bpo_algos.policy.scorer import _derive_inputs
+
+    contexts = [d.context for d in expert_demos(_webshop, list(range(8)), seed=0) if d.context.admissible_actions]
+    policy = TextScorerPolicy(seed=4)
+
+    def before(c: Context):
+        recent = tuple(turn.action for turn in c.history[len(c.history) - policy.history :])
+        return _derive_inputs(c.initial_observation or c.observation, c.observation, c.admissible_actions, recent,
+                              policy.max_chars, policy.mention_chars, policy.buckets)
+
+    with torch.no_grad():
+        for _ in range(2):
+            now = policy.scores(contexts)
+            policy._inputs = before  # type: ignore[method-assign]  # derived afresh, nothing kept
+            assert all(torch.equal(x, y) for x, y in zip(now, policy.scores(contexts), strict=True))
+            del policy._inputs
+        other = TextScorerPolicy(seed=4, history=1)
+        assert not all(torch.equal(x, y) for x, y in zip(now, other.scores(contexts), strict=True))
+
+
 def test_fast_hashing_and_mentions_equal_their_plain_definitions():
     """The n-gram ids (hashed through ``map``) and the mentions (cut by bisection) equal the
     per-gram loop and the linear scan they replace, on random texts."""

@@ -18,6 +18,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,47 @@ def categorical_draws(p: np.ndarray, n: int, rng: np.random.Generator) -> np.nda
     return cdf.searchsorted(rng.random(n), side="right")
 
 
+def categorical_rows(probs: np.ndarray, sizes: np.ndarray, n: int, rngs: Sequence[np.random.Generator]) -> list[list[int]]:
+    """For each row ``i`` of the unnormalised probabilities ``probs`` (float64, the rows of
+    ``sizes[i]`` entries concatenated), ``n`` i.i.d. indices into the row drawn from ``rngs[i]``:
+    the very draws (and generator states after them), row after row, of
+    ``categorical_draws(row / row.sum(), n, rngs[i])``, with the cumulative sums, their
+    normalisation and the inversion done for all rows at once.
+
+    The rows go into a zero-padded matrix: a cumulative sum along a row is the row's own
+    (sequential, and the padding comes after it), the padding normalises to exactly 1 (``x / x``),
+    which no uniform draw in ``[0, 1)`` reaches, and for a non-decreasing row
+    ``searchsorted(u, side="right")`` is the number of entries ``<= u``. Each row's sum is taken
+    on its own slice, as before (numpy's pairwise sum depends on the length it adds)."""
+    m = len(sizes)
+    ends = list(accumulate(sizes.tolist()))
+    bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+    if m < FEW_ROWS:  # the matrix's fixed cost is more than a few rows' loop
+        return [categorical_draws((row := probs[a:b]) / row.sum(), n, rng).tolist() for (a, b), rng in zip(bounds, rngs, strict=True)]
+    # the per-row sums as categorical_draws' callers took them: the pairwise sum of the row alone
+    sums = np.array([probs[a:b].sum() for a, b in bounds])
+    width = int(sizes.max())
+    p = np.zeros((m, width))
+    p[np.arange(width) < sizes[:, None]] = probs
+    p /= sums[:, None]
+    valid = (np.isfinite(p) & (p >= 0)).all(axis=1)
+    cdf = p.cumsum(axis=1)
+    cdf /= np.where(valid, cdf[np.arange(m), sizes - 1], 1.0)[:, None]  # the rows that are not distributions are not read
+    draws = np.empty((m, n))
+    picks: list[list[int] | None] = [None] * m
+    for i, (rng, ok) in enumerate(zip(rngs, valid.tolist(), strict=True)):
+        if ok:
+            draws[i] = rng.random(n)
+        else:  # not a distribution: rng.choice says what is wrong with it
+            picks[i] = rng.choice(int(sizes[i]), size=n, p=p[i, : sizes[i]]).tolist()
+    counted = (cdf[:, None, :] <= draws[:, :, None]).sum(axis=2).tolist()
+    return [row if row is not None else drawn for row, drawn in zip(picks, counted, strict=True)]
+
+
+FEW_ROWS = 5
+"""Below this many rows :func:`categorical_rows` loops over them (the same draws either way)."""
+
+
 def chosen(step: StepLike) -> int:
     """The index of ``step``'s action in its context's admissible list, checked against the
     action's text (the two travel together from the sample to the loss)."""
@@ -111,7 +153,14 @@ class ChoicePolicy(TablePolicy, nn.Module):
         contexts = [as_context(c) for c in contexts]
         for context in contexts:
             self._admissible(context)
-        return [torch.log_softmax(s / self.temperature, dim=-1) for s in self.scores(contexts)]
+        return [torch.log_softmax(s, dim=-1) for s in self._tempered(self.scores(contexts))]
+
+    def _tempered(self, scores: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``scores / temperature``; at temperature 1 the scores themselves (``x / 1`` is ``x``
+        exactly, and so is its gradient: one division per context less)."""
+        if self.temperature == 1.0:
+            return scores
+        return [s / self.temperature for s in scores]
 
     @contextmanager
     def shared_pass(self, contexts: Sequence[Context]) -> Iterator[None]:
@@ -153,7 +202,7 @@ class ChoicePolicy(TablePolicy, nn.Module):
         for context in contexts:
             self._admissible(context)
         with torch.no_grad():
-            return [torch.log_softmax(s / self.temperature, dim=-1) for s in self._scores_no_grad(contexts)]
+            return [torch.log_softmax(s, dim=-1) for s in self._tempered(self._scores_no_grad(contexts))]
 
     def action_distribution(self, context: Any) -> dict[str, float]:
         """``{action: probability}`` at one context (for inspection)."""
@@ -183,19 +232,22 @@ class ChoicePolicy(TablePolicy, nn.Module):
             return []
         if rngs is not None and len(rngs) != len(contexts):
             raise ValueError(f"{len(rngs)} generators for {len(contexts)} contexts")
+        all_logp = self._log_probs_no_grad(contexts)
+        sizes = np.fromiter(map(len, all_logp), dtype=np.int64, count=len(all_logp))
         # float32 -> float64 is exact: numpy's cast gives the values torch's .double() gives
-        all_logp = [lp.numpy().astype(np.float64) for lp in self._log_probs_no_grad(contexts)]
+        flat = torch.cat(all_logp).numpy().astype(np.float64)
+        picks = categorical_rows(np.exp(flat), sizes, n, [self._rng] * len(contexts) if rngs is None else rngs)
+        logps = flat.tolist()
         out: list[list[Action]] = []
-        for i, (context, logp) in enumerate(zip(contexts, all_logp, strict=True)):
-            actions = self._admissible(context)
-            probs = np.exp(logp)
-            rng = self._rng if rngs is None else rngs[i]
-            picks = categorical_draws(probs / probs.sum(), n, rng)
+        start = 0
+        for context, size, row in zip(contexts, sizes.tolist(), picks, strict=True):
+            actions = context.admissible_actions
             prompt = (context_key(context.observation),)
-            out.append([Action(actions[i], (int(i),), (float(logp[i]),), None, prompt, index=int(i)) for i in picks])
-            self.meter.gen_tokens += n
-            # the forward pass behind the softmax: the context and every candidate, as a scoring pass
-            self.meter.prefill_tokens += 1 + len(actions)
+            out.append([Action(actions[j], (j,), (logps[start + j],), None, prompt, index=j) for j in row])
+            start += size
+        self.meter.gen_tokens += n * len(contexts)
+        # the forward pass behind each softmax: the context and every candidate, as a scoring pass
+        self.meter.prefill_tokens += len(contexts) + int(sizes.sum())
         self.meter.policy_calls += 1
         return out
 

@@ -37,7 +37,7 @@ import zlib
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -194,18 +194,12 @@ class TextScorerPolicy(ChoicePolicy):
                 return hit[1]
         actions = c.admissible_actions or ()
         task = c.initial_observation or c.observation
-        recent = [turn.action for turn in c.history[len(c.history) - self.history :]] if self.history else []
-        found = self._candidates(task, c.observation, actions)
-        taken = np.zeros(len(actions))
-        for action in recent:  # the repeat feature: ``action in recent``
-            taken[found.positions.get(action, [])] = 1.0
-        columns = [found.features, taken[:, None]]
+        recent = tuple(turn.action for turn in c.history[len(c.history) - self.history :]) if self.history else ()
         if self.memory:
-            columns.append(np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1))
-        # float64 features rounded once to float32, as a tensor built from Python floats would be
-        # (elementwise: rounding each context's block is rounding the whole batch's)
-        inputs = _Inputs((self._ids(task), self._ids(c.observation), self._ids("\n".join(recent))), found.pair_ids, found.pair_lengths,
-                         np.concatenate(columns, axis=1).astype(np.float32), len(actions))
+            memory = np.asarray(context_features(c, actions), dtype=np.float64).reshape(len(actions), -1)
+            inputs = _derive_inputs(task, c.observation, actions, recent, self.max_chars, self.mention_chars, self.buckets, memory)
+        else:  # a pure function of these texts: shared by every context that has them (and by a context scored again)
+            inputs = _plain_inputs(task, c.observation, actions, recent, self.max_chars, self.mention_chars, self.buckets)
         if kept is not None:
             kept[id(c)] = (c, inputs)
         return inputs
@@ -217,15 +211,14 @@ class TextScorerPolicy(ChoicePolicy):
         if not contexts:
             return []
         inputs = [self._inputs(c) for c in contexts]
-        state_bags = [bag for x in inputs for bag in x.state_bags]
         sizes = [x.n_actions for x in inputs]
-        state_lengths = np.fromiter((len(b) for b in state_bags), dtype=np.int64, count=len(state_bags))
-        lengths = np.concatenate([state_lengths, *(x.pair_lengths for x in inputs)])
+        # every context's three state bags, then every context's candidate bags
+        lengths = np.concatenate([*(x.state_lengths for x in inputs), *(x.pair_lengths for x in inputs)])
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        ids = np.concatenate([*state_bags, *(x.pair_ids for x in inputs)])
+        ids = np.concatenate([*(x.state_ids for x in inputs), *(x.pair_ids for x in inputs)])
         embedded = self.embedding(torch.from_numpy(ids), torch.from_numpy(offsets))
-        n_states = len(state_bags)
+        n_states = 3 * len(inputs)
         states = embedded[:n_states].view(len(contexts), 3, -1)
         n_actions = sum(sizes)
         pairs = embedded[n_states:].view(n_actions, 2, -1)
@@ -252,6 +245,14 @@ class _Inputs:
     features: np.ndarray
     """``[n_actions, n_features]`` float32: the word-overlap, repeat and memory features."""
     n_actions: int
+    state_ids: np.ndarray = field(init=False, repr=False)
+    """The three state bags concatenated."""
+    state_lengths: np.ndarray = field(init=False, repr=False)
+    """Their lengths (int64)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state_ids", np.concatenate(self.state_bags))
+        object.__setattr__(self, "state_lengths", np.array([len(b) for b in self.state_bags], dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,33 @@ class _Candidates:
     observation, the share of its mention's words in the task."""
     positions: dict[str, list[int]]
     """Where each action text stands in the admissible list (for the repeat feature)."""
+
+
+def _derive_inputs(task: str, observation: str, actions: tuple[str, ...], recent: tuple[str, ...], max_chars: int, mention_chars: int,
+                   buckets: int, memory: np.ndarray | None = None) -> _Inputs:
+    """A context's :class:`_Inputs` from its task, observation, admissible list and last actions
+    (``memory``: its memory features, ``[n_actions, k]`` float64, or None)."""
+    found = _candidates(task, observation, actions, max_chars, mention_chars, buckets)
+    taken = np.zeros(len(actions))
+    for action in recent:  # the repeat feature: ``action in recent``
+        taken[found.positions.get(action, [])] = 1.0
+    columns = [found.features, taken[:, None]]
+    if memory is not None:
+        columns.append(memory)
+    # float64 features rounded once to float32, as a tensor built from Python floats would be
+    # (elementwise: rounding each context's block is rounding the whole batch's)
+    features = np.concatenate(columns, axis=1).astype(np.float32)
+    features.setflags(write=False)  # read-only, as the arrays it is built beside
+    return _Inputs((_bag_ids(task, max_chars, buckets), _bag_ids(observation, max_chars, buckets), _bag_ids("\n".join(recent), max_chars, buckets)),
+                   found.pair_ids, found.pair_lengths, features, len(actions))
+
+
+@lru_cache(maxsize=1 << 15)
+def _plain_inputs(task: str, observation: str, actions: tuple[str, ...], recent: tuple[str, ...], max_chars: int, mention_chars: int,
+                  buckets: int) -> _Inputs:
+    # the contexts of a batch share their first pages, and the learner and the probes score
+    # again the very contexts the samples were drawn at: one derivation serves them all
+    return _derive_inputs(task, observation, actions, recent, max_chars, mention_chars, buckets)
 
 
 @lru_cache(maxsize=1 << 16)
