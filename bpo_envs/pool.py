@@ -26,6 +26,15 @@ other env (SWE-bench, served and Ray envs, any plain Gymnasium env) keeps the th
 deadline and the recovery; in a mixed call the blocking steps are handed to the threads
 first and the inline ones run while those are under way.
 
+**One job per call on one worker.** With a deadline and ``workers=1`` (ALFWorld's preset) the
+blocking steps of one ``step_many`` call go to the worker as one job that steps the envs in turn
+(:class:`_StepBatch`): one hand-off per call, not one per step, and still each step bounded by
+``step_timeout_s`` from its own start. When step ``k`` passes its deadline it gives a
+:class:`StepTimeoutError`, its env is marked stuck (closed beside its thread on release), a new
+thread takes the stuck one's place, and steps ``k+1...`` of the call, which the stuck job
+checks for cancellation before it starts each step, run there instead: each step runs exactly
+once. With ``workers > 1`` each step is its own job, so the workers share them.
+
 Which slot ``acquire`` lends depends only on this free-slot bookkeeping, so two pools with the
 same number of envs give the engine the same schedule, and so the same batch for given seeds.
 """
@@ -37,8 +46,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
@@ -72,8 +80,9 @@ class EnvPool:
     (:mod:`bpo_algos.recovery`). ``step_timeout_s`` (default :data:`DEFAULT_STEP_TIMEOUT_S`,
     None: no limit) bounds each step, counted from when it starts: a step past it gives a
     :class:`StepTimeoutError` in its place. With a limit, steps run in daemon worker threads
-    (``workers`` of them; one, stepping the envs in turn, by default). A distributed pool
-    implements the same methods and attributes.
+    (``workers`` of them; one by default, which takes each ``step_many`` call's steps as one job
+    and steps the envs in turn: module docstring). ``step_timeout_s`` is read at each call. A
+    distributed pool implements the same methods and attributes.
     """
 
     def __init__(
@@ -189,30 +198,45 @@ class EnvPool:
 
     def _submit_timed(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> Callable[[], list[StepResult | Exception]]:
         """Hand the steps to the daemon workers; returns the call that waits for their results
-        (each bounded by ``step_timeout_s`` from its own start)."""
+        (each bounded by ``step_timeout_s`` from its own start). With one worker the steps run in
+        turn on it anyway, so they go as one job (:class:`_StepBatch`): one hand-off per call
+        instead of one per step. With more, each step is its own job, so the workers share them."""
         assert self.step_timeout_s is not None
         if self._runner is None:
             self._runner = _DaemonWorkers(self.workers)
-        jobs = [self._runner.submit(_step_or_error, env, action)
-                for env, action in zip(envs, actions, strict=True)]
-        return lambda: self._collect_timed(envs, jobs)
+        if self.workers == 1:
+            batches = [_StepBatch(envs, actions)]
+        else:
+            batches = [_StepBatch([env], [action]) for env, action in zip(envs, actions, strict=True)]
+        for batch in batches:
+            self._runner.submit(batch)
+        return lambda: self._collect_timed(batches)
 
-    def _collect_timed(self, envs: Sequence[gym.Env], jobs: list[tuple[Future, list[float]]]) -> list[StepResult | Exception]:
+    def _collect_timed(self, batches: list[_StepBatch]) -> list[StepResult | Exception]:
+        """The batches' results in order. A step past its deadline gives a
+        :class:`StepTimeoutError` and leaves its thread behind (its env is marked stuck, a new
+        thread takes its place); the batch's steps after it, which that job will now never start
+        (:meth:`_StepBatch.wait`), go to the workers as a new job: each step runs exactly once."""
         assert self.step_timeout_s is not None and self._runner is not None
         out: list[StepResult | Exception] = []
-        for env, (future, started) in zip(envs, jobs, strict=True):
+        for batch in batches:
             while True:
-                wait = 0.05 if not started else started[0] + self.step_timeout_s - time.monotonic()
-                try:
-                    out.append(future.result(timeout=max(0.0, wait)))
+                stuck = batch.wait(self.step_timeout_s)
+                if stuck is None:
+                    out.extend(batch.results)  # type: ignore[arg-type]  # every step returned
                     break
-                except FutureTimeoutError:
-                    if started and time.monotonic() >= started[0] + self.step_timeout_s:
-                        self._stuck.add(id(env))
-                        self._runner.replace_stuck()
-                        out.append(StepTimeoutError(
-                            f"the env's step did not return within step_timeout_s={self.step_timeout_s:g} s"))
-                        break
+                out.extend(batch.results[:stuck])  # type: ignore[arg-type]  # returned before it
+                self._stuck.add(id(batch.envs[stuck]))
+                self._runner.replace_stuck()
+                out.append(StepTimeoutError(
+                    f"the env's step did not return within step_timeout_s={self.step_timeout_s:g} s"))
+                if stuck + 1 == len(batch.envs):
+                    break
+                batch = _StepBatch(batch.envs[stuck + 1:], batch.actions[stuck + 1:])
+                self._runner.submit(batch)
+        for result in out:  # a step that raised KeyboardInterrupt or SystemExit: raised here
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
         return out
 
     def close(self) -> None:
@@ -238,13 +262,69 @@ def _close_quietly(env: gym.Env) -> None:
         logger.debug("closing a failed env raised", exc_info=True)
 
 
+class _StepBatch:
+    """Steps run in turn by one worker thread, each timed from its own start.
+
+    :meth:`run` (on the worker) checks, under the batch's lock, that the batch is not cancelled
+    before it starts each step, and records the step's start time; :meth:`wait` (on the caller)
+    declares the running step stuck and cancels the batch under the same lock. So at a timeout
+    the worker is inside step ``k`` and no later step has started or ever will in this job:
+    the caller runs steps ``k+1...`` elsewhere, and none runs twice or is lost."""
+
+    def __init__(self, envs: Sequence[gym.Env], actions: Sequence[str]) -> None:
+        self.envs, self.actions = list(envs), list(actions)
+        self.results: list[StepResult | BaseException | None] = [None] * len(self.envs)
+        self._started: list[float | None] = [None] * len(self.envs)
+        self._next = 0  # the first step not started
+        self._returned = 0  # steps returned (they run in turn: steps 0.._returned-1)
+        self._cancelled = False
+        self._lock = threading.Lock()
+        self._ended = threading.Event()  # the job ran every step, or stopped on cancel
+
+    def run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    k = self._next
+                    if self._cancelled or k == len(self.envs):
+                        return
+                    self._next = k + 1
+                    self._started[k] = time.monotonic()
+                try:
+                    result: StepResult | BaseException = _step_or_error(self.envs[k], self.actions[k])
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    result = exc
+                with self._lock:
+                    self.results[k] = result
+                    self._returned = k + 1
+        finally:
+            self._ended.set()
+
+    def wait(self, timeout_s: float) -> int | None:
+        """None once every step has returned; else the index ``k`` of the step that passed
+        ``timeout_s`` from its own start, with the batch cancelled (steps after ``k`` never start
+        in this job; ``results[:k]`` hold the returned ones)."""
+        while True:
+            with self._lock:
+                k = self._returned
+                if k == len(self.envs):
+                    return None
+                start = self._started[k]
+                if start is not None and time.monotonic() >= start + timeout_s:
+                    self._cancelled = True
+                    assert self._next == k + 1  # the worker is inside step k
+                    return k
+            # the step's deadline, or a short poll until a worker takes the job
+            self._ended.wait(0.05 if start is None else max(0.0, start + timeout_s - time.monotonic()))
+
+
 class _DaemonWorkers:
-    """``n`` daemon threads running submitted calls in submission order. A call stuck past its
+    """``n`` daemon threads running submitted jobs in submission order. A job stuck past its
     deadline keeps its thread (:meth:`replace_stuck` starts another in its place); daemon
     threads never keep the process from exiting, as a ``ThreadPoolExecutor``'s would."""
 
     def __init__(self, n: int) -> None:
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_StepBatch | None] = queue.SimpleQueue()
         self._n = 0
         for _ in range(n):
             self.replace_stuck()
@@ -255,21 +335,10 @@ class _DaemonWorkers:
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            fn, args, future, started = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            started.append(time.monotonic())
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                future.set_exception(exc)
+            job.run()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> tuple[Future, list[float]]:
-        """The call's future and a list that gets its start time when a thread takes it."""
-        future: Future = Future()
-        started: list[float] = []
-        self._jobs.put((fn, args, future, started))
-        return future, started
+    def submit(self, job: _StepBatch) -> None:
+        self._jobs.put(job)
 
     def shutdown(self) -> None:
         for _ in range(self._n):

@@ -14,6 +14,7 @@ import pytest
 
 import bpo_envs
 from bpo_algos import BPO, TabularPolicy
+from bpo_envs import pool as pool_module
 from bpo_envs.pool import DEFAULT_STEP_TIMEOUT_S, EnvPool, StepTimeoutError
 
 TREE = {"depth": 3, "n_actions": 3, "seed": 7}
@@ -105,6 +106,71 @@ def test_the_deadline_counts_from_each_steps_start_not_the_batch():
         assert all(name == "bpo-env" for env in envs for name in env.step_threads)
     finally:
         pool.close()
+
+
+def _stuck_mid_batch(n_envs: int = 4, stuck: int = 1) -> tuple[list, list[int], list]:
+    """One ``step_many`` call (workers=1, so its steps go to the worker as one job) whose step
+    ``stuck`` stalls 1 s past a 0.3 s deadline; the outputs, each env's step count once the
+    stalled step has returned and its job had time to go on, and a fresh env's steps to compare."""
+    counts = [0] * n_envs
+    returned = threading.Event()
+    lock = threading.Lock()
+
+    class Counting(gym.Wrapper):
+        def __init__(self, k: int) -> None:
+            super().__init__(BlockingTreeMDP(**TREE))
+            self.k = k
+
+        def step(self, action):
+            with lock:
+                counts[self.k] += 1
+                first = counts[self.k] == 1
+            if self.k == stuck and first:
+                time.sleep(1.0)
+                out = self.env.step(action)
+                returned.set()
+                return out
+            return self.env.step(action)
+
+    made = iter(range(n_envs))
+    pool = EnvPool([lambda: Counting(next(made))] * n_envs, workers=1, step_timeout_s=0.3)
+    try:
+        envs = [pool.acquire() for _ in range(n_envs)]
+        for env in envs:
+            env.reset(options={"task_id": 0})
+        actions = [f"a{k % 3}" for k in range(n_envs)]
+        out = pool.step_many(envs, actions)
+        assert returned.wait(5.0)
+        time.sleep(0.3)  # room for a job that went on past the stalled step
+        reference = []
+        for action in actions:
+            env = BlockingTreeMDP(**TREE)
+            env.reset(options={"task_id": 0})
+            reference.append(env.step(action))
+        return out, list(counts), reference
+    finally:
+        pool.close()
+
+
+def test_a_step_stuck_mid_batch_times_out_and_the_later_steps_run_once_in_order():
+    out, counts, reference = _stuck_mid_batch()
+    assert isinstance(out[1], StepTimeoutError)
+    for k in (0, 2, 3):  # each result in its own env's place
+        assert isinstance(out[k], tuple) and out[k][:4] == reference[k][:4], (k, out[k])
+    assert counts == [1, 1, 1, 1]  # the steps after the stuck one ran elsewhere, once
+
+
+def test_a_batch_job_that_ignores_the_cancel_runs_the_later_steps_twice(monkeypatch):
+    # the broken case the test above catches: the stuck job, once its step returns, goes on
+    # with the steps that were handed to another thread
+    monkeypatch.setattr(pool_module._StepBatch, "_cancelled", property(lambda self: False, lambda self, value: None), raising=False)
+    out, counts, _ = _stuck_mid_batch()
+    assert isinstance(out[1], StepTimeoutError) and counts == [1, 1, 2, 2]
+
+
+def test_a_step_stuck_last_in_its_batch_leaves_nothing_to_resubmit():
+    out, counts, _ = _stuck_mid_batch(n_envs=3, stuck=2)
+    assert [type(r).__name__ for r in out] == ["tuple", "tuple", "StepTimeoutError"] and counts == [1, 1, 1]
 
 
 def test_the_engine_replaces_a_stuck_env_and_finishes_the_batch():
