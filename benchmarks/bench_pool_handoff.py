@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 import bpo_envs
 from bpo_envs.pool import DEFAULT_STEP_TIMEOUT_S, EnvPool
@@ -52,10 +53,12 @@ def measure(n_envs: int, steps: int, seed: int, games: list[str]) -> dict[str, d
     pool = EnvPool([lambda: gym.make("BPO-ALFWorld-v0", **ENV_KWARGS)] * n_envs)
     try:
         envs = [pool.acquire() for _ in range(n_envs)]
-        rng, coin = random.Random(seed), random.Random(seed + 1)
+        # the action draws, the mode coin and each env's reset: separate streams of one SeedSequence
+        action_seed, coin_seed, *reset_seeds = np.random.SeedSequence(seed).generate_state(2 + n_envs).tolist()
+        rng, coin = random.Random(action_seed), random.Random(coin_seed)
         admissible = []
         for i, env in enumerate(envs):
-            _, info = env.reset(seed=seed + i, options={"task_id": games[i % len(games)]})
+            _, info = env.reset(seed=reset_seeds[i], options={"task_id": games[i % len(games)]})
             admissible.append(info["admissible_actions"])
         cpu, wall, done = dict.fromkeys(MODES, 0.0), dict.fromkeys(MODES, 0.0), dict.fromkeys(MODES, 0)
         next_game = n_envs
