@@ -178,9 +178,35 @@ def _fresh_and_kept(games: list[tuple[dict[str, Any], Any]], monkeypatch: pytest
     return fresh, kept
 
 
-def test_states_from_kept_facts_play_as_fresh_ones(games: list[tuple[dict[str, Any], Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("translations_held", [True, False])
+def test_states_from_kept_facts_play_as_fresh_ones(
+    games: list[tuple[dict[str, Any], Any]], monkeypatch: pytest.MonkeyPatch, translations_held: bool
+) -> None:
+    """With the translations held, and with each read from disk again at every load (the
+    parsed facts are kept apart from them)."""
+    if not translations_held:
+        monkeypatch.setattr(_upstream, "TRANSLATION_CACHE_BYTES", 1)
     fresh, kept = _fresh_and_kept(games, monkeypatch)
     assert kept == fresh
+    if not translations_held:
+        assert len(_upstream._PROBLEM_BYTES) == 1
+
+
+def test_the_parsed_facts_keep_their_bound(games: list[tuple[dict[str, Any], Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = AlfredEngine()
+    for game, path in games:
+        engine.load(game, "k", path)
+    sizes = [size for _, size in _upstream._PARSED_FACTS.values()]
+    assert _upstream.parsed_facts_bytes() == sum(sizes) > 0
+    _upstream.clear_translation_cache()
+    bound = sum(sizes) - min(sizes) // 2  # room for 3 of the 4
+    monkeypatch.setattr(_upstream, "PARSED_FACTS_BYTES", bound)
+    for _ in range(3):
+        for game, path in games:
+            engine.load(game, "k", path)
+            assert _upstream.parsed_facts_bytes() <= bound
+            assert _upstream.parsed_facts_bytes() == sum(size for _, size in _upstream._PARSED_FACTS.values())
+    assert len(_upstream._PARSED_FACTS) == 3
 
 
 def test_facts_kept_without_the_initial_state_are_caught(games: list[tuple[dict[str, Any], Any]], monkeypatch: pytest.MonkeyPatch) -> None:

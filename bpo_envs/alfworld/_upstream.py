@@ -19,9 +19,9 @@
 * The process keeps the translations it read or made within :data:`TRANSLATION_CACHE_BYTES`,
   dropping first the problems whose next game load is furthest away as predicted from their
   last two (:func:`_victim`: the evaluation's games come back in the same order at every point,
-  a cyclic scan on which LRU keeps nothing), and with each problem the facts textworld's
-  ``PddlState`` parses from text at every load and reset (:func:`_state_from_parsed`: the same
-  propositions added in the same order, so the same state).
+  a cyclic scan on which LRU keeps nothing), and, within :data:`PARSED_FACTS_BYTES`, each
+  problem's facts that textworld's ``PddlState`` parses from text at every load and reset
+  (:func:`_state_from_parsed`: the same propositions added in the same order, so the same state).
 """
 
 from __future__ import annotations
@@ -134,12 +134,18 @@ TRANSLATION_CACHE_BYTES = int(float(os.environ.get("BPO_ALFWORLD_TRANSLATION_CAC
 _BYTES_PER_SAS_CHAR = 3
 _TRANSLATIONS: dict[tuple[str, bool], tuple[Any, int]] = {}
 """(problem digest, optimised) -> (the translation, its estimated bytes)."""
-_PARSED_FACTS: dict[str, tuple[tuple[Any, ...], ...]] = {}
-"""problem digest -> the facts ``PddlState.__init__`` parses from text, per ``add_facts`` call
-(kept while the problem's translations are, and counted in the cache's bytes)."""
 _PROBLEM_BYTES: dict[str, int] = {}
-"""problem digest -> the bytes of everything the cache keeps for it (in the order first kept)."""
+"""problem digest -> the estimated bytes of its translations kept (in the order first kept)."""
 _translation_bytes = 0
+PARSED_FACTS_BYTES = int(float(os.environ.get("BPO_ALFWORLD_PARSED_FACTS_MB", 32)) * 2**20)
+"""The bound on the parsed facts kept ($BPO_ALFWORLD_PARSED_FACTS_MB): a game's are ~800
+references to textworld's propositions (which textworld memoises for the process anyway), about
+7 kB, so 32 MiB keeps every game of the CPU default's splits (1,274) with room to spare."""
+_PARSED_FACTS: dict[str, tuple[tuple[tuple[Any, ...], ...], int]] = {}
+"""problem digest -> (the facts ``PddlState.__init__`` parses from text, per ``add_facts`` call;
+their bytes), kept apart from the translations: a game whose translation is read from disk again
+is not parsed again."""
+_parsed_facts_bytes = 0
 LOAD_HISTORY_KEPT = 1 << 16
 _LOADS: OrderedDict[str, tuple[int, int | None]] = OrderedDict()
 """problem digest -> (the index of its last game load, the loads between its last two), the
@@ -191,19 +197,16 @@ def _cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize:
         return result
 
 
-def _add_bytes(digest: str, size: int) -> None:
-    global _translation_bytes
-    _PROBLEM_BYTES[digest] = _PROBLEM_BYTES.get(digest, 0) + size
-    _translation_bytes += size
-    _evict(digest)
-
-
 def _store_translation(key: tuple[str, bool], result: Any) -> None:
+    global _translation_bytes
     with _LOCK:
         if key in _TRANSLATIONS:
             _forget(key[0])
-        _TRANSLATIONS[key] = (result, _estimated_bytes(result))
-        _add_bytes(key[0], _TRANSLATIONS[key][1])
+        size = _estimated_bytes(result)
+        _TRANSLATIONS[key] = (result, size)
+        _PROBLEM_BYTES[key[0]] = _PROBLEM_BYTES.get(key[0], 0) + size
+        _translation_bytes += size
+        _evict(key[0])
 
 
 def _forget(digest: str) -> None:
@@ -211,7 +214,6 @@ def _forget(digest: str) -> None:
     global _translation_bytes
     for optimize in (False, True):
         _TRANSLATIONS.pop((digest, optimize), None)
-    _PARSED_FACTS.pop(digest, None)
     _translation_bytes -= _PROBLEM_BYTES.pop(digest, 0)
 
 
@@ -224,7 +226,12 @@ def _evict(newest: str) -> None:
 
 
 def _victim(newest: str) -> str:
-    """The problem to drop (any but ``newest``): the one whose next game load is predicted
+    """The problem whose translations to drop (any but ``newest``): :func:`_furthest`."""
+    return _furthest(newest, _PROBLEM_BYTES)
+
+
+def _furthest(newest: str, among: Any) -> str:
+    """The problem of ``among`` (any but ``newest``) whose next game load is predicted
     furthest away, counted in game loads (:func:`note_game_load`). A problem loaded twice is
     predicted to come back one gap after its last load (the loads between its last two): the
     evaluation games come back in the same order at every evaluation point, so their gaps
@@ -252,7 +259,7 @@ def _victim(newest: str) -> str:
             return 2, now - last - 2 * gap
         return 1, last + gap
 
-    return max((d for d in _PROBLEM_BYTES if d != newest), key=rank)
+    return max((d for d in among if d != newest), key=rank)
 
 
 # ---- grammar parses ------------------------------------------------------------------------
@@ -482,8 +489,8 @@ def _fast_textgen(textgen: Any) -> dict[str, Any]:
 
 # textworld's PddlEnv builds the game's state (a Fast Downward task load plus ~1k fact parses)
 # in load() and again in reset(); right after load() the second is the same as the first. Any
-# other build of a problem whose translations are kept takes its parsed facts from the cache
-# (_PARSED_FACTS), recorded at its first build (the facts of each add_facts call, in order).
+# other build of a problem takes its parsed facts from _PARSED_FACTS where they are kept,
+# recorded at its first build (the facts of each add_facts call, in order).
 class _Reusable(threading.local):
     state: Any = None  # per thread: the state reuse_loaded_state left, else None
 
@@ -511,18 +518,14 @@ def _pddl_state_factory(original: Any) -> Any:
             and pending._logic is logic
         ):
             return pending
-        key = _key(logic.domain, pddl_problem, False)
+        digest = _key(logic.domain, pddl_problem, False)[0]
         with _LOCK:
-            parsed = _PARSED_FACTS.get(key[0]) if key in _TRANSLATIONS else None
-        if parsed is not None:
-            return _state_from_parsed(original, downward_lib, pddl_problem, logic, parsed)
+            kept = _PARSED_FACTS.get(digest)
+        if kept is not None:
+            return _state_from_parsed(original, downward_lib, pddl_problem, logic, kept[0])
         state = recording(downward_lib, pddl_problem, logic)
         state.__class__ = original
-        parsed = tuple(state.__dict__.pop("_added_facts"))
-        with _LOCK:
-            if key in _TRANSLATIONS:  # kept, and evicted, with the game's translations
-                _PARSED_FACTS[key[0]] = parsed
-                _add_bytes(key[0], _parsed_bytes(parsed))
+        _keep_parsed(digest, tuple(state.__dict__.pop("_added_facts")))
         return state
 
     return make
@@ -541,6 +544,26 @@ def _recorded_add_facts(self: Any, props: Any) -> None:
 def _parsed_bytes(parsed: tuple[tuple[Any, ...], ...]) -> int:
     # the tuples only: textworld's propositions live in its own memo (mementos) for the process
     return sys.getsizeof(parsed) + sum(sys.getsizeof(facts) for facts in parsed)
+
+
+def _keep_parsed(digest: str, parsed: tuple[tuple[Any, ...], ...]) -> None:
+    """Keep a problem's parsed facts within :data:`PARSED_FACTS_BYTES` (plus the newest's),
+    dropping first the problem whose next load is predicted furthest (:func:`_furthest`)."""
+    global _parsed_facts_bytes
+    with _LOCK:
+        if digest in _PARSED_FACTS:
+            _parsed_facts_bytes -= _PARSED_FACTS.pop(digest)[1]
+        size = _parsed_bytes(parsed)
+        _PARSED_FACTS[digest] = (parsed, size)
+        _parsed_facts_bytes += size
+        while _parsed_facts_bytes > PARSED_FACTS_BYTES and len(_PARSED_FACTS) > 1:
+            _parsed_facts_bytes -= _PARSED_FACTS.pop(_furthest(digest, _PARSED_FACTS))[1]
+
+
+def parsed_facts_bytes() -> int:
+    """The bytes of the parsed facts kept (at most :data:`PARSED_FACTS_BYTES` unless the newest
+    problem's alone are more)."""
+    return _parsed_facts_bytes
 
 
 def _state_from_parsed(cls: Any, downward_lib: Any, pddl_problem: str, logic: Any, parsed: tuple[tuple[Any, ...], ...]) -> Any:
@@ -654,7 +677,7 @@ def _patched() -> Iterator[None]:
 
 def clear_translation_cache() -> None:
     """Forget every cached translation, parsed fact and load (for benchmarks of the cold path)."""
-    global _translation_bytes, _loads_counted
+    global _translation_bytes, _loads_counted, _parsed_facts_bytes
     with _LOCK:
         _TRANSLATIONS.clear()
         _PARSED_FACTS.clear()
@@ -662,4 +685,5 @@ def clear_translation_cache() -> None:
         _LOGIC_PARSES.clear()
         _LOADS.clear()
         _translation_bytes = 0
+        _parsed_facts_bytes = 0
         _loads_counted = 0
