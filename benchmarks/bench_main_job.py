@@ -23,7 +23,8 @@ thread is on-CPU there, which cProfile, main thread only, does not see) and adds
 the on-CPU samples by part (:data:`SPY_PARTS`).
 Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
 the cloning and the evaluations; the runs, and in them their evaluations) and every run's
-results, so that before and after can be compared result for result. Counted in the job's own process: *env steps*, every
+results, so that before and after can be compared result for result, and (ALFWorld) every game load in order with whether
+the process held the game's translation (``alfworld_game_loads``; ``bench_translation_eviction.py`` replays it). Counted in the job's own process: *env steps*, every
 ``SnapshotEnv.step``; *decisions*, every action a choice policy sampled
 (``ChoicePolicy.sample`` / ``sample_distinct``), in training, probes and evaluation alike.
 

@@ -127,8 +127,9 @@ def grammar_text() -> str:
 # re-rooted states alone held ~200 MiB. Measured Python-side size / len(SAS text) was 1.4-3.1, so
 # _BYTES_PER_SAS_CHAR = 3 over-estimates; the cache keeps at most TRANSLATION_CACHE_BYTES of
 # estimated size (plus the newest problem's entries, whatever their size). 192 MiB holds both
-# translations of ~64-100 games, so training on a few dozen tasks does not re-translate at
-# every reset (a miss costs 0.2-0.9 s, or 10-30 ms to read a stored translation from disk);
+# translations of ~80 of the CPU default's games (2.3 MiB estimated each, 0.6-3.8), so training
+# on a few dozen tasks does not re-translate at every reset (a miss costs 0.2-0.9 s, or 10-20 ms
+# to read a stored translation from disk);
 # $BPO_ALFWORLD_TRANSLATION_CACHE_MB overrides it. Which problem leaves: see _victim.
 TRANSLATION_CACHE_BYTES = int(float(os.environ.get("BPO_ALFWORLD_TRANSLATION_CACHE_MB", 192)) * 2**20)
 _BYTES_PER_SAS_CHAR = 3
@@ -244,8 +245,9 @@ def _furthest(newest: str, among: Any) -> str:
        its next load);
     3. problems whose prediction failed (not loaded again within twice their gap: a game
        played in a burst, such as one task's group of episodes), the longest overdue first;
-    4. the rest, the furthest predicted load first (a problem a little overdue counts as due
-       now: the gaps between evaluation points vary with the training loads between them).
+    4. the rest, the furthest predicted load first (a problem a little overdue ranks by its
+       predicted load, now past, and stays: the gaps between evaluation points vary with the
+       training loads between them).
     """
     now = _loads_counted - 1
 
@@ -396,7 +398,7 @@ def save_translation(game_path: Path | None, game: dict[str, Any]) -> Path | Non
 
 def translation_cache_bytes() -> int:
     """The translation cache's estimated size in bytes (at most :data:`TRANSLATION_CACHE_BYTES`
-    unless its newest entry alone is larger)."""
+    unless the newest problem's translations alone are more)."""
     return _translation_bytes
 
 
