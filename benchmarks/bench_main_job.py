@@ -23,7 +23,8 @@ thread is on-CPU there, which cProfile, main thread only, does not see) and adds
 the on-CPU samples by part (:data:`SPY_PARTS`).
 Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
 the cloning and the evaluations; the runs, and in them their evaluations) and every run's
-results, so that before and after can be compared result for result. Counted in the job's own process: *env steps*, every
+results, so that before and after can be compared result for result, and (ALFWorld) every game load in order with whether
+the process held the game's translation (``alfworld_game_loads``; ``bench_translation_eviction.py`` replays it). Counted in the job's own process: *env steps*, every
 ``SnapshotEnv.step``; *decisions*, every action a choice policy sampled
 (``ChoicePolicy.sample`` / ``sample_distinct``), in training, probes and evaluation alike.
 
@@ -156,6 +157,7 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
     timed(runner, "run_one", "runs", enters="runs")
     timed(build, "_expert_demos", "demos")
     timed(sft, "behaviour_cloning", "cloning")
+    loads = _trace_alfworld_loads()
     from bpo_experiments import compare
 
     job_start = time.perf_counter()
@@ -172,7 +174,42 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
         result["alfworld_derived_texts"] = {"hits": cache.hits, "misses": cache.misses, "kept": len(cache), "bound": cache.max_texts}
         if hasattr(cache, "game_hits"):  # the code keeps game texts (keyed without the state)
             result["alfworld_derived_texts"].update(game_hits=cache.game_hits, game_texts_kept=cache.game_texts)
+    if loads is not None and loads["sequence"]:
+        result["alfworld_game_loads"] = loads
     result_path.write_text(json.dumps(result))
+
+
+def _trace_alfworld_loads() -> dict[str, Any] | None:
+    """Wrap ``AlfredEngine.load`` (where the code has ALFWorld) to record every game load: the
+    game (its index in ``games``, with its translations' estimated bytes), whether the process
+    held its translation already (``has_translation`` before the load: an in-process hit; else
+    it was read from disk or translated), in order, so that eviction policies can be compared on
+    the job's own sequence. None where ALFWorld cannot be imported."""
+    try:
+        from bpo_envs.alfworld import _upstream
+        from bpo_envs.alfworld.engine import AlfredEngine
+    except ImportError:
+        return None
+    record: dict[str, Any] = {"loads": 0, "in_process": 0, "games": [], "sequence": []}
+    index: dict[str, int] = {}
+    load = AlfredEngine.load
+
+    def traced(self: Any, game: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        held = _upstream.has_translation(game)
+        out = load(self, game, *args, **kwargs)
+        name = _upstream._key(game["pddl_domain"], game["pddl_problem"], False)[0]
+        if name not in index:
+            size = sum(_upstream._estimated_bytes(entry[0]) for optimize in (False, True)
+                       if (entry := _upstream._TRANSLATIONS.get(_upstream._key(game["pddl_domain"], game["pddl_problem"], optimize))) is not None)
+            index[name] = len(record["games"])
+            record["games"].append([name[:12], size])
+        record["loads"] += 1
+        record["in_process"] += int(held)
+        record["sequence"].append(index[name])
+        return out
+
+    AlfredEngine.load = traced  # type: ignore[method-assign]
+    return record
 
 
 # ---- reading a profile ---------------------------------------------------------------------------

@@ -16,6 +16,12 @@
 * The first load of a game in a process still translates its problem and parses its grammar
   (≈0.2-0.5 s). :func:`load_translation` / :func:`save_translation` keep both on disk, in a
   file beside the game (:func:`translation_path`), so a new process reads them instead.
+* The process keeps the translations it read or made within :data:`TRANSLATION_CACHE_BYTES`,
+  dropping first the problems whose next game load is furthest away as predicted from their
+  last two (:func:`_victim`: the evaluation's games come back in the same order at every point,
+  a cyclic scan on which LRU keeps nothing), and, within :data:`PARSED_FACTS_BYTES`, each
+  problem's facts that textworld's ``PddlState`` parses from text at every load and reset
+  (:func:`_state_from_parsed`: the same propositions added in the same order, so the same state).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import os
 import pickle
 import sys
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,13 +126,32 @@ def grammar_text() -> str:
 # The cache is therefore bounded by an estimate of its bytes, not by a count: 256 entries of
 # re-rooted states alone held ~200 MiB. Measured Python-side size / len(SAS text) was 1.4-3.1, so
 # _BYTES_PER_SAS_CHAR = 3 over-estimates; the cache keeps at most TRANSLATION_CACHE_BYTES of
-# estimated size (plus the newest entry, whatever its size). 192 MiB holds both translations of
-# ~64 games, so training on a few dozen tasks does not re-translate at every reset (a miss costs
-# 0.2-0.9 s); $BPO_ALFWORLD_TRANSLATION_CACHE_MB overrides it.
+# estimated size (plus the newest problem's entries, whatever their size). 192 MiB holds both
+# translations of ~80 of the CPU default's games (2.3 MiB estimated each, 0.6-3.8), so training
+# on a few dozen tasks does not re-translate at every reset (a miss costs 0.2-0.9 s, or 10-20 ms
+# to read a stored translation from disk);
+# $BPO_ALFWORLD_TRANSLATION_CACHE_MB overrides it. Which problem leaves: see _victim.
 TRANSLATION_CACHE_BYTES = int(float(os.environ.get("BPO_ALFWORLD_TRANSLATION_CACHE_MB", 192)) * 2**20)
 _BYTES_PER_SAS_CHAR = 3
-_TRANSLATIONS: OrderedDict[tuple[str, bool], tuple[Any, int]] = OrderedDict()
+_TRANSLATIONS: dict[tuple[str, bool], tuple[Any, int]] = {}
+"""(problem digest, optimised) -> (the translation, its estimated bytes)."""
+_PROBLEM_BYTES: dict[str, int] = {}
+"""problem digest -> the estimated bytes of its translations kept (in the order first kept)."""
 _translation_bytes = 0
+PARSED_FACTS_BYTES = int(float(os.environ.get("BPO_ALFWORLD_PARSED_FACTS_MB", 32)) * 2**20)
+"""The bound on the parsed facts kept ($BPO_ALFWORLD_PARSED_FACTS_MB): a game's are ~800
+references to textworld's propositions (which textworld memoises for the process anyway), about
+7 kB, so 32 MiB keeps every game of the CPU default's splits (1,274) with room to spare."""
+_PARSED_FACTS: dict[str, tuple[tuple[tuple[Any, ...], ...], int]] = {}
+"""problem digest -> (the facts ``PddlState.__init__`` parses from text, per ``add_facts`` call;
+their bytes), kept apart from the translations: a game whose translation is read from disk again
+is not parsed again."""
+_parsed_facts_bytes = 0
+LOAD_HISTORY_KEPT = 1 << 16
+_LOADS: OrderedDict[str, tuple[int, int | None]] = OrderedDict()
+"""problem digest -> (the index of its last game load, the loads between its last two), the
+:data:`LOAD_HISTORY_KEPT` problems loaded last."""
+_loads_counted = 0
 _original_pddl2sas: Any = None
 _patch_depth = 0
 
@@ -144,12 +169,25 @@ def _estimated_bytes(result: Any) -> int:
     return _BYTES_PER_SAS_CHAR * len(sas) if isinstance(sas, str) else 2**20
 
 
+def note_game_load(game: dict[str, Any]) -> None:
+    """Record that a game is being loaded (``AlfredEngine.load``): the cache's eviction
+    predicts a problem's next load from its last two (:func:`_victim`)."""
+    global _loads_counted
+    digest = _key(game["pddl_domain"], game["pddl_problem"], False)[0]
+    with _LOCK:
+        now = _loads_counted
+        _loads_counted += 1
+        last = _LOADS.pop(digest, None)
+        _LOADS[digest] = (now, None if last is None else now - last[0])
+        if len(_LOADS) > LOAD_HISTORY_KEPT:
+            _LOADS.popitem(last=False)
+
+
 def _cached_pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> Any:
     key = _key(domain, problem, optimize)
     with _LOCK:
         hit = _TRANSLATIONS.get(key)
         if hit is not None:
-            _TRANSLATIONS.move_to_end(key)
             return hit[0]
         argv = list(sys.argv)
         try:
@@ -164,13 +202,66 @@ def _store_translation(key: tuple[str, bool], result: Any) -> None:
     global _translation_bytes
     with _LOCK:
         if key in _TRANSLATIONS:
-            _translation_bytes -= _TRANSLATIONS.pop(key)[1]
+            _forget(key[0])
         size = _estimated_bytes(result)
         _TRANSLATIONS[key] = (result, size)
+        _PROBLEM_BYTES[key[0]] = _PROBLEM_BYTES.get(key[0], 0) + size
         _translation_bytes += size
-        while _translation_bytes > TRANSLATION_CACHE_BYTES and len(_TRANSLATIONS) > 1:
-            _, (_, old) = _TRANSLATIONS.popitem(last=False)
-            _translation_bytes -= old
+        _evict(key[0])
+
+
+def _forget(digest: str) -> None:
+    """Drop everything the cache keeps for the problem ``digest``."""
+    global _translation_bytes
+    for optimize in (False, True):
+        _TRANSLATIONS.pop((digest, optimize), None)
+    _translation_bytes -= _PROBLEM_BYTES.pop(digest, 0)
+
+
+def _evict(newest: str) -> None:
+    """Drop problems (:func:`_victim`) until the cache is within :data:`TRANSLATION_CACHE_BYTES`
+    or holds only ``newest``'s entries (the problem being loaded: its two translations are
+    stored one after the other and both are read right after)."""
+    while _translation_bytes > TRANSLATION_CACHE_BYTES and len(_PROBLEM_BYTES) > 1:
+        _forget(_victim(newest))
+
+
+def _victim(newest: str) -> str:
+    """The problem whose translations to drop (any but ``newest``): :func:`_furthest`."""
+    return _furthest(newest, _PROBLEM_BYTES)
+
+
+def _furthest(newest: str, among: Any) -> str:
+    """The problem of ``among`` (any but ``newest``) whose next game load is predicted
+    furthest away, counted in game loads (:func:`note_game_load`). A problem loaded twice is
+    predicted to come back one gap after its last load (the loads between its last two): the
+    evaluation games come back in the same order at every evaluation point, so their gaps
+    repeat. The order, first to go:
+
+    1. problems never loaded as a game (the states of re-rooted restores), the oldest first;
+    2. problems loaded once, the most recently loaded first: on a scan larger than the cache
+       (every evaluation point's games, in the same order) those kept from the scan's start
+       are found at its next pass, where LRU would keep none (each would be dropped before
+       its next load);
+    3. problems whose prediction failed (not loaded again within twice their gap: a game
+       played in a burst, such as one task's group of episodes), the longest overdue first;
+    4. the rest, the furthest predicted load first (a problem a little overdue ranks by its
+       predicted load, now past, and stays: the gaps between evaluation points vary with the
+       training loads between them).
+    """
+    now = _loads_counted - 1
+
+    def rank(digest: str) -> tuple[int, int]:
+        last, gap = _LOADS.get(digest, (None, None))
+        if last is None:
+            return 4, 0
+        if gap is None:
+            return 3, last
+        if now - last > 2 * gap:
+            return 2, now - last - 2 * gap
+        return 1, last + gap
+
+    return max((d for d in among if d != newest), key=rank)
 
 
 # ---- grammar parses ------------------------------------------------------------------------
@@ -307,7 +398,7 @@ def save_translation(game_path: Path | None, game: dict[str, Any]) -> Path | Non
 
 def translation_cache_bytes() -> int:
     """The translation cache's estimated size in bytes (at most :data:`TRANSLATION_CACHE_BYTES`
-    unless its newest entry alone is larger)."""
+    unless the newest problem's translations alone are more)."""
     return _translation_bytes
 
 
@@ -399,7 +490,9 @@ def _fast_textgen(textgen: Any) -> dict[str, Any]:
 
 
 # textworld's PddlEnv builds the game's state (a Fast Downward task load plus ~1k fact parses)
-# in load() and again in reset(); right after load() the second is the same as the first.
+# in load() and again in reset(); right after load() the second is the same as the first. Any
+# other build of a problem takes its parsed facts from _PARSED_FACTS where they are kept,
+# recorded at its first build (the facts of each add_facts call, in order).
 class _Reusable(threading.local):
     state: Any = None  # per thread: the state reuse_loaded_state left, else None
 
@@ -415,6 +508,8 @@ def reuse_loaded_state(state: Any) -> None:
 
 
 def _pddl_state_factory(original: Any) -> Any:
+    recording = type("RecordingPddlState", (original,), {"add_facts": _recorded_add_facts})
+
     def make(downward_lib: Any, pddl_problem: str, logic: Any) -> Any:
         pending = _REUSE.state
         _REUSE.state = None
@@ -425,9 +520,92 @@ def _pddl_state_factory(original: Any) -> Any:
             and pending._logic is logic
         ):
             return pending
-        return original(downward_lib, pddl_problem, logic)
+        digest = _key(logic.domain, pddl_problem, False)[0]
+        with _LOCK:
+            kept = _PARSED_FACTS.get(digest)
+        if kept is not None:
+            return _state_from_parsed(original, downward_lib, pddl_problem, logic, kept[0])
+        state = recording(downward_lib, pddl_problem, logic)
+        state.__class__ = original
+        _keep_parsed(digest, tuple(state.__dict__.pop("_added_facts")))
+        return state
 
     return make
+
+
+def _recorded_add_facts(self: Any, props: Any) -> None:
+    """``State.add_facts`` that also records each call's facts, in order (``_added_facts``):
+    ``PddlState.__init__`` adds the problem's ``:init`` facts, then those of Fast Downward's
+    initial state, each parsed from text."""
+    props = list(props)
+    self.__dict__.setdefault("_added_facts", []).append(tuple(props))
+    for prop in props:
+        self.add_fact(prop)
+
+
+def _parsed_bytes(parsed: tuple[tuple[Any, ...], ...]) -> int:
+    # the tuples only: textworld's propositions live in its own memo (mementos) for the process
+    return sys.getsizeof(parsed) + sum(sys.getsizeof(facts) for facts in parsed)
+
+
+def _keep_parsed(digest: str, parsed: tuple[tuple[Any, ...], ...]) -> None:
+    """Keep a problem's parsed facts within :data:`PARSED_FACTS_BYTES` (plus the newest's),
+    dropping first the problem whose next load is predicted furthest (:func:`_furthest`)."""
+    global _parsed_facts_bytes
+    with _LOCK:
+        if digest in _PARSED_FACTS:
+            _parsed_facts_bytes -= _PARSED_FACTS.pop(digest)[1]
+        size = _parsed_bytes(parsed)
+        _PARSED_FACTS[digest] = (parsed, size)
+        _parsed_facts_bytes += size
+        while _parsed_facts_bytes > PARSED_FACTS_BYTES and len(_PARSED_FACTS) > 1:
+            _parsed_facts_bytes -= _PARSED_FACTS.pop(_furthest(digest, _PARSED_FACTS))[1]
+
+
+def parsed_facts_bytes() -> int:
+    """The bytes of the parsed facts kept (at most :data:`PARSED_FACTS_BYTES` unless the newest
+    problem's alone are more)."""
+    return _parsed_facts_bytes
+
+
+def _state_from_parsed(cls: Any, downward_lib: Any, pddl_problem: str, logic: Any, parsed: tuple[tuple[Any, ...], ...]) -> Any:
+    """``PddlState(downward_lib, pddl_problem, logic)`` as textworld 1.7.0's ``__init__`` builds
+    it, but with the facts it parses from text (the ``:init`` atoms, Fast Downward's initial
+    state's atoms) taken from ``parsed``, the same propositions (textworld memoises each) added
+    in the same order, so every set holds them in the same order. Fast Downward still loads
+    both SAS texts into ``downward_lib``; only reading its initial state back (``get_state``) is
+    skipped, which changes nothing in the library."""
+    fd = upstream()["fast_downward"]
+    textworld_logic = upstream()["textworld"].logic
+    state = cls.__new__(cls)
+    state._facts = defaultdict(set)
+    state._vars_by_name = {}
+    state._vars_by_type = defaultdict(set)
+    state._var_counts = Counter()
+    state._logic = logic
+    state.downward_lib = downward_lib
+    state.pddl_problem = pddl_problem
+    verbose = _check_flag("TW_PDDL_DEBUG")
+    state.task, state.sas = fd.pddl2sas(logic.domain, pddl_problem, verbose=verbose)
+    _, state.sas_replan = fd.pddl2sas(logic.domain, pddl_problem, verbose=verbose, optimize=True)
+    state._actions = {a.name: a for a in state.task.actions}
+    for type_ in state.task.types:
+        try:
+            logic.types.add(textworld_logic.Type(type_.name, type_.supertype_names))
+        except ValueError:
+            pass
+    downward_lib.load_sas(state.sas.encode("utf-8"))
+    downward_lib.load_sas_replan(state.sas_replan.encode("utf-8"))
+    state.name2type = {o.name: o.type_name for o in state.task.objects}
+    for facts in parsed:
+        state.add_facts(facts)
+    return state
+
+
+def _check_flag(name: str) -> bool:
+    from textworld.envs.pddl.logic import check_flag
+
+    return check_flag(name)
 
 
 def _chained_facts(self: Any) -> Iterator[Any]:
@@ -500,9 +678,14 @@ def _patched() -> Iterator[None]:
 
 
 def clear_translation_cache() -> None:
-    """Forget every cached translation (for benchmarks of the cold path)."""
-    global _translation_bytes
+    """Forget every cached translation, parsed fact and load (for benchmarks of the cold path)."""
+    global _translation_bytes, _loads_counted, _parsed_facts_bytes
     with _LOCK:
         _TRANSLATIONS.clear()
+        _PARSED_FACTS.clear()
+        _PROBLEM_BYTES.clear()
         _LOGIC_PARSES.clear()
+        _LOADS.clear()
         _translation_bytes = 0
+        _parsed_facts_bytes = 0
+        _loads_counted = 0

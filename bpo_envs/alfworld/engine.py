@@ -27,6 +27,7 @@ from bpo_envs.alfworld._upstream import (
     engine_patches,
     has_translation,
     load_translation,
+    note_game_load,
     reuse_loaded_state,
     save_translation,
     upstream,
@@ -111,7 +112,10 @@ class AlfredEngine:
         """Load ``game`` (a ``game.tw-pddl`` dict) and reset it; return the intro text.
 
         The game's translation is read from disk where one is stored (beside ``game_path``, see
-        :func:`~bpo_envs.alfworld._upstream.load_translation`) and stored after a first load."""
+        :func:`~bpo_envs.alfworld._upstream.load_translation`) and stored after a first load; the
+        load is recorded for the process's translation cache, whose eviction predicts each
+        game's next load from its last two (:func:`~bpo_envs.alfworld._upstream.note_game_load`)."""
+        note_game_load(game)
         store = not has_translation(game) and not load_translation(game_path, game)
         self._game_ref = None
         with engine_patches():
