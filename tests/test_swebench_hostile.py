@@ -126,6 +126,9 @@ def test_a_container_that_stops_after_the_command_returned_is_started_again():
         box = env.unwrapped._backend.container
         box.exec_run(["bash", "-c", "kill 1"])
         deadline = time.monotonic() + 20
+        # read the status first: docker-py's run() leaves the attributes of create() ("created"),
+        # with which the loop would not wait, and the next command could start before init ends
+        box.reload()
         while box.status == "running" and time.monotonic() < deadline:
             time.sleep(0.1)
             box.reload()
