@@ -26,12 +26,18 @@ from typing import Any
 from bpo_envs.alfworld import _upstream
 
 
-def _lru(newest: str) -> str:
-    return min((d for d in _upstream._PROBLEM_BYTES if d != newest), key=lambda d: _upstream._LOADS[d][0])
+def _last_load(digest: str) -> int:
+    """When the problem was last loaded (-1: not in the load history)."""
+    return _upstream._LOADS.get(digest, (-1, None))[0]
+
+
+def lru(newest: str) -> str:
+    """The least recently loaded problem leaves (what the cache did before)."""
+    return min((d for d in _upstream._PROBLEM_BYTES if d != newest), key=_last_load)
 
 
 def _mru(newest: str) -> str:
-    return max((d for d in _upstream._PROBLEM_BYTES if d != newest), key=lambda d: _upstream._LOADS[d][0])
+    return max((d for d in _upstream._PROBLEM_BYTES if d != newest), key=_last_load)
 
 
 def _random(seed: int) -> Callable[[str], str]:
@@ -44,10 +50,13 @@ def _random(seed: int) -> Callable[[str], str]:
     return victim
 
 
-def replay(sequence: list[int], sizes: list[int], victim: Callable[[str], str] | None, bound: int) -> float:
+def replay(sequence: list[int], sizes: list[int], victim: Callable[[str], str] | None, bound: int,
+           after_store: Callable[[list[tuple[str, bool]]], None] | None = None) -> float:
     """The share of the loads of ``sequence`` (game indices; game ``i``'s two translations
     ``sizes[i]`` estimated bytes) that find both translations held, with ``victim`` choosing
-    what leaves (None: the cache's own choice) and ``bound`` bytes."""
+    what leaves (None: the cache's own choice) and ``bound`` bytes. ``after_store(keys)`` is
+    called after every store (``keys``: the loaded game's two translation keys), e.g. to check
+    the bound (``tests/test_alfworld_loads.py``)."""
     _upstream.clear_translation_cache()
     saved = (_upstream._victim, _upstream.TRANSLATION_CACHE_BYTES)
     _upstream.TRANSLATION_CACHE_BYTES = bound
@@ -64,6 +73,8 @@ def replay(sequence: list[int], sizes: list[int], victim: Callable[[str], str] |
                 continue
             for key in keys:  # half the pair's estimate each (3 bytes a SAS character)
                 _upstream._store_translation(key, (None, "x" * (sizes[i] // 6)))
+                if after_store is not None:
+                    after_store(keys)
     finally:
         _upstream._victim, _upstream.TRANSLATION_CACHE_BYTES = saved
         _upstream.clear_translation_cache()
@@ -110,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             "label": row.get("label"), "loads": len(sequence), "games": len(sizes),
             "measured_in_process": loads["in_process"] / loads["loads"],
             "replayed": {
-                "this cache": replay(sequence, sizes, None, bound), "lru": replay(sequence, sizes, _lru, bound),
+                "this cache": replay(sequence, sizes, None, bound), "lru": replay(sequence, sizes, lru, bound),
                 "mru": replay(sequence, sizes, _mru, bound), "random (seed 0)": replay(sequence, sizes, _random(0), bound),
                 "belady (optimum)": belady(sequence, sizes, bound),
             },

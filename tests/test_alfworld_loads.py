@@ -7,6 +7,8 @@ Downward's initial state, the broken case, are caught)."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,9 @@ import gymnasium as gym  # noqa: E402
 
 from bpo_envs.alfworld import _upstream  # noqa: E402
 from bpo_envs.alfworld.engine import AlfredEngine  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_translation_eviction import lru, replay  # noqa: E402  - the benchmark's replay of a load sequence
 
 TASKS = ("pick_and_place_simple/0001", "look_at_obj_in_light/0001", "pick_and_place_simple/0002", "look_at_obj_in_light/0002")
 
@@ -45,31 +50,18 @@ def _empty_cache() -> None:
     _upstream.clear_translation_cache()
 
 
-def _lru(newest: str) -> str:
-    """The broken case: drop the least recently loaded problem (LRU)."""
-    return min((d for d in _upstream._PROBLEM_BYTES if d != newest), key=lambda d: _upstream._LOADS.get(d, (-1, None))[0])
-
-
-def _hit_rate(sequence: list[int], sizes: list[int], bound: int, monkeypatch: pytest.MonkeyPatch) -> float:
+def _hit_rate(sequence: list[int], sizes: list[int], bound: int, victim: Any = None) -> float:
     """The share of game loads of ``sequence`` (problem indices) whose two translations the
-    cache held, each problem's pair ``sizes[i]`` estimated bytes; checks the bound after every
-    store."""
-    monkeypatch.setattr(_upstream, "TRANSLATION_CACHE_BYTES", bound)
-    hits = 0
-    for i in sequence:
-        game = {"pddl_domain": "(define (domain d))", "pddl_problem": f"(define (problem p{i}))"}
-        _upstream.note_game_load(game)
-        keys = [_upstream._key(game["pddl_domain"], game["pddl_problem"], optimize) for optimize in (False, True)]
-        if all(key in _upstream._TRANSLATIONS for key in keys):
-            hits += 1
-            continue
-        for key in keys:  # a translation whose estimate is sizes[i] // 2 (3 bytes a SAS character)
-            _upstream._store_translation(key, (None, "x" * (sizes[i] // 6)))
-            within = _upstream.translation_cache_bytes() <= bound
-            assert within or set(_upstream._PROBLEM_BYTES) == {keys[0][0]}, "over the bound with another problem kept"
+    cache held, each problem's pair ``sizes[i]`` estimated bytes, replayed through the cache by
+    the benchmark's :func:`replay` (``victim``: its choice of what leaves; None: the cache's);
+    checks the bound after every store."""
+
+    def within_bound(keys: list[tuple[str, bool]]) -> None:
+        within = _upstream.translation_cache_bytes() <= bound
+        assert within or set(_upstream._PROBLEM_BYTES) == {keys[0][0]}, "over the bound with another problem kept"
         assert _upstream.translation_cache_bytes() == sum(size for _, size in _upstream._TRANSLATIONS.values())
-    _upstream.clear_translation_cache()
-    return hits / len(sequence)
+
+    return replay(sequence, sizes, victim, bound, after_store=within_bound)
 
 
 def _evaluation_job(seed: int = 0) -> list[int]:
@@ -87,15 +79,15 @@ def _evaluation_job(seed: int = 0) -> list[int]:
     return sequence
 
 
-def test_the_cache_keeps_its_bound_and_finds_games_on_a_cyclic_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_keeps_its_bound_and_finds_games_on_a_cyclic_scan() -> None:
     size, held = 60_000, 8  # room for 8 of the 24 games' translations
-    rate = _hit_rate(list(range(14)) * 5, [size] * 24, held * size, monkeypatch)
+    rate = _hit_rate(list(range(14)) * 5, [size] * 24, held * size)
     # LRU drops every game before its next load; the cache keeps 7 of the 14 from the first
     # pass (the 8th room holds each newest game in turn) and finds them in each of the next 4
     assert rate >= 4 * 7 / 70
     # games of different sizes, training draws between the passes
     sizes = [size - 6_000 * (i % 3) for i in range(34)]
-    assert _hit_rate(_evaluation_job(), sizes, held * size, monkeypatch) > JOB_RATE
+    assert _hit_rate(_evaluation_job(), sizes, held * size) > JOB_RATE
 
 
 JOB_RATE = 0.45
@@ -103,12 +95,11 @@ JOB_RATE = 0.45
 optimum's (Belady's, knowing the future: 0.54)."""
 
 
-def test_lru_finds_nothing_on_a_cyclic_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lru_finds_nothing_on_a_cyclic_scan() -> None:
     """The broken case: with LRU's choice the checks above fail."""
-    monkeypatch.setattr(_upstream, "_victim", _lru)
     sizes = [60_000] * 34
-    assert _hit_rate(list(range(14)) * 5, sizes, 8 * 60_000, monkeypatch) == 0.0
-    assert not _hit_rate(_evaluation_job(), [60_000 - 6_000 * (i % 3) for i in range(34)], 8 * 60_000, monkeypatch) > JOB_RATE
+    assert _hit_rate(list(range(14)) * 5, sizes, 8 * 60_000, lru) == 0.0
+    assert not _hit_rate(_evaluation_job(), [60_000 - 6_000 * (i % 3) for i in range(34)], 8 * 60_000, lru) > JOB_RATE
 
 
 def test_real_game_loads_in_a_cycle_find_the_kept_games(games: list[tuple[dict[str, Any], Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +125,7 @@ def test_real_game_loads_in_a_cycle_find_the_kept_games(games: list[tuple[dict[s
         return hits
 
     assert passes(_upstream._victim) >= 2 * 2
-    assert passes(_lru) == 0
+    assert passes(lru) == 0
 
 
 # ---- states built from kept parsed facts -----------------------------------------------------
