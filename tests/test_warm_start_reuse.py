@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import bpo_experiments.demo_cache as demo_cache  # noqa: E402
 from bpo_algos.policy.episode_memory import context_features  # noqa: E402
-from bpo_algos.policy.scorer import TextScorerPolicy  # noqa: E402
+from bpo_algos.policy.scorer import TextScorerPolicy, _bag_ids, _candidates  # noqa: E402
 from bpo_algos.policy.sft import Demo, behaviour_cloning, demo_steps, expert_demos  # noqa: E402
 from bpo_envs.alfworld import ALFWorldEnv  # noqa: E402
 from bpo_experiments.demo_cache import cached_expert_demos, demos_data, demos_from_data  # noqa: E402
@@ -147,8 +147,8 @@ def _scores_as_before(policy: TextScorerPolicy, contexts: list) -> list[torch.Te
         actions = c.admissible_actions or ()
         task = c.initial_observation or c.observation
         recent = [turn.action for turn in c.history[len(c.history) - policy.history :]] if policy.history else []
-        found = policy._candidates(task, c.observation, actions)
-        state_bags += [policy._ids(task), policy._ids(c.observation), policy._ids("\n".join(recent))]
+        found = _candidates(task, c.observation, actions, policy.max_chars, policy.mention_chars, policy.buckets)
+        state_bags += [_bag_ids(text, policy.max_chars, policy.buckets) for text in (task, c.observation, "\n".join(recent))]
         pair_bags.append(found.pair_ids)
         pair_lengths.append(found.pair_lengths)
         static.append(found.features)

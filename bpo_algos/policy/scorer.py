@@ -160,15 +160,6 @@ class TextScorerPolicy(ChoicePolicy):
                 layer.weight.uniform_(-bound, bound, generator=generator)
             self.hidden.bias.zero_()
 
-    def _ids(self, text: str) -> np.ndarray:
-        """The bag of ``text`` (cut at ``max_chars``) as an int64 array of bucket ids (cached)."""
-        return _bag_ids(text, self.max_chars, self.buckets)
-
-    def _candidates(self, task: str, observation: str, actions: tuple[str, ...]) -> _Candidates:
-        """What every context with this task, observation and admissible list shares (cached):
-        the bags of the actions and their mentions, and the word-overlap features."""
-        return _candidates(task, observation, actions, self.max_chars, self.mention_chars, self.buckets)
-
     _kept_inputs: dict[int, tuple[Context, _Inputs]] | None = None
     """Inside :meth:`inputs_kept`: each scored context's inputs, by the context object."""
 
@@ -308,6 +299,8 @@ def _bag_ids(text: str, max_chars: int, buckets: int) -> np.ndarray:
 
 @lru_cache(maxsize=1 << 14)
 def _candidates(task: str, observation: str, actions: tuple[str, ...], max_chars: int, mention_chars: int, buckets: int) -> _Candidates:
+    """What every context with this task, observation and admissible list shares: the bags of
+    the actions and their mentions, and the word-overlap features."""
     task_words, obs_words = _words(task[:max_chars]), _words(observation[:max_chars])
     bags: list[np.ndarray] = []
     features = np.zeros((len(actions), N_FEATURES - 1))
