@@ -408,9 +408,11 @@ def signal_to_noise(
         if isinstance(reference, tuple):
             ref_mean, ref_signal = reference[0].detach().double().cpu().reshape(-1), float(reference[1])
         else:
-            rows = (reference.grads if isinstance(reference, GradientSamples) else reference).detach().double().cpu()
+            ref_grads = reference.grads if isinstance(reference, GradientSamples) else reference
+            rows = ref_grads.detach().double().cpu()
             ref_mean = rows.mean(dim=0)
-            ref_signal = float(_pair_moments(gram_matrix(rows, rows), np.ones((1, rows.shape[0])))[0][0])
+            # remembered under the caller's tensor (``rows`` is a new one at every call)
+            ref_signal = float(_pair_moments(gram_matrix(ref_grads, rows), np.ones((1, rows.shape[0])))[0][0])
         width = max(ref_mean.numel(), g.shape[1])
         r = _padded(ref_mean, width).numpy()
         along = _padded(g, width).numpy() @ r  # g_i . ref_mean
