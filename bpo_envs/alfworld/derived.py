@@ -262,14 +262,18 @@ class DerivedTexts:
                 self._states.move_to_end(state)
             return texts
 
-    def get(self, texts: dict[tuple[str, ...], str], arguments: tuple[str, ...]) -> str | None:
-        """The text kept under ``arguments`` in ``texts`` (None if none), counted as a hit or a miss."""
+    def get(self, texts: dict[tuple[str, ...], str], arguments: tuple[str, ...], *, game: bool = False,
+            last: bool = True) -> str | None:
+        """The text kept under ``arguments`` in ``texts`` (None if none), counted as a hit (``game``:
+        ``texts`` are a game's, and a game hit too) or, where ``last`` (no other key is asked
+        after this one), as a miss."""
         with self._lock:
             text = texts.get(arguments)
-            if text is None:
-                self.misses += 1
-            else:
+            if text is not None:
                 self.hits += 1
+                self.game_hits += game
+            elif last:
+                self.misses += 1
             return text
 
     def put(self, key: StateKey, arguments: tuple[str, ...], text: str) -> None:
@@ -332,10 +336,8 @@ class StateDerivations:
         if self._game_entry is None:
             key: StateKey = (self._game(), None)
             self._game_entry = (key, DERIVED.texts(key))
-        text = self._game_entry[1].get(arguments)
+        text = DERIVED.get(self._game_entry[1], arguments, game=True, last=not self._keep_state)
         if text is not None:
-            DERIVED.hits += 1
-            DERIVED.game_hits += 1
             return text
         if self._keep_state:
             if self._state_entry is None:
@@ -344,8 +346,6 @@ class StateDerivations:
             text = DERIVED.get(self._state_entry[1], arguments)
             if text is not None:
                 return text
-        else:
-            DERIVED.misses += 1
         reads = _Reads()
         seen = dict(context, state=StateReader(state, reads, self._static()), facts=_Reader(context["facts"], reads))
         text = self._derive(start, seen)
