@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bpo_algos.optimizers import TouchedRowsAdam
 from bpo_algos.policy.base import Action, Context, admissible_of
 from bpo_envs.seeding import key_seed
 
@@ -94,7 +95,8 @@ def behaviour_cloning(
     """Train ``policy`` (an ``HFPolicy`` or a ``ChoicePolicy``) to imitate ``demos``.
 
     Minimises the mean negative log-likelihood per answer token, ``epochs`` passes over the
-    demos in a seeded shuffled order. Returns the loss of every batch. A ``VLLMPolicy`` has
+    demos in a seeded shuffled order, with Adam (:class:`~bpo_algos.optimizers.TouchedRowsAdam`)
+    unless ``optimizer`` is given. Returns the loss of every batch. A ``VLLMPolicy`` has
     its weights pushed to the generator afterwards.
     """
     if not demos:
@@ -110,11 +112,10 @@ def behaviour_cloning(
     # is derived once (Policy.inputs_kept), the weights' part every batch
     with policy.inputs_kept():
         policy.prepare_parameters(steps)  # a table policy's entries, before the optimizer sees its parameters
-        params = policy.trainable_parameters()
-        # foreach: Adam's steps as one list operation per formula step instead of a Python loop
-        # over the parameters; on a CPU the same kernels in the same order (the same numbers),
-        # and the default on a GPU already
-        optimizer = optimizer or torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+        # Adam without weight decay, computed only on the rows a gradient has reached: a text
+        # scorer's batch reaches a few hundred of its 32,768 embedding rows, and the others'
+        # step is exactly the identity (the numbers of AdamW(weight_decay=0), bit for bit)
+        optimizer = optimizer or TouchedRowsAdam(policy.trainable_parameters(), lr=lr)
         for _ in range(epochs):
             order = rng.permutation(len(steps))
             for start in range(0, len(order), batch_size):
