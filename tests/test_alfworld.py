@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from alfworld_support import private_cache
+from alfworld_support import engine_every_step, private_cache  # noqa: F401 - a fixture
 
 pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
 pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
@@ -75,6 +75,7 @@ def test_check_snapshot_every_task_type(env: gym.Env, task_type: str) -> None:
     assert report.compared_transitions > 8
 
 
+@pytest.mark.usefixtures("engine_every_step")  # it reads the engine's epochs
 def test_snapshot_detour_restore_win(env: gym.Env) -> None:
     env.reset(options={"task_id": GAME["pick_cool_then_place_in_recep"]})
     plan = env.unwrapped.expert_actions()

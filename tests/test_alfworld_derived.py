@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 import pytest
-from alfworld_support import private_cache
+from alfworld_support import engine_every_step, private_cache  # noqa: F401 - a fixture
 
 pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
 pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
@@ -26,6 +26,8 @@ from bpo_envs.alfworld.derived import (  # noqa: E402
     game_identity,
 )
 from bpo_envs.alfworld.engine import AlfredEngine  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("engine_every_step")  # these tests read the engine's own state
 
 TASKS = ("pick_and_place_simple/0001", "look_at_obj_in_light/0001")
 

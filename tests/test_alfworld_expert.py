@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alfworld_support import private_cache
+from alfworld_support import engine_every_step, private_cache  # noqa: F401 - a fixture
 
 pytest.importorskip("fast_downward", reason="run bpo-gym-setup alfworld")
 pytest.importorskip("textworld", reason="run bpo-gym-setup alfworld")
@@ -247,6 +247,7 @@ def _transitions(env: ALFWorldEnv, task_id: str, steps: int = 6) -> list[Any]:
     return out
 
 
+@pytest.mark.usefixtures("engine_every_step")  # "a new process": nothing answered from memory
 def test_first_reset_reads_the_translation_from_disk(monkeypatch: pytest.MonkeyPatch) -> None:
     env = ALFWorldEnv(games_per_type=2)
     task = GAME["pick_clean_then_place_in_recep"]

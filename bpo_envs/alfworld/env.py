@@ -19,6 +19,7 @@ from bpo_envs.alfworld.expert import (
 )
 from bpo_envs.alfworld.games import DataGames, GeneratedGames
 from bpo_envs.alfworld.generator import GENERATOR_VERSION
+from bpo_envs.alfworld.transitions import MEMO, Answer, CommandPath
 from bpo_envs.alfworld.verify import PLANNER_TIMEOUT_S
 from bpo_envs.core import SnapshotEnv
 from bpo_envs.reward_settings import REWARD_SETTINGS, VERL_AGENT_REWARD, reward_settings
@@ -75,6 +76,10 @@ class _Saved:
     trace: tuple[Any, ...] | None = None
     intro: str = ""
     expert: ExpertState | None = None
+    # the episode's commands (canonical, and whether each was admissible) and its path: what the
+    # transition memo is read by after a restore in this process (None: not known, memo off)
+    commands: tuple[tuple[str, bool], ...] | None = None
+    path: CommandPath = ()
 
     def fact_state(self) -> FactState:
         if self.facts is None:
@@ -209,6 +214,15 @@ class ALFWorldEnv(SnapshotEnv):
         self._ids = self.games.task_ids()
         self._engine = AlfredEngine()
         self._moved = False
+        # the episode as the env shows it (bpo_envs.alfworld.transitions): its game, its commands
+        # (None: unknown after a portable restore or a re-rooting, so the memo is off until the
+        # next reset), the admissible ones as the path, what the env shows now, and how many of
+        # the commands the engine has run since its reset of this episode (None: not reset for it)
+        self._episode, self._episode_key = "", ""
+        self._commands: list[tuple[str, bool]] | None = []
+        self._path: CommandPath = ()
+        self._now = Answer("", (), False)
+        self._engine_at: int | None = None
         # handcoded expert: the episode's steps, and the expert once asked (then kept current)
         self._intro = ""
         self._trace: list[Any] | None = [] if self.expert == "handcoded" else None
@@ -231,37 +245,93 @@ class ALFWorldEnv(SnapshotEnv):
 
     def _info(self, task_id: str) -> dict[str, Any]:
         return {
-            "admissible_actions": self._engine.admissible_commands,
-            "won": self._engine.won,
+            "admissible_actions": list(self._now.admissible),
+            "won": self._now.won,
             "task_type": self.games.task_type(task_id),
             "data_source": self._info_source,
         }
 
-    def _reset_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
+    def _engine_answer(self, text: str) -> Answer:
+        return Answer(text, tuple(self._engine.admissible_commands), self._engine.won)
+
+    def _engine_reset(self, task_id: str) -> Answer:
+        """Load (or, when it holds the game already, reset) the engine at ``task_id``'s start."""
         key = self._key(task_id)
         if self._engine.problem_key == key:
             intro = self._engine.reset()
         else:
             intro = self._engine.load(self.games.game(task_id), key, self.games.game_path(task_id))
+        return self._engine_answer(intro)
+
+    def _memo_reads(self) -> bool:
+        """Whether this step may be answered from the memo: the path is known and no live
+        handcoded expert needs to be told the engine's state at every step."""
+        return MEMO.enabled and self._commands is not None and self._handcoded is None
+
+    def _sync_engine(self) -> None:
+        """Bring the engine to the episode's current state: reset it for this episode if it is
+        not, then replay the commands it has not run (recording them for the handcoded expert as
+        playing them did). Everything that reads the engine's own state calls this first."""
+        if self._commands is None or self._engine_at == len(self._commands):
+            return
+        if self._engine_at is None:
+            self._engine_reset(self._episode)
+            self._engine_at = 0
+            if self._trace is not None:
+                self._trace = []
+        for command, valid in self._commands[self._engine_at :]:
+            self._record(command, self._engine.step(command) if valid else NOTHING_HAPPENS)
+        self._engine_at = len(self._commands)
+
+    def _reset_task(self, task_id: str) -> tuple[str, dict[str, Any]]:
+        key = self._key(task_id)
+        answer = MEMO.get(key, ()) if MEMO.enabled else None
+        self._engine_at = None  # the engine is this episode's only once reset for it
+        if answer is None:
+            answer = self._engine_reset(task_id)
+            MEMO.put(key, (), answer)
+            self._engine_at = 0
+        self._episode, self._episode_key, self._commands, self._path, self._now = task_id, key, [], (), answer
         self._moved = False
-        self._intro = intro
+        self._intro = answer.text
         if self.expert == "handcoded":
             self._trace, self._handcoded = [], None
-        return intro, self._info(task_id)
+        return answer.text, self._info(task_id)
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         command = _canonical(action)
-        if not self._engine.is_admissible(command):
+        valid = command in self._now.admissible
+        answer = None
+        if valid:
+            path = self._path + (command,)
+            answer = MEMO.get(self._episode_key, path) if self._memo_reads() else None
+        # the engine runs a command the memo cannot answer; an invalid one changes nothing, so
+        # it is recorded now only where the engine is in step already, else at the next sync
+        in_step = self._commands is None or self._engine_at == len(self._commands)
+        if answer is None and valid:
+            self._sync_engine()
+            in_step = True
+        if self._commands is not None:
+            self._commands.append((command, valid))
+        if not valid:
+            if in_step:
+                self._record(command, NOTHING_HAPPENS)
+                if self._commands is not None:
+                    self._engine_at = len(self._commands)
             info = self._info(self.task_id)
             info["invalid_action"] = True
-            self._record(command, NOTHING_HAPPENS)
             return NOTHING_HAPPENS, self.rewards.invalid, False, info
-        feedback = self._engine.step(command)
+        if answer is None:
+            answer = self._engine_answer(self._engine.step(command))
+            self._record(command, answer.text)
+            if self._commands is not None:
+                MEMO.put(self._episode_key, path, answer)
+                self._engine_at = len(self._commands)
+        self._path, self._now = path, answer
         self._moved = True
-        self._record(command, feedback)
         info = self._info(self.task_id)
-        won = info["won"]
-        return feedback, self.rewards.terminal(1.0 if won else 0.0, won), won, info
+        won = answer.won
+        return answer.text, self.rewards.terminal(1.0 if won else 0.0, won), won, info
 
     def expert_actions(self) -> list[str]:
         """The expert's actions from the current state: with ``expert="planner"`` Fast
@@ -271,8 +341,9 @@ class ALFWorldEnv(SnapshotEnv):
         if not self._started:
             raise RuntimeError("call reset() before expert_actions()")
         if self.expert == "planner":
+            self._sync_engine()
             return self._engine.plan()
-        if self._engine.won:
+        if self._now.won:
             return []
         expert = self._handcoded_expert()
         return [expert.next_action] if expert.next_action is not None else []
@@ -316,6 +387,7 @@ class ALFWorldEnv(SnapshotEnv):
 
     def _handcoded_expert(self) -> HandcodedExpert:
         if self._handcoded is None:
+            self._sync_engine()
             if self._trace is None:
                 raise RuntimeError("the handcoded expert's episode history is missing")
             self._handcoded = self._build_expert(self.task_id, self._intro, self._trace, dict(self._engine.names))
@@ -326,6 +398,7 @@ class ALFWorldEnv(SnapshotEnv):
         return ("ALFWorld", self.games.identity, self.rewards, self.expert)
 
     def _get_state(self) -> _Saved:
+        self._sync_engine()
         engine = self._engine
         return _Saved(
             task_id=self.task_id,
@@ -338,18 +411,27 @@ class ALFWorldEnv(SnapshotEnv):
             trace=tuple(self._trace) if self._trace is not None else None,
             intro=self._intro,
             expert=self._handcoded.state() if self._handcoded is not None else None,
+            commands=tuple(self._commands) if self._commands is not None else None,
+            path=self._path,
         )
 
     def _set_state(self, state: _Saved) -> None:
         engine = self._engine
         if state.native is not None and engine.can_restore(state.native):
             engine.restore(state.native)
+            self._episode, self._episode_key, self._path, self._now = state.task_id, self._key(state.task_id), state.path, self._engine_answer("")
+            self._commands = list(state.commands) if state.commands is not None else None
+            self._engine_at = len(self._commands) if self._commands is not None else None
         elif state.at_start:
             self._reset_task(state.task_id)
         else:
             engine.reroot(
                 self.games.game(state.task_id), self._key(state.task_id), state.fact_state(), self.games.game_path(state.task_id)
             )
+            # a re-rooted game is another problem text: its steps are not read from or written to the memo
+            self._episode, self._episode_key = state.task_id, self._key(state.task_id)
+            self._commands, self._path, self._now = None, (), self._engine_answer("")
+            self._engine_at = None
         self._moved = not state.at_start
         self._intro = state.intro
         if self.expert == "handcoded":
