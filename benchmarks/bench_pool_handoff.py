@@ -34,7 +34,11 @@ import gymnasium as gym
 import numpy as np
 
 import bpo_envs
+from bpo_envs.alfworld.transitions import MEMO
 from bpo_envs.pool import DEFAULT_STEP_TIMEOUT_S, EnvPool
+
+# the engine's own costs: no step answered from the transition memo (docs/alfworld.md, "Transitions kept")
+MEMO.max_bytes = 0
 
 
 class BlockingTreeMDP(bpo_envs.TreeMDPEnv):
