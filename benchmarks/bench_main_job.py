@@ -24,7 +24,8 @@ the on-CPU samples by part (:data:`SPY_PARTS`).
 Each row also holds the job's CPU seconds by phase (the initial job, and in it the expert demos,
 the cloning and the evaluations; the runs, and in them their evaluations) and every run's
 results, so that before and after can be compared result for result, and (ALFWorld) every game load in order with whether
-the process held the game's translation (``alfworld_game_loads``; ``bench_translation_eviction.py`` replays it). Counted in the job's own process: *env steps*, every
+the process held the game's translation (``alfworld_game_loads``; ``bench_translation_eviction.py`` replays it) and
+the transition memo's hits and misses (``alfworld_transitions``). Counted in the job's own process: *env steps*, every
 ``SnapshotEnv.step``; *decisions*, every action a choice policy sampled
 (``ChoicePolicy.sample`` / ``sample_distinct``), in training, probes and evaluation alike.
 
@@ -174,6 +175,10 @@ def _child(argv: list[str], result_path: Path, profile_path: Path | None) -> Non
         result["alfworld_derived_texts"] = {"hits": cache.hits, "misses": cache.misses, "kept": len(cache), "bound": cache.max_texts}
         if hasattr(cache, "game_hits"):  # the code keeps game texts (keyed without the state)
             result["alfworld_derived_texts"].update(game_hits=cache.game_hits, game_texts_kept=cache.game_texts)
+    transitions = sys.modules.get("bpo_envs.alfworld.transitions")  # ALFWorld's transition memo, where the code has one
+    if transitions is not None:
+        memo = transitions.MEMO
+        result["alfworld_transitions"] = {"hits": memo.hits, "misses": memo.misses, "kept": len(memo), "bytes": memo.bytes, "bound": memo.max_bytes}
     if loads is not None and loads["sequence"]:
         result["alfworld_game_loads"] = loads
     result_path.write_text(json.dumps(result))
