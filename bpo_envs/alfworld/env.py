@@ -76,10 +76,9 @@ class _Saved:
     trace: tuple[Any, ...] | None = None
     intro: str = ""
     expert: ExpertState | None = None
-    # the episode's commands (canonical, and whether each was admissible) and its path: what the
-    # transition memo is read by after a restore in this process (None: not known, memo off)
+    # the episode's commands (canonical, and whether each was admissible): what the transition
+    # memo is read by after a restore in this process (None: not known, memo off)
     commands: tuple[tuple[str, bool], ...] | None = None
-    path: CommandPath = ()
 
     def fact_state(self) -> FactState:
         if self.facts is None:
@@ -412,15 +411,15 @@ class ALFWorldEnv(SnapshotEnv):
             intro=self._intro,
             expert=self._handcoded.state() if self._handcoded is not None else None,
             commands=tuple(self._commands) if self._commands is not None else None,
-            path=self._path,
         )
 
     def _set_state(self, state: _Saved) -> None:
         engine = self._engine
         if state.native is not None and engine.can_restore(state.native):
             engine.restore(state.native)
-            self._episode, self._episode_key, self._path, self._now = state.task_id, self._key(state.task_id), state.path, self._engine_answer("")
+            self._episode, self._episode_key, self._now = state.task_id, self._key(state.task_id), self._engine_answer("")
             self._commands = list(state.commands) if state.commands is not None else None
+            self._path = tuple(command for command, valid in self._commands or () if valid)
             self._engine_at = len(self._commands) if self._commands is not None else None
         elif state.at_start:
             self._reset_task(state.task_id)

@@ -40,13 +40,15 @@ class Answer:
     admissible: tuple[str, ...]
     won: bool
 
-    def size(self) -> int:
-        """Bytes counted against the memo's bound: the texts and a fixed overhead."""
-        return _ENTRY_BYTES + len(self.text) + sum(len(a) + 8 for a in self.admissible)
-
 
 CommandPath = tuple[str, ...]
 """The admissible commands run since the reset, canonical (invalid ones change nothing and are left out)."""
+
+
+def _entry_bytes(path: CommandPath, answer: Answer) -> int:
+    """Bytes an entry counts against the memo's bound: its texts, a pointer per command and
+    admissible command, and a fixed overhead."""
+    return _ENTRY_BYTES + 8 * len(path) + len(answer.text) + sum(len(a) + 8 for a in answer.admissible)
 
 
 class TransitionMemo:
@@ -86,7 +88,7 @@ class TransitionMemo:
         if not self.enabled:
             return
         key = (sys.intern(game), path)
-        size = answer.size() + 8 * len(path)
+        size = _entry_bytes(path, answer)
         with self._lock:
             if key in self._answers:
                 return
@@ -94,7 +96,7 @@ class TransitionMemo:
             self._bytes += size
             while self._bytes > self.max_bytes and self._answers:
                 (_, old_path), old = self._answers.popitem(last=False)
-                self._bytes -= old.size() + 8 * len(old_path)
+                self._bytes -= _entry_bytes(old_path, old)
 
     def clear(self) -> None:
         with self._lock:
