@@ -470,6 +470,7 @@ def replication(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     verdicts = {name: [first[name], second[name]] for name in common}
     return {
         **replication_estimates(runs, common),
+        "predictor": replication_predictor(runs, common),
         "runs": [{"seeds": r["seeds"],
                   "verdicts": {name: {k: c["matched"]["env_steps"].get(k) for k in ("verdict", "diff", "diff_ci95", "p", "p_holm")}
                                for name, c in r["cells"].items()},
@@ -524,6 +525,41 @@ def replication_estimates(runs: Sequence[dict[str, Any]], names: Sequence[str], 
         "pooled_verdicts": {name: row["verdict"] for name, row in pooled.items()},
         "expected_agreement": float(np.mean(agree)) if agree else None,
         "expected_agreement_level": level,
+    }
+
+
+def replication_predictor(runs: Sequence[dict[str, Any]], names: Sequence[str], n_boot: int = 1000) -> dict[str, Any]:
+    """Whether the predictor's ranking replicates, and how much of its error is the measured
+    ratios' own noise, over the (cell, shape) points both runs measured:
+
+    * ``measured_test_retest``: Spearman of run 1's measured ratios against run 2's (disjoint
+      variance seeds): how well one run's ratio ranks the points at all. A predictor cannot rank
+      a run's ratios better than the runs rank each other, save by chance.
+    * ``predicted_test_retest``: the same for the two runs' predictions (disjoint predictor seeds).
+    * ``pooled``: per run, its predictor's Spearman (:func:`spearman`, bootstrap interval)
+      against the ratios measured on *both* runs' variance seeds (:func:`ratio_over_seeds` of the
+      concatenated per-seed ratios; ``seeds_per_point`` the fewest behind one; ``n_boot`` bootstrap
+      samples for each interval). Out of sample:
+      both runs' variance seeds are disjoint from both runs' predictor seeds.
+    * ``points``: ``[cell, shape, run 1's prediction, run 2's, the pooled measured ratio]``."""
+    first, second = ({(name, shape): row for name in names for shape, row in run["cells"][name]["variance"]["shapes"].items()}
+                     for run in runs)
+    points = [k for k in first if k in second and all(r.get("measured_ratio") is not None and r.get("predicted_ratio") is not None
+                                                       for r in (first[k], second[k]))]
+    pooled = {k: ratio_over_seeds([*(first[k].get("measured_ratio_per_seed") or []), *(second[k].get("measured_ratio_per_seed") or [])])
+              for k in points}
+    points = [k for k in points if pooled[k]["measured_ratio"] is not None]
+    measured = [pooled[k]["measured_ratio"] for k in points]
+    seeds = min((pooled[k]["measured_ratio_seeds"] for k in points), default=0)
+    return {
+        "measured_test_retest": spearman([first[k]["measured_ratio"] for k in points], [second[k]["measured_ratio"] for k in points],
+                                         n_boot),
+        "predicted_test_retest": spearman([first[k]["predicted_ratio"] for k in points], [second[k]["predicted_ratio"] for k in points],
+                                          n_boot),
+        "pooled": [{**spearman([run[k]["predicted_ratio"] for k in points], measured, n_boot), "seeds_per_point": seeds, "out_of_sample": True}
+                   for run in (first, second)],
+        "points": [[name, shape, first[name, shape]["predicted_ratio"], second[name, shape]["predicted_ratio"], m]
+                   for (name, shape), m in zip(points, measured, strict=True)],
     }
 
 
@@ -586,6 +622,10 @@ def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
+def _ci(ci: Sequence[float] | None) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[-]"
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -635,6 +675,14 @@ def markdown(results: dict[str, Any]) -> str:
         rhos = ", ".join(_num(run["predictor"].get("rho")) for run in rep["runs"])
         lines += ["", f"Agreement {_num(rep['agreement'])}; opposite verdicts: {', '.join(rep['opposite']) or 'none'}; "
                   f"predictor Spearman per run: {rhos}."]
+        if "predictor" in rep:
+            pr = rep["predictor"]
+            per_run = ", ".join(f"{_num(row.get('rho'))} {_ci(row.get('ci95'))}" for row in pr["pooled"])
+            seeds = pr["pooled"][0].get("seeds_per_point") if pr["pooled"] else None
+            lines += ["", f"The predictor against the ratios measured on both runs' variance seeds ({seeds} a point): "
+                      f"Spearman per run {per_run}; the two runs' measured ratios rank each other with "
+                      f"{_num(pr['measured_test_retest'].get('rho'))} {_ci(pr['measured_test_retest'].get('ci95'))}, "
+                      f"their predictions with {_num(pr['predicted_test_retest'].get('rho'))}."]
         if "consistency" in rep:
             pooled = rep["pooled"]
             lines += ["", f"Estimates: the two runs' differences agree (Welch, Holm over the cells) in "
