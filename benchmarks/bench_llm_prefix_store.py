@@ -15,7 +15,13 @@ live paths of one step:
 * ``before``: the code at ``--before`` (PYTHONPATH), which prefills every decision's prompt whole;
 * ``after``: this tree, the store across decisions (``prefix_store_tokens=16384``, opted in);
 * ``after_off``: this tree with ``prefix_store_tokens=0`` (the same per-decision behaviour as
-  ``before``: checks that the new code costs nothing when off).
+  ``before``: checks that the new code costs nothing when off);
+* ``turns``: this tree, the store on, and the prompt laid out as turns
+  (``PromptConfig(layout="turns")``: each step's prompt extends the one before, so a path's
+  next decision prefills only its new turn);
+* ``turns_off``: the turns layout with the store off (what its longer prompts cost without
+  reuse; ``turns``' entropies and replies are compared with it, since the layout changes the
+  prompts and so the numbers).
 
     nice -n 10 python benchmarks/bench_llm_prefix_store.py --before /work/main \\
         --out docs/results/llm-prefix-store/smollm2-webshop.json
@@ -36,7 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 
 
-def child(contexts: int, siblings: int, store_tokens: int | None) -> dict[str, Any]:
+def child(contexts: int, siblings: int, store_tokens: int | None, layout: str | None = None) -> dict[str, Any]:
     """Time ``contexts`` consecutive decisions in this process (the code on ``sys.path``)."""
     import numpy as np
     import torch
@@ -53,7 +59,8 @@ def child(contexts: int, siblings: int, store_tokens: int | None) -> dict[str, A
     tasks, _ = task_split(replace(setup, eval_split="train"))
     demos = _expert_demos(setup, tasks, 0)[:contexts]
     kwargs = {} if store_tokens is None else {"prefix_store_tokens": store_tokens}
-    policy = HFPolicy(str(smollm2_path()), seed=0, max_new_tokens=24, prompt=PromptConfig(reasoning=False), **kwargs)
+    prompt = PromptConfig(reasoning=False) if layout is None else PromptConfig(reasoning=False, layout=layout)
+    policy = HFPolicy(str(smollm2_path()), seed=0, max_new_tokens=24, prompt=prompt, **kwargs)
     row: dict[str, Any] = {"prompt_tokens": [], "entropy_cpu_s": [], "reply_cpu_s": [], "step_cpu_s": [],
                            "score_tokens": [], "prefill_tokens": [], "gen_tokens": [], "entropy": [], "reply": []}
     for t, d in enumerate(demos):
@@ -114,7 +121,11 @@ def fork(setup: Any, tasks: Any, demos: Any, siblings: int) -> list[Any]:
         env.close()
 
 
-VARIANTS = {"before": None, "after": 16384, "after_off": 0}
+VARIANTS: dict[str, tuple[int | None, str | None]] = {
+    "before": (None, None), "after": (16384, None), "after_off": (0, None), "turns": (16384, "turns"), "turns_off": (0, "turns")}
+"""Each variant's ``prefix_store_tokens`` (None: the code's default) and prompt layout (None: the default)."""
+REFERENCE = {"turns": "turns_off"}
+"""The variant whose numbers a variant must equal (default ``before``)."""
 
 
 def main() -> None:
@@ -128,7 +139,7 @@ def main() -> None:
     parser.add_argument("--child", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.contexts, args.siblings, VARIANTS[args.child])))
+        print(json.dumps(child(args.contexts, args.siblings, *VARIANTS[args.child])))
         return
     result: dict[str, Any] = {
         "command": f"python benchmarks/bench_llm_prefix_store.py --before {args.before} --contexts {args.contexts} "
@@ -150,7 +161,8 @@ def main() -> None:
 
 def summarise(result: dict[str, Any]) -> None:
     """Means per variant over repeats, and the largest difference of entropies/log-probs from
-    ``before`` (the same samples within float tolerance)."""
+    its reference (:data:`REFERENCE`, default ``before``: the same samples within float
+    tolerance; the keys keep the name ``*_vs_before``)."""
     runs = result["runs"]
     summary: dict[str, Any] = {}
     for variant in dict.fromkeys(r["variant"] for r in runs):
@@ -165,8 +177,10 @@ def summarise(result: dict[str, Any]) -> None:
         if "fork" in rows[0]:
             summary[variant]["fork_cpu_s_per_decision_mean"] = sum(r["fork"]["cpu_s_per_decision"] for r in rows) / len(rows)
             summary[variant]["fork_prompt_tokens_run"] = rows[0]["fork"]["score_tokens"] + rows[0]["fork"]["prefill_tokens"]
-        base = next((r for r in runs if r["variant"] == "before"), None)
-        if base is not None and variant != "before":
+        reference = REFERENCE.get(variant, "before")
+        base = next((r for r in runs if r["variant"] == reference), None)
+        if base is not None and variant != reference and variant != "turns_off":
+            summary[variant]["reference"] = reference
             r = rows[0]
             summary[variant]["max_entropy_diff_vs_before"] = max(abs(a - b) for a, b in zip(r["entropy"], base["entropy"], strict=True))
             summary[variant]["same_replies_as_before"] = [a[0] for a in r["reply"]] == [b[0] for b in base["reply"]]

@@ -8,6 +8,11 @@ as a system + user chat showing the model:
 * the current observation;
 * the admissible actions, when the env gives them.
 
+With ``PromptConfig(layout="turns")`` the same decision point is instead a chat of turns, each
+step's observation a user message and each action an assistant message, written so that the
+next step's prompt *extends* this one (see :func:`build_messages`): a policy that keeps
+prompts' key-value caches (``HFPolicy(prefix_store_tokens=...)``) then prefills only the new turn.
+
 The model answers with one action between configurable tags, ``<action>...</action>`` by
 default; with ``PromptConfig(reasoning=True)`` it first reasons between ``<think>...</think>``
 and then states the action (verl-agent's reply format). :func:`parse_action` extracts it; output that does not parse is sent to the env as the
@@ -108,6 +113,10 @@ REASONING_SYSTEM_PROMPT = (
 WebShop/ALFWorld prompts: reasoning in think tags, then the action in action tags)."""
 
 
+LAYOUTS = ("summary", "turns")
+"""How :func:`build_messages` lays a decision point out (``PromptConfig.layout``)."""
+
+
 @dataclass(frozen=True)
 class PromptConfig:
     """How contexts become prompts and completions become actions.
@@ -124,6 +133,10 @@ class PromptConfig:
             tag, and a reply with reasoning but no action there parses to None (the env answers
             "invalid action"). The system prompt default becomes :data:`REASONING_SYSTEM_PROMPT`.
         think_open / think_close: the reasoning tags.
+        layout: ``"summary"`` (one user message: task, recent steps, current observation) or
+            ``"turns"`` (a user message a step and an assistant message an action, each step's
+            prompt extending the one before; the window of past turns moves ``history`` turns
+            at a time). See :func:`build_messages`.
     """
 
     history: int = 2
@@ -135,8 +148,11 @@ class PromptConfig:
     reasoning: bool = False
     think_open: str = "<think>"
     think_close: str = "</think>"
+    layout: str = "summary"
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 0:
             raise ValueError(f"history must be an int >= 0, got {self.history!r}")
         if not self.action_open or not self.action_close:
@@ -194,11 +210,22 @@ def env_action(text: str, config: PromptConfig = PromptConfig()) -> str:
 def build_messages(
     context: Context, config: PromptConfig = PromptConfig(), *, instruction: str | None = None
 ) -> list[dict[str, str]]:
-    """The chat (system + user message) for one decision point.
+    """The chat for one decision point: system + one user message (``config.layout ==
+    "summary"``), or system + alternating user and assistant turns (``"turns"``,
+    :func:`_turn_messages`).
 
     ``instruction`` replaces the closing line (default: answer with the action between the
     tags); the trainer integrations use it where the answer is a tool call instead.
     """
+    if instruction is None:
+        instruction = f"Answer with your next action as {format_action('ACTION', config)}."
+        if config.reasoning:
+            instruction = (
+                f"First reason step by step within {config.think_open} {config.think_close}, then answer "
+                f"with your next action as {format_action('ACTION', config)}."
+            )
+    if config.layout == "turns":
+        return _turn_messages(context, config, instruction)
     limit = config.max_observation_chars
     parts: list[str] = []
     history = context.history[-config.history :] if config.history else ()
@@ -223,16 +250,56 @@ def build_messages(
     parts.append("Current observation:\n" + _cut(context.observation, limit))
     if config.show_admissible and context.admissible_actions:
         parts.append("Admissible actions:\n" + "\n".join(f"- {a}" for a in context.admissible_actions))
-    if instruction is None:
-        instruction = f"Answer with your next action as {format_action('ACTION', config)}."
-        if config.reasoning:
-            instruction = (
-                f"First reason step by step within {config.think_open} {config.think_close}, then answer "
-                f"with your next action as {format_action('ACTION', config)}."
-            )
     parts.append(instruction)
     system = config.system_text
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def window_start(steps: int, history: int) -> int:
+    """The first past step the ``"turns"`` layout shows, of ``steps`` past ones: the largest
+    multiple of ``history`` that leaves at least ``history`` shown (0 while ``steps <= history``).
+    It moves ``history`` steps at a time, so between moves each prompt extends the one before;
+    between ``history`` and ``2 * history - 1`` past steps are shown."""
+    if history <= 0:
+        return steps
+    return max(0, steps - history) // history * history
+
+
+def _turn_messages(context: Context, config: PromptConfig, instruction: str) -> list[dict[str, str]]:
+    """The ``"turns"`` layout: system; a user message for each shown step, "Step i
+    observation:" (the first one led by the task, and by how many earlier steps are not shown);
+    after each past step an assistant message with its action (as the model states one); the
+    current step's user message ends with the admissible actions and ``instruction``.
+
+    Everything before the current step's admissible actions is exactly what the previous step's
+    prompt showed, as long as the window (:func:`window_start`) did not move: the next step
+    appends its action and observation. A past step's reply shows its action only (a reasoning
+    reply's reasoning is not kept)."""
+    limit = config.max_observation_chars
+    start = window_start(len(context.history), config.history)
+    shown = [*context.history[start:], Turn(context.observation, "")]
+
+    def observation(step: int, text: str) -> str:
+        same = step == 1 and context.initial_observation and text == context.initial_observation
+        return f"Step {step} observation:\n" + ("(the task above)" if same else _cut(text, limit))
+
+    lead: list[str] = []
+    if context.initial_observation:
+        lead.append("Task:\n" + _cut(context.initial_observation, limit))
+    if start:
+        lead.append(f"({start} earlier step{'s' if start != 1 else ''} not shown.)")
+    current = start + len(shown)
+    messages = [{"role": "system", "content": config.system_text}]
+    for step, turn in enumerate(shown, start=start + 1):
+        parts = [*(lead if step == start + 1 else ()), observation(step, turn.observation)]
+        if step < current:
+            messages.append({"role": "user", "content": "\n\n".join(parts)})
+            messages.append({"role": "assistant", "content": format_action(turn.action, config)})
+            continue
+        if config.show_admissible and context.admissible_actions:
+            parts.append("Admissible actions:\n" + "\n".join(f"- {a}" for a in context.admissible_actions))
+        messages.append({"role": "user", "content": "\n\n".join([*parts, instruction])})
+    return messages
 
 
 def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:

@@ -71,7 +71,7 @@ def make_policy(settings: PolicySettings, setup: EnvSetup, seed: int, tasks: lis
 
     options: dict[str, Any] = {
         "max_new_tokens": s.max_new_tokens,
-        "prompt": PromptConfig(reasoning=s.reasoning),
+        "prompt": PromptConfig(reasoning=s.reasoning, layout=s.prompt_layout),
         "decision_entropy": s.decision_entropy,
         "probe_samples": s.probe_samples,
         "reference_offload": s.reference_offload and not s.lora,

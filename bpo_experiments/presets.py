@@ -268,6 +268,11 @@ class Preset:
     """LLM policies reply with reasoning in ``<think>...</think>``, then the action
     (``PromptConfig(reasoning=True)``, docs/paper-setting.md); give the envs room for it
     (``EnvSetup.max_new_tokens``: verl-agent's 512)."""
+    prompt_layout: str = "summary"
+    """LLM policies' prompt layout (``PromptConfig.layout``): ``summary`` (one user message: task,
+    recent steps, current observation) or ``turns`` (a chat of turns, each step's prompt
+    extending the one before, so a kept prompt's key-value cache serves the path's next
+    decision; docs/training.md, "Prompt KV cache")."""
     decision_entropy: str = "exact"
     """LLM policies' decision entropy: ``exact`` (immediate answers scored at h; a proxy when the
     policy reasons) or ``probe`` (``probe_samples`` completions, parsed, charged as scoring)."""

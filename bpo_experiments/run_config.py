@@ -215,6 +215,7 @@ class PolicySettings:
     sft_lr: float
     max_new_tokens: int
     reasoning: bool
+    prompt_layout: str
     decision_entropy: str
     probe_samples: int
     reference_offload: bool
@@ -236,6 +237,7 @@ def policy_settings(preset: Preset, setup: EnvSetup) -> PolicySettings:
         sft_lr=preset.sft_lr if setup.sft_lr is None else setup.sft_lr,
         max_new_tokens=setup.max_new_tokens,
         reasoning=preset.reasoning,
+        prompt_layout=preset.prompt_layout,
         decision_entropy=preset.decision_entropy,
         probe_samples=preset.probe_samples,
         reference_offload=preset.reference_offload,

@@ -38,6 +38,8 @@ def test_webshop_expert_episode_matches_the_gym_env():
     context = Context(3, obs, tuple(info["admissible_actions"]), (), obs)
     assert messages == build_messages(context, env.prompt_config)  # the project's chat format
     assert meta == {"task_id": 3, "admissible_actions": info["admissible_actions"]}
+    with pytest.raises(ValueError, match="summary"):  # SkyRL's chat holds the history: no "turns" layout
+        skyrl_gym.make("BPO-WebShop-v0", env_config={"prompt_config": {"layout": "turns"}}, extras={"task_id": 3})
 
     expert = plain.unwrapped.expert_actions()
     outputs = _outputs(env, [f"I will search. <action>{a}</action>" for a in expert])

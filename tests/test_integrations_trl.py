@@ -42,6 +42,10 @@ def test_factory_class_exposes_one_act_tool_with_a_schema():
     assert schema["function"]["parameters"]["properties"]["action"]["type"] == "string"
     with pytest.raises(ValueError, match="unknown env id"):
         trl_env.environment_factory("BPO-Nope-v0")
+    from bpo_envs.prompting import PromptConfig
+
+    with pytest.raises(ValueError, match="summary"):  # TRL's conversation holds the history: no "turns" layout
+        trl_env.environment_factory("BPO-WebShop-v0", prompt_config=PromptConfig(layout="turns"))
 
 
 def test_expert_episode_reward_prompts_and_end():

@@ -3,6 +3,8 @@ tiny LLM, the offloaded KL reference, and the memory plan of the published recip
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import pytest
 import torch
@@ -259,6 +261,20 @@ def test_bad_paper_setting_flags_fail_before_training(tmp_path, monkeypatch):
         _built_preset(["--preset", "gpu-lora", "--envs", "webshop", "--out", str(tmp_path), "--gpu-gb", "40"], monkeypatch)
     preset = _built_preset(["--preset", "gpu-lora", "--envs", "webshop", "--out", str(tmp_path), "--probe-samples", "6"], monkeypatch)
     assert preset.probe_samples == 6 and preset.reasoning and set(preset.envs) == {"webshop"}
+    with pytest.raises(SystemExit, match="prompt-layout"):
+        _built_preset(["--smoke", "--out", str(tmp_path), "--prompt-layout", "chat"], monkeypatch)
+
+
+def test_the_prompt_layout_reaches_the_llm_policy(tmp_path, monkeypatch):
+    """``--prompt-layout turns`` is the layout of the policy an env's runs start from."""
+    from bpo_experiments.build import make_policy
+    from bpo_experiments.run_config import policy_settings
+
+    preset = _built_preset(["--smoke", "--out", str(tmp_path), "--policy", "tiny", "--prompt-layout", "turns"], monkeypatch)
+    setup = next(iter(preset.envs.values()))
+    settings = policy_settings(preset, setup)
+    policy = make_policy(dataclasses.replace(settings, sft_epochs=0), setup, 0, [])
+    assert settings.prompt_layout == "turns" and policy.prompts.config.layout == "turns"
 
 
 def test_training_needs_the_gpus_the_preset_is_planned_for(monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 
 import bpo_envs  # noqa: F401  (registers the ids)
 from bpo_algos.policy import Context, PromptConfig
-from bpo_envs.prompting import build_messages, env_action, format_action, parse_action
+from bpo_envs.prompting import build_messages, env_action, format_action, parse_action, window_start
 
 
 def _tree_contexts(steps: int = 4) -> list[Context]:
@@ -89,7 +89,7 @@ def test_custom_tags():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"history": -1}, {"history": 1.5}, {"action_open": ""}, {"max_observation_chars": 10}]
+    "kwargs", [{"history": -1}, {"history": 1.5}, {"action_open": ""}, {"max_observation_chars": 10}, {"layout": "chat"}]
 )
 def test_bad_config_is_a_clear_error(kwargs):
     with pytest.raises(ValueError):
@@ -114,3 +114,66 @@ def test_malformed_model_output_is_an_invalid_action_in_a_real_env(raw):
     assert info["invalid_action"] is True
     assert reward == 0.0 and not terminated
     assert out.startswith("Invalid action") and obs in out
+
+
+def _extends(earlier: list[dict[str, str]], later: list[dict[str, str]]) -> bool:
+    """Whether ``later`` repeats ``earlier`` up to the end of its current observation (the
+    admissible actions and the instruction, which follow it, are the current step's own)."""
+    head, last = earlier[:-1], earlier[-1]["content"].split("\n\nAdmissible actions:")[0].split("\n\nAnswer with")[0]
+    return later[: len(head)] == head and later[len(head)]["content"] == last
+
+
+def _random_path(steps: int, seed: int) -> list[Context]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    task = "Instruction: find a red shirt under 30 dollars"
+    context = Context(0, task, ("search[red shirt]", "click[back]"), initial_observation=task)
+    out = [context]
+    for step in range(steps):
+        words = rng.choice(["shirt", "red", "price", "size", "page", "item"], size=rng.integers(1, 30))
+        context = context.child(f"click[{rng.integers(9)}]", f"obs {step}: " + " ".join(words), ("click[a]", "click[b]"))
+        out.append(context)
+    return out
+
+
+@pytest.mark.parametrize("history", [1, 2, 3])
+def test_turns_layout_extends_the_previous_prompt_until_the_window_moves(history):
+    """With ``layout="turns"`` each step's chat repeats the previous one up to its current
+    observation, save when the window of past steps moves (every ``history`` steps): then the
+    first message says how many steps are not shown. Between ``history`` and ``2 * history - 1``
+    past steps are shown. The broken case: today's ``"summary"`` layout never extends (its
+    current observation is relabelled when it becomes a past step)."""
+    config = PromptConfig(history=history, layout="turns")
+    path = _random_path(12, seed=history)
+    chats = [build_messages(c, config) for c in path]
+    for k in range(len(path) - 1):
+        moved = window_start(k, history) != window_start(k + 1, history)
+        assert _extends(chats[k], chats[k + 1]) != moved, k
+        start = window_start(k + 1, history)
+        shown = sum(m["role"] == "assistant" for m in chats[k + 1])
+        assert shown == k + 1 - start and min(k + 1, history) <= shown <= 2 * history - 1
+        assert chats[k + 1][0]["role"] == "system" and [m["role"] for m in chats[k + 1][1:]] == ["user", "assistant"] * shown + ["user"]
+        assert chats[k + 1][1]["content"].startswith("Task:\n" + path[0].observation)
+        assert (f"({start} earlier step" in chats[k + 1][1]["content"]) == (start > 0)
+        assert chats[k + 1][-2]["content"] == format_action(path[k + 1].history[-1].action, config)
+    summary = [build_messages(c, PromptConfig(history=history)) for c in path]
+    assert not any(_extends(summary[k], summary[k + 1]) for k in range(len(path) - 1))
+
+
+def test_turns_layout_shows_what_the_summary_shows():
+    """The same decision point in both layouts: the task, each shown step's observation and
+    action, the current observation, the admissible actions and the instruction."""
+    path = _random_path(3, seed=0)
+    context = path[-1]
+    chat = build_messages(context, PromptConfig(layout="turns"))
+    text = "\n".join(m["content"] for m in chat[1:])
+    assert text.count(context.initial_observation) == 1 and "Step 1 observation:\n(the task above)" in text
+    for step, turn in enumerate(context.history, start=1):
+        assert f"<action>{turn.action}</action>" in text
+        if step > 1:
+            assert f"Step {step} observation:\n{turn.observation}" in text
+    assert chat[-1]["content"].startswith(f"Step 4 observation:\n{context.observation}")
+    assert "- click[a]\n- click[b]" in chat[-1]["content"] and chat[-1]["content"].endswith("<action>ACTION</action>.")
+    assert window_start(0, 2) == 0 and window_start(5, 2) == 2 and window_start(3, 0) == 3
+

@@ -107,6 +107,9 @@ class SkyRLEnv(BaseTextEnv):
             )
         prompt = config.pop("prompt_config", None)
         self.prompt_config = prompt if isinstance(prompt, PromptConfig) else PromptConfig(**_as_dict(prompt, "prompt_config"))
+        if self.prompt_config.layout != "summary":
+            raise ValueError(f"prompt_config layout={self.prompt_config.layout!r}: SkyRL's chat holds the history itself, "
+                             "so the integration needs the 'summary' layout")
         self.env_id = str(env_id)
         self.env = gym.make(self.env_id, **config)
         check_step_limit(self.env)

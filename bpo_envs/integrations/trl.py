@@ -213,6 +213,9 @@ def environment_factory(
     if env_id.split(":")[-1] not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; the BPO ids are {', '.join(bpo_envs.ENV_IDS)}")
     config = prompt_config or BPOToolEnv.prompt_config
+    if config.layout != "summary":
+        raise ValueError(f"prompt_config.layout={config.layout!r}: TRL's conversation holds the history itself, so the "
+                         "integration needs the 'summary' layout")
     return type(
         _class_name(env_id),
         (BPOToolEnv,),
