@@ -59,6 +59,7 @@ def child(contexts: int, siblings: int, store_tokens: int | None, layout: str | 
     tasks, _ = task_split(replace(setup, eval_split="train"))
     demos = _expert_demos(setup, tasks, 0)[:contexts]
     kwargs = {} if store_tokens is None else {"prefix_store_tokens": store_tokens}
+    # no layout argument unless asked: the code before (--before) has no such field
     prompt = PromptConfig(reasoning=False) if layout is None else PromptConfig(reasoning=False, layout=layout)
     policy = HFPolicy(str(smollm2_path()), seed=0, max_new_tokens=24, prompt=prompt, **kwargs)
     row: dict[str, Any] = {"prompt_tokens": [], "entropy_cpu_s": [], "reply_cpu_s": [], "step_cpu_s": [],
@@ -124,8 +125,9 @@ def fork(setup: Any, tasks: Any, demos: Any, siblings: int) -> list[Any]:
 VARIANTS: dict[str, tuple[int | None, str | None]] = {
     "before": (None, None), "after": (16384, None), "after_off": (0, None), "turns": (16384, "turns"), "turns_off": (0, "turns")}
 """Each variant's ``prefix_store_tokens`` (None: the code's default) and prompt layout (None: the default)."""
-REFERENCE = {"turns": "turns_off"}
-"""The variant whose numbers a variant must equal (default ``before``)."""
+REFERENCE: dict[str, str | None] = {"turns": "turns_off", "turns_off": None}
+"""The variant whose numbers a variant must equal (default ``before``; None: none, its prompts
+are its own)."""
 
 
 def main() -> None:
@@ -178,8 +180,8 @@ def summarise(result: dict[str, Any]) -> None:
             summary[variant]["fork_cpu_s_per_decision_mean"] = sum(r["fork"]["cpu_s_per_decision"] for r in rows) / len(rows)
             summary[variant]["fork_prompt_tokens_run"] = rows[0]["fork"]["score_tokens"] + rows[0]["fork"]["prefill_tokens"]
         reference = REFERENCE.get(variant, "before")
-        base = next((r for r in runs if r["variant"] == reference), None)
-        if base is not None and variant != reference and variant != "turns_off":
+        base = None if reference == variant else next((r for r in runs if r["variant"] == reference), None)
+        if base is not None:
             summary[variant]["reference"] = reference
             r = rows[0]
             summary[variant]["max_entropy_diff_vs_before"] = max(abs(a - b) for a, b in zip(r["entropy"], base["entropy"], strict=True))

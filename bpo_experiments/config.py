@@ -41,7 +41,7 @@ from bpo_algos.compute import Budget
 from bpo_algos.memory_plan import check_preset_fits
 from bpo_algos.policy.base import check_entropy_mode
 from bpo_algos.registry import registered_algorithms
-from bpo_envs.prompting import LAYOUTS
+from bpo_envs.prompting import PromptConfig
 from bpo_experiments.command_line import (
     add_config_flags,
     apply_data_sources,
@@ -398,8 +398,10 @@ def resolve(args: argparse.Namespace, holders: dict[str, dict[str, str]] | None 
     apply_data_sources(preset, args, name)
     try:  # every env's settings resolve (run_config's checks); a GPU preset fits its GPUs (bpo-memory-plan)
         check_entropy_mode(preset.decision_entropy, preset.probe_samples)
-        if preset.prompt_layout not in LAYOUTS:
-            raise ValueError(f"--prompt-layout must be one of {', '.join(LAYOUTS)}, got {preset.prompt_layout!r}")
+        try:
+            PromptConfig(layout=preset.prompt_layout)
+        except ValueError as exc:
+            raise ValueError(f"--prompt-layout: {exc}") from exc
         check_preset_fits(comparison_config(preset), name)
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc

@@ -623,7 +623,7 @@ def _p(value: float | None) -> str:
 
 
 def _ci(ci: Sequence[float] | None) -> str:
-    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[-]"
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "-"
 
 
 def _num(value: float | None) -> str:
@@ -665,7 +665,7 @@ def markdown(results: dict[str, Any]) -> str:
     ci = s.get("ci95")
     lines.append("")
     lines.append(f"Predictor (out of sample: its inputs from other seeds' batches): Spearman {_num(s.get('rho'))} "
-                 f"(95% CI {f'[{ci[0]:.2f}, {ci[1]:.2f}]' if ci else '-'}) over {s.get('n')} (cell, shape) points, "
+                 f"(95% CI {_ci(ci)}) over {s.get('n')} (cell, shape) points, "
                  f"each measured ratio from {s.get('seeds_per_point')} seeds.")
     rep = results.get("replication")
     if rep:

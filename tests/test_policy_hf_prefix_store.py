@@ -11,6 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+from prompt_support import webshop_like_path  # noqa: E402
+
 import bpo_envs  # noqa: E402,F401
 from bpo_algos.policy import Context, HFPolicy, PromptConfig  # noqa: E402
 from bpo_algos.policy.prefix_store import PrefixStore, common_prefix_length  # noqa: E402
@@ -194,7 +196,7 @@ def test_the_turns_layout_prefills_each_steps_new_turn_only(tiny_path):
     store, and fewer prompt tokens scored than the default layout with the store on the same
     contexts; the broken case, the default layout, relabels the current observation once it is
     past and so prefills from there on."""
-    path = [[c] for c in _random_path()]
+    path = [[c] for c in webshop_like_path(5, seed=5)]
     turns = PromptConfig(layout="turns")
     on = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=16384, prompt=turns)
     off = HFPolicy(tiny_path, max_new_tokens=8, seed=0, prefix_store_tokens=0, prompt=turns)
@@ -209,17 +211,3 @@ def test_the_turns_layout_prefills_each_steps_new_turn_only(tiny_path):
     new_turns = [len(p) - common_prefix_length(p, q) for q, p in zip(prompts, prompts[1:], strict=False)]
     assert ran_turns == len(prompts[0]) + sum(new_turns)
     assert ran_turns < 0.7 * ran_summary, (ran_turns, ran_summary)
-
-
-def _random_path(steps: int = 5) -> list[Context]:
-    """A WebShop-like path whose observations are long beside its actions (as real pages are)."""
-    rng = np.random.default_rng(5)
-    task = "Instruction: find a red cotton shirt under 30 dollars, size medium"
-    context = Context(0, task, ("search[red shirt]", "click[back]"), initial_observation=task)
-    out = [context]
-    for step in range(steps):
-        words = rng.choice(["shirt", "red", "price", "size", "page", "item", "cotton", "$19.99"], size=60)
-        context = context.child(f"click[item {step}]", f"page {step}: " + " ".join(words), ("click[a]", "click[b]", "click[c]"))
-        out.append(context)
-    return out
-

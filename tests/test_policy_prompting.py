@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+from prompt_support import webshop_like_path
 
 import bpo_envs  # noqa: F401  (registers the ids)
 from bpo_algos.policy import Context, PromptConfig
@@ -123,20 +124,6 @@ def _extends(earlier: list[dict[str, str]], later: list[dict[str, str]]) -> bool
     return later[: len(head)] == head and later[len(head)]["content"] == last
 
 
-def _random_path(steps: int, seed: int) -> list[Context]:
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    task = "Instruction: find a red shirt under 30 dollars"
-    context = Context(0, task, ("search[red shirt]", "click[back]"), initial_observation=task)
-    out = [context]
-    for step in range(steps):
-        words = rng.choice(["shirt", "red", "price", "size", "page", "item"], size=rng.integers(1, 30))
-        context = context.child(f"click[{rng.integers(9)}]", f"obs {step}: " + " ".join(words), ("click[a]", "click[b]"))
-        out.append(context)
-    return out
-
-
 @pytest.mark.parametrize("history", [1, 2, 3])
 def test_turns_layout_extends_the_previous_prompt_until_the_window_moves(history):
     """With ``layout="turns"`` each step's chat repeats the previous one up to its current
@@ -145,7 +132,7 @@ def test_turns_layout_extends_the_previous_prompt_until_the_window_moves(history
     past steps are shown. The broken case: today's ``"summary"`` layout never extends (its
     current observation is relabelled when it becomes a past step)."""
     config = PromptConfig(history=history, layout="turns")
-    path = _random_path(12, seed=history)
+    path = webshop_like_path(12, seed=history, words=None)
     chats = [build_messages(c, config) for c in path]
     for k in range(len(path) - 1):
         moved = window_start(k, history) != window_start(k + 1, history)
@@ -164,7 +151,7 @@ def test_turns_layout_extends_the_previous_prompt_until_the_window_moves(history
 def test_turns_layout_shows_what_the_summary_shows():
     """The same decision point in both layouts: the task, each shown step's observation and
     action, the current observation, the admissible actions and the instruction."""
-    path = _random_path(3, seed=0)
+    path = webshop_like_path(3, seed=0, words=None)
     context = path[-1]
     chat = build_messages(context, PromptConfig(layout="turns"))
     text = "\n".join(m["content"] for m in chat[1:])
@@ -174,6 +161,5 @@ def test_turns_layout_shows_what_the_summary_shows():
         if step > 1:
             assert f"Step {step} observation:\n{turn.observation}" in text
     assert chat[-1]["content"].startswith(f"Step 4 observation:\n{context.observation}")
-    assert "- click[a]\n- click[b]" in chat[-1]["content"] and chat[-1]["content"].endswith("<action>ACTION</action>.")
+    assert "- click[a]\n- click[b]\n- click[c]" in chat[-1]["content"] and chat[-1]["content"].endswith("<action>ACTION</action>.")
     assert window_start(0, 2) == 0 and window_start(5, 2) == 2 and window_start(3, 0) == 3
-

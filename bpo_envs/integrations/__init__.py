@@ -15,6 +15,8 @@ import importlib
 from importlib import metadata
 from types import ModuleType
 
+from bpo_envs.prompting import PromptConfig
+
 
 def require(module: str, distribution: str, extra: str, minimum: str, below: str | None = None) -> ModuleType:
     """Import ``module`` from ``distribution`` at a version in ``[minimum, below)``, or raise.
@@ -34,6 +36,15 @@ def require(module: str, distribution: str, extra: str, minimum: str, below: str
             f"bpo_envs.integrations.{extra} needs {distribution}{span}, found {installed}: {hint}"
         )
     return importlib.import_module(module)
+
+
+def require_summary_layout(config: PromptConfig, trainer: str) -> PromptConfig:
+    """``config``, whose layout must be ``"summary"``: an adapter's trainer keeps the
+    conversation, and so the history, itself; the adapter sends each step's observation only."""
+    if config.layout != "summary":
+        raise ValueError(f"prompt_config layout={config.layout!r}: {trainer}'s conversation holds the history itself, "
+                         "so the integration needs the 'summary' layout")
+    return config
 
 
 def _at_least(version: str, floor: str) -> bool:

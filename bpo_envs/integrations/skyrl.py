@@ -42,7 +42,7 @@ import gymnasium as gym
 import bpo_envs
 from bpo_envs.capabilities import declared
 from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
-from bpo_envs.integrations import require
+from bpo_envs.integrations import require, require_summary_layout
 from bpo_envs.portable import dumps
 from bpo_envs.prompting import (
     Context,
@@ -106,10 +106,8 @@ class SkyRLEnv(BaseTextEnv):
                 f"env_config needs an env_id naming the env, one of {', '.join(bpo_envs.ENV_IDS)}"
             )
         prompt = config.pop("prompt_config", None)
-        self.prompt_config = prompt if isinstance(prompt, PromptConfig) else PromptConfig(**_as_dict(prompt, "prompt_config"))
-        if self.prompt_config.layout != "summary":
-            raise ValueError(f"prompt_config layout={self.prompt_config.layout!r}: SkyRL's chat holds the history itself, "
-                             "so the integration needs the 'summary' layout")
+        self.prompt_config = require_summary_layout(
+            prompt if isinstance(prompt, PromptConfig) else PromptConfig(**_as_dict(prompt, "prompt_config")), "SkyRL")
         self.env_id = str(env_id)
         self.env = gym.make(self.env_id, **config)
         check_step_limit(self.env)

@@ -41,7 +41,7 @@ import gymnasium as gym
 import bpo_envs
 from bpo_envs.capabilities import require_declared
 from bpo_envs.core import SnapshotError, check_step_limit, decode_portable
-from bpo_envs.integrations import require
+from bpo_envs.integrations import require, require_summary_layout
 from bpo_envs.portable import dumps
 from bpo_envs.prompting import (
     Context,
@@ -212,10 +212,7 @@ def environment_factory(
         raise ValueError(f"env_id must be a registered env id such as 'BPO-WebShop-v0', got {env_id!r}")
     if env_id.split(":")[-1] not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; the BPO ids are {', '.join(bpo_envs.ENV_IDS)}")
-    config = prompt_config or BPOToolEnv.prompt_config
-    if config.layout != "summary":
-        raise ValueError(f"prompt_config.layout={config.layout!r}: TRL's conversation holds the history itself, so the "
-                         "integration needs the 'summary' layout")
+    config = require_summary_layout(prompt_config or BPOToolEnv.prompt_config, "TRL")
     return type(
         _class_name(env_id),
         (BPOToolEnv,),
